@@ -96,19 +96,13 @@ impl WaitQueue {
         Some(self.forest.get_mut(node))
     }
 
-    /// The waiters overlapping `range`, earliest first. O(log n + k log k).
-    pub fn overlapping(&self, range: Range) -> Vec<WaitId> {
-        let mut found: Vec<(u64, WaitId)> = self
-            .forest
-            .overlapping(self.root, range.start(), range.end())
-            .into_iter()
-            .map(|n| {
-                let w = self.forest.get(n);
-                (w.ticket, w.id)
-            })
-            .collect();
-        found.sort_unstable();
-        found.into_iter().map(|(_, id)| id).collect()
+    /// Calls `f` on each waiter overlapping `range`, in range order.
+    /// O(log n + k).
+    pub fn each_overlapping(&self, range: Range, mut f: impl FnMut(&Waiter)) {
+        let _ = self.forest.overlaps(self.root, range.start(), range.end(), &mut |_, w: &Waiter| {
+            f(w);
+            std::ops::ControlFlow::<()>::Continue(())
+        });
     }
 
     /// Calls `f` on each waiter overlapping `range` (any order) until it
