@@ -1,0 +1,121 @@
+//! `interlock bench`: the seed scenarios, measured in-process, with the
+//! Linux kernel's own locks beside ours where the kernel finishes in
+//! reasonable time. A table by default; `--json` prints one JSON object per
+//! line. Each figure is the median of `--repeat` runs (the kernel's are
+//! run once: they are the slow side).
+
+mod flocks;
+mod kernel;
+mod rsb;
+
+use std::time::Instant;
+
+use clap::Subcommand;
+use serde_json::{Map, Value, json};
+
+#[derive(Subcommand)]
+pub enum BenchCommand {
+    /// Seed 000 (LU-17276): N locks on one file. Variants `plain`, `split`,
+    /// `merge`, `same-range`; the kernel's fcntl on tmpfs beside each.
+    Flocks(flocks::Args),
+    /// Seed 004 (DLM): lock then unlock over R distinct resources: ns/op
+    /// and bytes per live resource and per lock.
+    Rsb(rsb::Args),
+}
+
+pub fn run(cmd: BenchCommand) -> Result<(), String> {
+    match cmd {
+        BenchCommand::Flocks(args) => flocks::run(args),
+        BenchCommand::Rsb(args) => rsb::run(args),
+    }
+}
+
+/// Parses `1000,10k,1M` style lists.
+pub fn parse_sizes(s: &str) -> Result<Vec<u64>, String> {
+    s.split(',')
+        .map(|w| {
+            let w = w.trim();
+            let (num, mult) = match w.char_indices().last() {
+                Some((i, 'k' | 'K')) => (&w[..i], 1_000),
+                Some((i, 'm' | 'M')) => (&w[..i], 1_000_000),
+                _ => (w, 1),
+            };
+            match num.parse::<u64>() {
+                Ok(n) if n > 0 => Ok(n * mult),
+                _ => Err(format!("{w:?} is not a positive size (examples: 1000, 25k, 1M)")),
+            }
+        })
+        .collect()
+}
+
+/// Runs `f` `repeat` times and returns the median of what it reports (its
+/// seconds and any figures it adds).
+pub fn median<T>(repeat: usize, mut f: impl FnMut() -> (f64, T)) -> (f64, T) {
+    let mut runs: Vec<(f64, T)> = (0..repeat.max(1)).map(|_| f()).collect();
+    runs.sort_by(|a, b| a.0.total_cmp(&b.0));
+    runs.swap_remove(runs.len() / 2)
+}
+
+/// Seconds taken by `f`.
+pub fn timed(f: impl FnOnce()) -> f64 {
+    let t = Instant::now();
+    f();
+    t.elapsed().as_secs_f64()
+}
+
+/// Rows of one benchmark and how to show them.
+pub struct Report {
+    json: bool,
+    /// (header, key) of each table column.
+    columns: &'static [(&'static str, &'static str)],
+    printed_header: bool,
+}
+
+impl Report {
+    pub fn new(json: bool, columns: &'static [(&'static str, &'static str)]) -> Report {
+        Report { json, columns, printed_header: false }
+    }
+
+    /// Prints one row as soon as it is measured, so long runs show progress.
+    pub fn row(&mut self, row: Map<String, Value>) {
+        if self.json {
+            println!("{}", Value::Object(row));
+            return;
+        }
+        if !self.printed_header {
+            let head: Vec<String> = self.columns.iter().map(|(h, _)| format!("{h:>14}")).collect();
+            println!("{}", head.join(""));
+            self.printed_header = true;
+        }
+        let cells: Vec<String> = self.columns.iter().map(|(_, k)| format!("{:>14}", cell(row.get(*k)))).collect();
+        println!("{}", cells.join(""));
+    }
+}
+
+fn cell(v: Option<&Value>) -> String {
+    match v {
+        None | Some(Value::Null) => "-".into(),
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Number(n)) => match (n.as_u64(), n.as_f64()) {
+            (Some(u), _) => u.to_string(),
+            (None, Some(f)) if f.abs() >= 100.0 => format!("{f:.0}"),
+            (None, Some(f)) if f.abs() >= 1.0 => format!("{f:.2}"),
+            (None, Some(f)) => format!("{f:.4}"),
+            _ => n.to_string(),
+        },
+        Some(other) => other.to_string(),
+    }
+}
+
+/// The common fields of every row.
+pub fn base_row(scenario: &str, variant: &str, n: u64, seconds: f64, ops: u64) -> Map<String, Value> {
+    let mut m = Map::new();
+    m.insert("scenario".into(), json!(scenario));
+    m.insert("variant".into(), json!(variant));
+    m.insert("n".into(), json!(n));
+    m.insert("seconds".into(), json!(seconds));
+    m.insert("ops".into(), json!(ops));
+    m.insert("ops_per_sec".into(), json!(ops as f64 / seconds.max(1e-9)));
+    m.insert("ns_per_op".into(), json!(seconds * 1e9 / ops.max(1) as f64));
+    m
+}
