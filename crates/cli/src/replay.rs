@@ -135,10 +135,12 @@ pub fn run(input: impl BufRead, mut out: impl Write, err: &mut impl Write) -> st
             Line::Set { owner, mode: None, range } | Line::Unlock { owner, range } => {
                 space.unlock(FILE, owners.id(owner), kind, range).map(|_| "ok".into())
             }
-            Line::Get { owner, mode, range } => space.test(FILE, owners.id(owner), kind, mode, range).map(|c| match c {
-                None => "unlocked".into(),
-                Some(c) => format!("conflict {}", describe(&owners, c.owner, c.mode, c.range)),
-            }),
+            Line::Get { owner, mode, range } => {
+                space.test(FILE, owners.id(owner), kind, mode, range).map(|c| match c {
+                    None => "unlocked".into(),
+                    Some(c) => format!("conflict {}", describe(&owners, c.owner, c.mode, c.range)),
+                })
+            }
             Line::Close { owner } => space.release_owner(FILE, owners.id(owner), kind).map(|_| "ok".into()),
         };
         match result {

@@ -12,14 +12,14 @@
 //! POSIX waiter's blockers change, never on the uncontended path; the lock
 //! order is always resource, then graph.
 
-use std::collections::{HashMap, HashSet};
+use crate::{Map, Set};
 
 use crate::types::{Owner, WaitId};
 
 #[derive(Debug, Default)]
 pub(crate) struct WaitGraph {
     /// owner -> its queued requests -> the owners each waits for.
-    edges: HashMap<Owner, HashMap<WaitId, Vec<Owner>>>,
+    edges: Map<Owner, Map<WaitId, Vec<Owner>>>,
 }
 
 impl WaitGraph {
@@ -41,7 +41,7 @@ impl WaitGraph {
     /// Whether `target` is reachable from any of `from` along waits-for
     /// edges (a path of length 0 counts). O(V + E) of the part reached.
     pub fn reaches(&self, from: &[Owner], target: Owner) -> bool {
-        let mut seen: HashSet<Owner> = HashSet::new();
+        let mut seen: Set<Owner> = Set::default();
         let mut stack: Vec<Owner> = from.to_vec();
         while let Some(o) = stack.pop() {
             if o == target {

@@ -12,9 +12,12 @@
 //!   merge and split find the owner's neighbours of a range in
 //!   O(log n + k) and never rescan the resource (seed 000's failure).
 //!
-//! DLM locks are not merged; they are found by handle.
+//! DLM locks are not merged; a DLM handle carries its node id, so it is
+//! found without a map.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
+
+use crate::Map;
 use std::ops::ControlFlow;
 
 use crate::tree::{Forest, NodeId, Root};
@@ -27,7 +30,8 @@ pub(crate) struct Held {
     pub owner: Owner,
     pub kind: LockKind,
     pub mode: Mode,
-    /// The DLM handle; 0 for the owner-merging kinds.
+    /// The DLM handle: a 32-bit tag from the lock space over the node id;
+    /// 0 for the owner-merging kinds.
     pub handle: LockHandle,
 }
 
@@ -62,8 +66,8 @@ pub(crate) fn weakens(old: Mode, new: Mode) -> bool {
 pub(crate) struct Granted {
     forest: Forest<Held>,
     roots: [Root; 6],
-    by_owner: HashMap<Owner, BTreeMap<u64, NodeId>>,
-    handles: HashMap<LockHandle, NodeId>,
+    /// Boxed: DLM resources never use it, and most files have few owners.
+    by_owner: Option<Box<Map<Owner, BTreeMap<u64, NodeId>>>>,
 }
 
 impl Granted {
@@ -79,9 +83,10 @@ impl Granted {
     /// maps' entries).
     pub fn heap_bytes(&self) -> usize {
         self.forest.capacity_bytes()
-            + self.by_owner.capacity() * (std::mem::size_of::<(Owner, BTreeMap<u64, NodeId>)>() + 1)
-            + self.by_owner.values().map(|m| m.len() * 16).sum::<usize>()
-            + self.handles.capacity() * (std::mem::size_of::<(LockHandle, NodeId)>() + 1)
+            + self.by_owner.as_ref().map_or(0, |o| {
+                o.capacity() * (std::mem::size_of::<(Owner, BTreeMap<u64, NodeId>)>() + 1)
+                    + o.values().map(|m| m.len() * 16).sum::<usize>()
+            })
     }
 
     pub fn held(&self, id: NodeId) -> &Held {
@@ -128,17 +133,33 @@ impl Granted {
         }
     }
 
-    /// Adds a lock. O(log n).
+    /// Adds a lock of an owner-merging kind. O(log n).
     pub fn insert(&mut self, held: Held, range: Range) -> NodeId {
-        let (owner, kind, handle) = (held.owner, held.kind, held.handle);
+        debug_assert!(held.kind.owner_merges());
+        let owner = held.owner;
         let root = &mut self.roots[held.mode as usize];
         let id = self.forest.insert(root, range.start(), range.end(), held);
-        if kind.owner_merges() {
-            self.by_owner.entry(owner).or_default().insert(range.start(), id);
-        } else {
-            self.handles.insert(handle, id);
-        }
+        self.by_owner.get_or_insert_default().entry(owner).or_default().insert(range.start(), id);
         id
+    }
+
+    /// Adds a DLM lock; its handle is `tag` over the node id. O(log n).
+    pub fn insert_dlm(&mut self, owner: Owner, mode: Mode, range: Range, tag: u32) -> LockHandle {
+        let held = Held { owner, kind: LockKind::Dlm, mode, handle: 0 };
+        let id = self.forest.insert(&mut self.roots[mode as usize], range.start(), range.end(), held);
+        let handle = (u64::from(tag) << 32) | u64::from(id);
+        self.forest.get_mut(id).handle = handle;
+        handle
+    }
+
+    /// Changes the mode of a DLM lock, keeping its handle. O(log n).
+    pub fn set_mode(&mut self, id: NodeId, mode: Mode) {
+        let old = self.held(id).mode;
+        if old != mode {
+            let [from, to] = self.roots.get_disjoint_mut([old as usize, mode as usize]).expect("distinct modes");
+            self.forest.transfer(from, to, id);
+            self.forest.get_mut(id).mode = mode;
+        }
     }
 
     /// Removes a lock. O(log n).
@@ -147,33 +168,40 @@ impl Granted {
         let mode = self.held(id).mode;
         let held = self.forest.remove(&mut self.roots[mode as usize], id);
         if held.kind.owner_merges() {
-            let map = self.by_owner.get_mut(&held.owner).expect("owner view has the lock");
+            let owners = self.by_owner.as_mut().expect("owner view has the lock");
+            let map = owners.get_mut(&held.owner).expect("owner view has the lock");
             map.remove(&range.start());
             if map.is_empty() {
-                self.by_owner.remove(&held.owner);
+                owners.remove(&held.owner);
+                if owners.is_empty() {
+                    self.by_owner = None;
+                }
             }
-        } else {
-            self.handles.remove(&held.handle);
         }
         (held, range)
     }
 
-    /// The node of a DLM lock.
+    /// The node of a DLM lock. O(1).
     pub fn by_handle(&self, handle: LockHandle) -> Option<NodeId> {
-        self.handles.get(&handle).copied()
+        let id = handle as u32;
+        (self.forest.is_live(id) && self.held(id).handle == handle).then_some(id)
+    }
+
+    fn owner_map(&self, owner: Owner) -> Option<&BTreeMap<u64, NodeId>> {
+        self.by_owner.as_ref()?.get(&owner)
     }
 
     /// The owner's locks that overlap or touch `range`, in order.
     /// O(log n + k).
     fn owner_neighbours(&self, owner: Owner, range: Range) -> Vec<NodeId> {
-        let Some(map) = self.by_owner.get(&owner) else { return Vec::new() };
+        let Some(map) = self.owner_map(owner) else { return Vec::new() };
         let mut out = Vec::new();
         // The owner's locks are disjoint, so at most one starts before
         // `range` and still reaches it.
-        if let Some((_, &id)) = map.range(..range.start()).next_back() {
-            if self.range(id).touches(range) {
-                out.push(id);
-            }
+        if let Some((_, &id)) = map.range(..range.start()).next_back()
+            && self.range(id).touches(range)
+        {
+            out.push(id);
         }
         out.extend(map.range(range.start()..=range.end().saturating_add(1)).map(|(_, &id)| id));
         out
@@ -224,7 +252,7 @@ impl Granted {
     /// Removes every lock of `owner`; their ranges go to `weakened`.
     /// O(k log n) for the owner's k locks.
     pub fn release_owner(&mut self, owner: Owner, weakened: &mut Vec<Range>) {
-        let Some(map) = self.by_owner.get(&owner) else { return };
+        let Some(map) = self.owner_map(owner) else { return };
         let ids: Vec<NodeId> = map.values().copied().collect();
         for id in ids {
             weakened.push(self.remove(id).1);
@@ -233,8 +261,7 @@ impl Granted {
 
     /// The mode of the owner's single lock (flock), if it has one. O(1).
     pub fn owner_whole_mode(&self, owner: Owner) -> Option<Mode> {
-        let map = self.by_owner.get(&owner)?;
-        map.values().next().map(|&id| self.held(id).mode)
+        self.owner_map(owner)?.values().next().map(|&id| self.held(id).mode)
     }
 
     /// Every granted lock, sorted by owner then start. O(n log n).

@@ -95,8 +95,7 @@ impl Range {
 
     /// The bytes both ranges cover, if any.
     pub fn intersection(self, other: Range) -> Option<Range> {
-        self.overlaps(other)
-            .then(|| Range { start: self.start.max(other.start), end: self.end.min(other.end) })
+        self.overlaps(other).then(|| Range { start: self.start.max(other.start), end: self.end.min(other.end) })
     }
 }
 

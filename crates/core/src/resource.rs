@@ -15,17 +15,19 @@
 //! conflict.
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashSet};
+use std::collections::BinaryHeap;
 use std::ops::ControlFlow;
 
 use parking_lot::Mutex;
 
 use crate::deadlock::WaitGraph;
-use crate::granted::{Exempt, Granted, Held, weakens};
+use crate::granted::{Exempt, Granted, weakens};
 use crate::tree::NodeId;
-use crate::types::{Conflict, Effect, Grant, HeldLock, LockHandle, LockKind, LockRequest, Outcome, Owner, Response, WaitId};
+use crate::types::{
+    Conflict, Effect, Grant, HeldLock, LockHandle, LockKind, LockRequest, Outcome, Owner, Response, WaitId,
+};
 use crate::waiters::{CONVERT_CLASS, NEW_CLASS, WaitQueue, Waiter};
-use crate::{Mode, Range};
+use crate::{Mode, Range, Set};
 
 /// What a resource needs from its lock space.
 pub(crate) struct Ctx<'a> {
@@ -66,7 +68,8 @@ impl Ask {
 
     /// Whether a queued waiter `w` stands in this request's way.
     fn conflicts_with_waiter(&self, w: &Waiter) -> bool {
-        !w.mode.compatible(self.mode) && !(self.kind.owner_merges() && w.owner == self.owner)
+        let same_owner = self.kind.owner_merges() && w.owner == self.owner;
+        !(w.mode.compatible(self.mode) || same_owner)
     }
 }
 
@@ -74,7 +77,7 @@ impl Ask {
 #[derive(Default)]
 struct Dirty {
     heap: BinaryHeap<Reverse<(u64, WaitId)>>,
-    listed: HashSet<WaitId>,
+    listed: Set<WaitId>,
 }
 
 impl Dirty {
@@ -172,15 +175,8 @@ impl Resource {
         if ask.kind == LockKind::Dlm {
             self.blocking_callbacks(&ask, effects);
         }
-        let waiter = Waiter {
-            id,
-            owner: ask.owner,
-            kind: ask.kind,
-            mode: ask.mode,
-            ticket,
-            convert: ask.convert,
-            blockers,
-        };
+        let waiter =
+            Waiter { id, owner: ask.owner, kind: ask.kind, mode: ask.mode, ticket, convert: ask.convert, blockers };
         self.waiters.push(waiter, ask.range);
         Outcome::Queued(id)
     }
@@ -225,9 +221,9 @@ impl Resource {
     /// waits-for edge. O(log n + k).
     fn behind_own(&self, ask: &Ask, ticket: u64) -> bool {
         ask.kind.owner_merges()
-            && self.waiters.any_overlapping(ask.range, |w| {
-                w.ticket < ticket && w.owner == ask.owner && w.mode != ask.mode
-            })
+            && self
+                .waiters
+                .any_overlapping(ask.range, |w| w.ticket < ticket && w.owner == ask.owner && w.mode != ask.mode)
     }
 
     /// Blocking ASTs to the holders of DLM locks that block `ask`.
@@ -261,20 +257,16 @@ impl Resource {
             self.granted.set_owner_range(ask.owner, ask.kind, Some(ask.mode), ask.range, changed);
             return None;
         }
-        let handle = match ask.convert {
-            Some(h) => {
-                let node = self.granted.by_handle(h).expect("a queued conversion keeps its lock");
-                let (old, range) = self.granted.remove(node);
-                if weakens(old.mode, ask.mode) {
-                    changed.push(range);
-                }
-                h
+        if let Some(h) = ask.convert {
+            let node = self.granted.by_handle(h).expect("a queued conversion keeps its lock");
+            let old = self.granted.held(node).mode;
+            if weakens(old, ask.mode) {
+                changed.push(ask.range);
             }
-            None => (ctx.next_id)(),
-        };
-        let held = Held { owner: ask.owner, kind: ask.kind, mode: ask.mode, handle };
-        self.granted.insert(held, ask.range);
-        Some(handle)
+            self.granted.set_mode(node, ask.mode);
+            return Some(h);
+        }
+        Some(self.granted.insert_dlm(ask.owner, ask.mode, ask.range, (ctx.next_id)() as u32))
     }
 
     /// After the bytes in `work` changed: grants every waiter that can now

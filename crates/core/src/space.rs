@@ -18,13 +18,12 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use crossbeam_queue::SegQueue;
 use parking_lot::Mutex;
+use smallvec::SmallVec;
 
 use crate::deadlock::WaitGraph;
 use crate::error::LockError;
 use crate::resource::{Ctx, Resource};
-use crate::types::{
-    Conflict, HeldLock, LockHandle, LockKind, LockRequest, Namespace, Owner, Response, WaitId,
-};
+use crate::types::{Conflict, HeldLock, LockHandle, LockKind, LockRequest, Namespace, Owner, Response, WaitId};
 use crate::{Mode, Range};
 
 /// The longest resource name, in bytes.
@@ -32,7 +31,9 @@ pub const MAX_NAME_LEN: usize = 256;
 /// The longest lock value block, in bytes.
 pub const MAX_LVB_LEN: usize = 64;
 
-type Key = (Namespace, Box<[u8]>);
+/// Names up to 24 bytes (a Lustre FID is 16) live inside the table entry:
+/// no allocation, and no pointer to chase when a bucket compares keys.
+type Key = (Namespace, SmallVec<[u8; 24]>);
 
 /// Tuning of a [`LockSpace`].
 #[derive(Clone, Debug)]
@@ -67,7 +68,9 @@ pub struct Stats {
 /// within one lock space (a POSIX owner and an OFD owner are different
 /// owners).
 pub struct LockSpace {
-    table: scc::HashMap<Key, Resource>,
+    /// Resources are boxed so that the incremental resize moves 48-byte
+    /// entries, not whole resources.
+    table: scc::HashMap<Key, Box<Resource>, foldhash::fast::RandomState>,
     idle: SegQueue<Key>,
     epoch: AtomicU64,
     graph: Mutex<WaitGraph>,
@@ -97,9 +100,7 @@ fn check_lvb(lvb: Option<&[u8]>) -> Result<(), LockError> {
 
 fn check_request(kind: LockKind, mode: Mode, range: Range) -> Result<(), LockError> {
     if kind != LockKind::Dlm && !mode.is_posix() {
-        return Err(LockError::InvalidMode(format!(
-            "{mode}: {kind:?} locks are read (pr/rd) or write (ex/wr)"
-        )));
+        return Err(LockError::InvalidMode(format!("{mode}: {kind:?} locks are read (pr/rd) or write (ex/wr)")));
     }
     if kind == LockKind::Flock && range != Range::WHOLE {
         return Err(LockError::FlockRange(range.to_string()));
@@ -110,7 +111,7 @@ fn check_request(kind: LockKind, mode: Mode, range: Range) -> Result<(), LockErr
 impl LockSpace {
     pub fn new(config: Config) -> LockSpace {
         LockSpace {
-            table: scc::HashMap::default(),
+            table: scc::HashMap::with_hasher(foldhash::fast::RandomState::default()),
             idle: SegQueue::new(),
             epoch: AtomicU64::new(0),
             graph: Mutex::new(WaitGraph::default()),
@@ -133,13 +134,13 @@ impl LockSpace {
         f: impl FnOnce(&mut Resource, &Ctx<'_>) -> R,
     ) -> Result<Option<R>, LockError> {
         check_name(name)?;
-        let key: Key = (ns, name.into());
+        let key: Key = (ns, SmallVec::from_slice(name));
         let entry = if create {
             Some(match self.table.entry_sync(key) {
                 scc::hash_map::Entry::Occupied(o) => o,
                 scc::hash_map::Entry::Vacant(v) => {
                     self.resources.fetch_add(1, Ordering::Relaxed);
-                    v.insert_entry(Resource::default())
+                    v.insert_entry(Box::default())
                 }
             })
         } else {

@@ -124,6 +124,10 @@ impl<T> Forest<T> {
             self.nodes[id as usize] = node;
             id
         } else {
+            if self.nodes.capacity() == 0 {
+                // Most resources hold one lock: start with room for one.
+                self.nodes.reserve_exact(1);
+            }
             let id = NodeId::try_from(self.nodes.len()).expect("fewer than 2^32 - 1 nodes per forest");
             assert!(id != NIL, "fewer than 2^32 - 1 nodes per forest");
             self.nodes.push(node);
@@ -254,6 +258,22 @@ impl<T> Forest<T> {
         let id = self.alloc(start, end, value);
         root.0 = self.insert_at(root.0, id);
         id
+    }
+
+    /// Moves node `id` from the tree at `from` to the tree at `to`, keeping
+    /// its id (a DLM lock changing mode keeps its handle). O(log n).
+    pub fn transfer(&mut self, from: &mut Root, to: &mut Root, id: NodeId) {
+        from.0 = self.remove_at(from.0, self.key(id));
+        let n = &mut self.nodes[id as usize];
+        n.left = NIL;
+        n.right = NIL;
+        n.max_end = n.end;
+        to.0 = self.insert_at(to.0, id);
+    }
+
+    /// Whether `id` names a live node. O(1).
+    pub fn is_live(&self, id: NodeId) -> bool {
+        self.nodes.get(id as usize).is_some_and(|n| n.value.is_some())
     }
 
     /// Removes node `id` from the tree at `root` (it must be in that tree)

@@ -6,7 +6,7 @@
 //! their ticket: DLM conversions come before new requests (as in the VMS
 //! DLM), otherwise first come, first served.
 
-use std::collections::HashMap;
+use crate::Map;
 
 use crate::tree::{Forest, NodeId, Root};
 use crate::types::{LockHandle, LockKind, Owner, WaitId};
@@ -31,85 +31,111 @@ pub(crate) struct Waiter {
     pub blockers: Vec<Owner>,
 }
 
+/// The queue; it allocates only while someone waits, since most resources
+/// never have a waiter.
 #[derive(Debug, Default)]
 pub(crate) struct WaitQueue {
+    inner: Option<Box<Queue>>,
+}
+
+#[derive(Debug, Default)]
+struct Queue {
     forest: Forest<Waiter>,
     root: Root,
-    by_id: HashMap<WaitId, NodeId>,
+    by_id: Map<WaitId, NodeId>,
     /// DLM lock handle -> its queued conversion.
-    conversions: HashMap<LockHandle, WaitId>,
+    conversions: Map<LockHandle, WaitId>,
     next_ticket: u64,
 }
 
 impl WaitQueue {
     pub fn is_empty(&self) -> bool {
-        self.forest.is_empty()
+        self.inner.is_none()
     }
 
     pub fn len(&self) -> usize {
-        self.forest.len()
+        self.inner.as_ref().map_or(0, |q| q.forest.len())
     }
 
     pub fn heap_bytes(&self) -> usize {
-        self.forest.capacity_bytes() + self.by_id.capacity() * (std::mem::size_of::<(WaitId, NodeId)>() + 1)
+        self.inner.as_ref().map_or(0, |q| {
+            std::mem::size_of::<Queue>()
+                + q.forest.capacity_bytes()
+                + q.by_id.capacity() * (std::mem::size_of::<(WaitId, NodeId)>() + 1)
+        })
     }
 
+    /// The next position in the queue: later than every queued waiter.
     pub fn ticket(&mut self, class: u64) -> u64 {
-        self.next_ticket += 1;
-        class | self.next_ticket
+        match &mut self.inner {
+            Some(q) => {
+                q.next_ticket += 1;
+                class | q.next_ticket
+            }
+            // The first waiter will take ticket 1 (see `push`).
+            None => class | 1,
+        }
     }
 
     /// Parks a waiter. O(log n).
     pub fn push(&mut self, waiter: Waiter, range: Range) {
+        let q = self.inner.get_or_insert_with(|| Box::new(Queue { next_ticket: 1, ..Queue::default() }));
         let id = waiter.id;
         if let Some(h) = waiter.convert {
-            self.conversions.insert(h, id);
+            q.conversions.insert(h, id);
         }
-        let node = self.forest.insert(&mut self.root, range.start(), range.end(), waiter);
-        self.by_id.insert(id, node);
+        let node = q.forest.insert(&mut q.root, range.start(), range.end(), waiter);
+        q.by_id.insert(id, node);
     }
 
     /// Removes a waiter. O(log n).
     pub fn remove(&mut self, id: WaitId) -> Option<(Waiter, Range)> {
-        let node = self.by_id.remove(&id)?;
-        let (s, e) = self.forest.interval(node);
-        let w = self.forest.remove(&mut self.root, node);
+        let q = self.inner.as_mut()?;
+        let node = q.by_id.remove(&id)?;
+        let (s, e) = q.forest.interval(node);
+        let w = q.forest.remove(&mut q.root, node);
         if let Some(h) = w.convert {
-            self.conversions.remove(&h);
+            q.conversions.remove(&h);
+        }
+        if q.forest.is_empty() {
+            self.inner = None;
         }
         Some((w, Range::new(s, e).expect("stored ranges are valid")))
     }
 
     /// The queued conversion of DLM lock `handle`, if any. O(1).
     pub fn conversion_of(&self, handle: LockHandle) -> Option<WaitId> {
-        self.conversions.get(&handle).copied()
+        self.inner.as_ref()?.conversions.get(&handle).copied()
     }
 
     pub fn get(&self, id: WaitId) -> Option<(&Waiter, Range)> {
-        let &node = self.by_id.get(&id)?;
-        let (s, e) = self.forest.interval(node);
-        Some((self.forest.get(node), Range::new(s, e).expect("stored ranges are valid")))
+        let q = self.inner.as_ref()?;
+        let &node = q.by_id.get(&id)?;
+        let (s, e) = q.forest.interval(node);
+        Some((q.forest.get(node), Range::new(s, e).expect("stored ranges are valid")))
     }
 
     pub fn get_mut(&mut self, id: WaitId) -> Option<&mut Waiter> {
-        let &node = self.by_id.get(&id)?;
-        Some(self.forest.get_mut(node))
+        let q = self.inner.as_mut()?;
+        let &node = q.by_id.get(&id)?;
+        Some(q.forest.get_mut(node))
     }
 
     /// Calls `f` on each waiter overlapping `range`, in range order.
     /// O(log n + k).
     pub fn each_overlapping(&self, range: Range, mut f: impl FnMut(&Waiter)) {
-        let _ = self.forest.overlaps(self.root, range.start(), range.end(), &mut |_, w: &Waiter| {
+        self.any_overlapping(range, |w| {
             f(w);
-            std::ops::ControlFlow::<()>::Continue(())
+            false
         });
     }
 
-    /// Calls `f` on each waiter overlapping `range` (any order) until it
-    /// returns true; returns whether it did. O(log n + k).
+    /// Calls `f` on each waiter overlapping `range` (in range order) until
+    /// it returns true; returns whether it did. O(log n + k).
     pub fn any_overlapping(&self, range: Range, mut f: impl FnMut(&Waiter) -> bool) -> bool {
-        self.forest
-            .overlaps(self.root, range.start(), range.end(), &mut |_, w: &Waiter| {
+        let Some(q) = &self.inner else { return false };
+        q.forest
+            .overlaps(q.root, range.start(), range.end(), &mut |_, w: &Waiter| {
                 if f(w) { std::ops::ControlFlow::Break(()) } else { std::ops::ControlFlow::Continue(()) }
             })
             .is_break()

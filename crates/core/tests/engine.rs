@@ -15,7 +15,15 @@ fn req(resource: &[u8], owner: u64, kind: LockKind, mode: Mode, range: Range, wa
     LockRequest { resource, owner, kind, mode, range, wait }
 }
 
-fn lock(space: &LockSpace, resource: &[u8], owner: u64, kind: LockKind, mode: Mode, range: Range, wait: bool) -> Response {
+fn lock(
+    space: &LockSpace,
+    resource: &[u8],
+    owner: u64,
+    kind: LockKind,
+    mode: Mode,
+    range: Range,
+    wait: bool,
+) -> Response {
     space.lock(&req(resource, owner, kind, mode, range, wait)).unwrap()
 }
 
@@ -177,7 +185,8 @@ fn dlm_modes_conversions_and_callbacks() {
     let resp = s.dlm_convert(b"res", 1, a, Mode::NL, false, None).unwrap();
     assert!(matches!(resp.outcome, Outcome::Granted(_)));
     assert_eq!(grants(&resp), vec![pw]);
-    let Some(Effect::Granted { grant: Grant { lock: Some(handle3), fence: 1, .. }, owner: 3, .. }) = resp.effects.first()
+    let Some(Effect::Granted { grant: Grant { lock: Some(handle3), fence: 1, .. }, owner: 3, .. }) =
+        resp.effects.first()
     else {
         panic!("the PW grant carries its handle and the first write fence: {resp:?}")
     };
@@ -225,14 +234,8 @@ fn bad_input_is_refused_and_changes_nothing() {
         s.lock(&req(&long, 1, LockKind::Ofd, Mode::EX, r(0, 0), false)),
         Err(LockError::NameTooLong(257))
     ));
-    assert!(matches!(
-        s.lock(&req(b"f", 1, LockKind::Ofd, Mode::PW, r(0, 0), false)),
-        Err(LockError::InvalidMode(_))
-    ));
-    assert!(matches!(
-        s.lock(&req(b"f", 1, LockKind::Flock, Mode::EX, r(0, 0), false)),
-        Err(LockError::FlockRange(_))
-    ));
+    assert!(matches!(s.lock(&req(b"f", 1, LockKind::Ofd, Mode::PW, r(0, 0), false)), Err(LockError::InvalidMode(_))));
+    assert!(matches!(s.lock(&req(b"f", 1, LockKind::Flock, Mode::EX, r(0, 0), false)), Err(LockError::FlockRange(_))));
     assert!(Range::new(5, 4).is_err() && Range::new(0, OFFSET_MAX + 1).is_err());
     assert!(matches!(s.dlm_unlock(b"f", 1, 12345, None), Err(LockError::NoSuchLock(12345))));
     assert!(matches!(s.dlm_unlock(b"f", 1, 1, Some(&[0; 65])), Err(LockError::LvbTooLong(65))));

@@ -169,7 +169,10 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                         };
                         let got = space.lock(&req).unwrap().outcome;
                         match errno {
-                            0 => prop_assert!(matches!(got, Outcome::Granted(_)), "{op:?}: kernel granted, engine {got:?}"),
+                            0 => prop_assert!(
+                                matches!(got, Outcome::Granted(_)),
+                                "{op:?}: kernel granted, engine {got:?}"
+                            ),
                             libc::EAGAIN => prop_assert_eq!(got, Outcome::WouldBlock, "{:?}", op),
                             e => prop_assert!(false, "{op:?}: kernel errno {e} for a range the engine accepts"),
                         }
@@ -198,14 +201,16 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 if fl.l_type == libc::F_UNLCK as libc::c_short {
                     prop_assert!(got.is_none(), "{op:?}: kernel found no conflict, engine {got:?}");
                 } else {
-                    let c = got.ok_or_else(|| TestCaseError::fail(format!("{op:?}: kernel found a conflict, engine none")))?;
+                    let c = got
+                        .ok_or_else(|| TestCaseError::fail(format!("{op:?}: kernel found a conflict, engine none")))?;
                     // Both answers must be real conflicting locks; which one
                     // is reported is not specified.
                     let kernel_range = Range::from_posix(fl.l_start, fl.l_len).unwrap();
                     let kernel_mode = if fl.l_type == libc::F_WRLCK as libc::c_short { Mode::EX } else { Mode::PR };
                     let all = space.locks(NAME, Namespace::Record).unwrap();
                     prop_assert!(
-                        all.iter().any(|l| l.owner != owner_id(owner) && l.range == kernel_range && l.mode == kernel_mode),
+                        all.iter()
+                            .any(|l| l.owner != owner_id(owner) && l.range == kernel_range && l.mode == kernel_mode),
                         "{op:?}: the kernel's conflict {kernel_mode} {kernel_range} is not an engine lock"
                     );
                     // The engine's answer is a lock the kernel holds for that owner.
@@ -248,7 +253,5 @@ fn ofd_locks_match_the_kernel() {
     }
     let cases = std::env::var("INTERLOCK_KERNEL_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(3000);
     let config = ProptestConfig { cases, ..ProptestConfig::default() };
-    proptest::test_runner::TestRunner::new(config)
-        .run(&proptest::collection::vec(op(), 1..60), run)
-        .unwrap();
+    proptest::test_runner::TestRunner::new(config).run(&proptest::collection::vec(op(), 1..60), run).unwrap();
 }

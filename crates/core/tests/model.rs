@@ -5,9 +5,7 @@
 //! Random operation sequences run on both; outcomes, grants delivered to
 //! waiters, the queue and the final lock maps must be identical.
 
-use interlock_core::{
-    Effect, HeldLock, LockKind, LockRequest, LockSpace, Mode, Namespace, Outcome, Range, WaitId,
-};
+use interlock_core::{Effect, HeldLock, LockKind, LockRequest, LockSpace, Mode, Outcome, Range, WaitId};
 use proptest::prelude::*;
 
 const FILE: &[u8] = b"f";
@@ -88,10 +86,12 @@ impl Model {
             .map(|l| l.owner)
             .collect();
         for (j, u) in self.waiters[..idx].iter().enumerate() {
-            if u.owner != w.owner && !u.mode.compatible(w.mode) && u.range.overlaps(w.range) {
-                if !self.blockers(j).contains(&w.owner) {
-                    out.push(u.owner);
-                }
+            if u.owner != w.owner
+                && !u.mode.compatible(w.mode)
+                && u.range.overlaps(w.range)
+                && !self.blockers(j).contains(&w.owner)
+            {
+                out.push(u.owner);
             }
         }
         out.sort_unstable();

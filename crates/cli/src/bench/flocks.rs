@@ -15,7 +15,7 @@ use clap::ValueEnum;
 use interlock_core::{LockKind, LockRequest, LockSpace, Mode, Outcome, Range};
 use serde_json::json;
 
-use super::{Report, base_row, kernel, median, parse_sizes, timed};
+use super::{Report, base_row, kernel, median, parse_size, timed};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Variant {
@@ -49,8 +49,8 @@ impl Variant {
 #[derive(clap::Args)]
 pub struct Args {
     /// Lock counts to run (suffixes k and M allowed).
-    #[arg(long, value_parser = parse_sizes, default_value = "1000,10000,25000,100000,1000000")]
-    n: std::vec::Vec<u64>,
+    #[arg(long, value_delimiter = ',', value_parser = parse_size, default_value = "1000,10000,25000,100000,1000000")]
+    n: Vec<u64>,
     /// Variants to run (default: all).
     #[arg(long, value_enum, value_delimiter = ',')]
     variant: Vec<Variant>,
@@ -80,24 +80,35 @@ const COLUMNS: &[(&str, &str)] = &[
 ];
 
 pub fn run(args: Args) -> Result<(), String> {
-    let variants =
-        if args.variant.is_empty() { Variant::value_variants().to_vec() } else { args.variant.clone() };
+    let variants = if args.variant.is_empty() { Variant::value_variants().to_vec() } else { args.variant.clone() };
     let mut report = Report::new(args.json, COLUMNS);
     for &variant in &variants {
         for &n in &args.n {
             let seconds = median(args.repeat, || (engine(variant, n), ())).0;
             let mut row = base_row("flocks", variant.name(), n, seconds, variant.ops(n));
-            if !args.no_kernel && n <= args.kernel_max {
+            let kernel = if args.no_kernel {
+                Err("--no-kernel".to_string())
+            } else if n > args.kernel_max {
+                Err(format!("n > --kernel-max {}", args.kernel_max))
+            } else {
                 if !args.json {
                     eprint!("  (kernel {} n={n}...)\r", variant.name());
                 }
-                let k = kernel::flocks(variant, n)?;
-                row.insert("kernel_seconds".into(), json!(k));
-                row.insert("kernel_ratio".into(), json!(k / seconds.max(1e-9)));
-            } else {
-                row.insert("kernel_seconds".into(), json!(null));
-                row.insert("kernel".into(), json!("skipped"));
-                row.insert("kernel_ratio".into(), json!("skipped"));
+                kernel::flocks(variant, n)
+            };
+            match kernel {
+                Ok(k) => {
+                    row.insert("kernel_seconds".into(), json!(k));
+                    row.insert("kernel_ratio".into(), json!(k / seconds.max(1e-9)));
+                }
+                Err(why) => {
+                    if n <= args.kernel_max && !args.no_kernel {
+                        eprintln!("note: kernel run skipped: {why}");
+                    }
+                    row.insert("kernel_seconds".into(), json!(null));
+                    row.insert("kernel_skipped".into(), json!(why));
+                    row.insert("kernel_ratio".into(), json!("skipped"));
+                }
             }
             report.row(row);
         }

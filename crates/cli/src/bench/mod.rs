@@ -30,22 +30,18 @@ pub fn run(cmd: BenchCommand) -> Result<(), String> {
     }
 }
 
-/// Parses `1000,10k,1M` style lists.
-pub fn parse_sizes(s: &str) -> Result<Vec<u64>, String> {
-    s.split(',')
-        .map(|w| {
-            let w = w.trim();
-            let (num, mult) = match w.char_indices().last() {
-                Some((i, 'k' | 'K')) => (&w[..i], 1_000),
-                Some((i, 'm' | 'M')) => (&w[..i], 1_000_000),
-                _ => (w, 1),
-            };
-            match num.parse::<u64>() {
-                Ok(n) if n > 0 => Ok(n * mult),
-                _ => Err(format!("{w:?} is not a positive size (examples: 1000, 25k, 1M)")),
-            }
-        })
-        .collect()
+/// Parses a size such as `1000`, `25k` or `1M`.
+pub fn parse_size(w: &str) -> Result<u64, String> {
+    let w = w.trim();
+    let (num, mult) = match w.char_indices().last() {
+        Some((i, 'k' | 'K')) => (&w[..i], 1_000),
+        Some((i, 'm' | 'M')) => (&w[..i], 1_000_000),
+        _ => (w, 1),
+    };
+    match num.parse::<u64>() {
+        Ok(n) if n > 0 => Ok(n * mult),
+        _ => Err(format!("{w:?} is not a positive size (examples: 1000, 25k, 1M)")),
+    }
 }
 
 /// Runs `f` `repeat` times and returns the median of what it reports (its
