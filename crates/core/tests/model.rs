@@ -280,7 +280,7 @@ fn cases(default: u32) -> u32 {
 
 proptest! {
     // PROPTEST_CASES raises the count for a long run.
-    #![proptest_config(ProptestConfig { cases: cases(512), ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: cases(4096), ..ProptestConfig::default() })]
 
     #[test]
     fn ofd_matches_model(ops in proptest::collection::vec(op(4, false), 1..80)) {
