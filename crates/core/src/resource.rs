@@ -172,11 +172,20 @@ impl Resource {
             }
             graph.set(ask.owner, id, blockers.clone());
         }
+        let mut notified = Vec::new();
         if ask.kind == LockKind::Dlm {
-            self.blocking_callbacks(&ask, effects);
+            self.blocking_callbacks(&ask, &mut notified, effects);
         }
-        let waiter =
-            Waiter { id, owner: ask.owner, kind: ask.kind, mode: ask.mode, ticket, convert: ask.convert, blockers };
+        let waiter = Waiter {
+            id,
+            owner: ask.owner,
+            kind: ask.kind,
+            mode: ask.mode,
+            ticket,
+            convert: ask.convert,
+            blockers,
+            notified,
+        };
         self.waiters.push(waiter, ask.range);
         Outcome::Queued(id)
     }
@@ -226,10 +235,14 @@ impl Resource {
                 .any_overlapping(ask.range, |w| w.ticket < ticket && w.owner == ask.owner && w.mode != ask.mode)
     }
 
-    /// Blocking ASTs to the holders of DLM locks that block `ask`.
-    fn blocking_callbacks(&self, ask: &Ask, effects: &mut Vec<Effect>) {
+    /// Blocking ASTs to the holders of DLM locks that block `ask`, except
+    /// those in `notified` (which it then lists). O(log n + k).
+    fn blocking_callbacks(&self, ask: &Ask, notified: &mut Vec<LockHandle>, effects: &mut Vec<Effect>) {
         let _ = self.granted.conflicts(ask.mode, ask.range, ask.exempt(), |_, h| {
-            effects.push(Effect::Blocking { lock: h.handle, owner: h.owner, held: h.mode, wanted: ask.mode });
+            if !notified.contains(&h.handle) {
+                notified.push(h.handle);
+                effects.push(Effect::Blocking { lock: h.handle, owner: h.owner, held: h.mode, wanted: ask.mode });
+            }
             ControlFlow::<()>::Continue(())
         });
     }
@@ -306,12 +319,17 @@ impl Resource {
                 for r in changed {
                     dirty.add(&self.waiters, r);
                 }
-            } else if blockers != old_blockers {
+                continue;
+            }
+            if ask.kind == LockKind::Dlm {
+                // A grant ahead of this waiter may hold bytes it wants now.
+                let mut notified = std::mem::take(&mut self.waiters.get_mut(id).expect("still queued").notified);
+                self.blocking_callbacks(&ask, &mut notified, effects);
+                self.waiters.get_mut(id).expect("still queued").notified = notified;
+            }
+            if blockers != old_blockers {
                 if ask.kind == LockKind::Posix {
                     ctx.graph.lock().set(ask.owner, id, blockers.clone());
-                }
-                if ask.kind == LockKind::Dlm && blockers.iter().any(|b| !old_blockers.contains(b)) {
-                    self.blocking_callbacks(&ask, effects);
                 }
                 self.waiters.get_mut(id).expect("still queued").blockers = blockers;
                 dirty.add(&self.waiters, wrange);

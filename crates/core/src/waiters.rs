@@ -26,9 +26,13 @@ pub(crate) struct Waiter {
     pub ticket: u64,
     /// The DLM lock being converted, if this is a conversion.
     pub convert: Option<LockHandle>,
-    /// Owners whose granted locks block this waiter now; kept current on
-    /// every change to the bytes the waiter covers.
+    /// Owners this waiter waits for now (holders of conflicting locks and
+    /// owners of earlier conflicting waiters); kept current on every change
+    /// to the bytes the waiter covers.
     pub blockers: Vec<Owner>,
+    /// DLM: the granted locks already sent a blocking callback for this
+    /// waiter, so that each gets one, once.
+    pub notified: Vec<LockHandle>,
 }
 
 /// The queue; it allocates only while someone waits, since most resources

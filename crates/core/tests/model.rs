@@ -136,11 +136,13 @@ enum Op {
     Cancel { pick: prop::sample::Index },
 }
 
-fn op(owners: u64, flock: bool) -> impl Strategy<Value = Op> {
+/// Operations for `owners` owners; flock ones cover the whole file; with
+/// `blocking` false every set is non-blocking.
+fn op(owners: u64, flock: bool, blocking: bool) -> impl Strategy<Value = Op> {
     let range = if flock { (Just(0u64), Just(0u64)).boxed() } else { (0u64..40, 0u64..12).boxed() };
     prop_oneof![
         4 => (0..owners, any::<bool>(), range.clone(), any::<bool>())
-            .prop_map(|(owner, write, (start, len), wait)| Op::Set { owner, write, start, len, wait }),
+            .prop_map(move |(owner, write, (start, len), wait)| Op::Set { owner, write, start, len, wait: wait && blocking }),
         2 => (0..owners, range.clone()).prop_map(|(owner, (start, len))| Op::Unlock { owner, start, len }),
         1 => (0..owners, any::<bool>(), range).prop_map(|(owner, write, (start, len))| Op::Test { owner, write, start, len }),
         1 => (0..owners).prop_map(|owner| Op::Close { owner }),
@@ -283,12 +285,19 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: cases(4096), ..ProptestConfig::default() })]
 
     #[test]
-    fn ofd_matches_model(ops in proptest::collection::vec(op(4, false), 1..80)) {
+    fn ofd_matches_model(ops in proptest::collection::vec(op(4, false, true), 1..80)) {
         run(LockKind::Ofd, ops)?;
     }
 
     #[test]
-    fn flock_matches_model(ops in proptest::collection::vec(op(4, true), 1..60)) {
+    fn flock_matches_model(ops in proptest::collection::vec(op(4, true, true), 1..60)) {
         run(LockKind::Flock, ops)?;
+    }
+
+    /// POSIX owners differ from OFD ones only in deadlock detection, which
+    /// `posix_blocking.rs` covers; without waiting they must agree exactly.
+    #[test]
+    fn posix_nonblocking_matches_model(ops in proptest::collection::vec(op(4, false, false), 1..80)) {
+        run(LockKind::Posix, ops)?;
     }
 }
