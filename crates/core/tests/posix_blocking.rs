@@ -175,8 +175,8 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
             break;
         }
         for owner in 0..4 {
-            for file in 0..FILES.len() {
-                let resp = space.release_owner(FILES[file], owner, P).unwrap();
+            for file in FILES {
+                let resp = space.release_owner(file, owner, P).unwrap();
                 apply_grants(&resp.effects, &mut queue);
             }
         }
