@@ -15,11 +15,10 @@
 //! DLM locks are not merged; a DLM handle carries its node id, so it is
 //! found without a map.
 
-use std::collections::BTreeMap;
-
 use crate::Map;
 use std::ops::ControlFlow;
 
+use crate::owner_locks::OwnerLocks;
 use crate::tree::{Forest, NodeId, Root};
 use crate::types::{Conflict, HeldLock, LockHandle, LockKind, Owner};
 use crate::{Mode, Range};
@@ -67,7 +66,7 @@ pub(crate) struct Granted {
     forest: Forest<Held>,
     roots: [Root; 6],
     /// Boxed: DLM resources never use it, and most files have few owners.
-    by_owner: Option<Box<Map<Owner, BTreeMap<u64, NodeId>>>>,
+    by_owner: Option<Box<Map<Owner, OwnerLocks>>>,
 }
 
 impl Granted {
@@ -84,8 +83,8 @@ impl Granted {
     pub fn heap_bytes(&self) -> usize {
         self.forest.capacity_bytes()
             + self.by_owner.as_ref().map_or(0, |o| {
-                o.capacity() * (std::mem::size_of::<(Owner, BTreeMap<u64, NodeId>)>() + 1)
-                    + o.values().map(|m| m.len() * 16).sum::<usize>()
+                o.capacity() * (std::mem::size_of::<(Owner, OwnerLocks)>() + 1)
+                    + o.values().map(OwnerLocks::heap_bytes).sum::<usize>()
             })
     }
 
@@ -139,7 +138,12 @@ impl Granted {
         let owner = held.owner;
         let root = &mut self.roots[held.mode as usize];
         let id = self.forest.insert(root, range.start(), range.end(), held);
-        self.by_owner.get_or_insert_default().entry(owner).or_default().insert(range.start(), id);
+        match self.by_owner.get_or_insert_default().entry(owner) {
+            std::collections::hash_map::Entry::Occupied(mut o) => o.get_mut().insert(range.start(), id),
+            std::collections::hash_map::Entry::Vacant(v) => {
+                v.insert(OwnerLocks::One(range.start(), id));
+            }
+        }
         id
     }
 
@@ -169,9 +173,8 @@ impl Granted {
         let held = self.forest.remove(&mut self.roots[mode as usize], id);
         if held.kind.owner_merges() {
             let owners = self.by_owner.as_mut().expect("owner view has the lock");
-            let map = owners.get_mut(&held.owner).expect("owner view has the lock");
-            map.remove(&range.start());
-            if map.is_empty() {
+            let locks = owners.get_mut(&held.owner).expect("owner view has the lock");
+            if locks.remove(range.start()) {
                 owners.remove(&held.owner);
                 if owners.is_empty() {
                     self.by_owner = None;
@@ -187,24 +190,15 @@ impl Granted {
         (self.forest.is_live(id) && self.held(id).handle == handle).then_some(id)
     }
 
-    fn owner_map(&self, owner: Owner) -> Option<&BTreeMap<u64, NodeId>> {
+    fn owner_map(&self, owner: Owner) -> Option<&OwnerLocks> {
         self.by_owner.as_ref()?.get(&owner)
     }
 
     /// The owner's locks that overlap or touch `range`, in order.
     /// O(log n + k).
     fn owner_neighbours(&self, owner: Owner, range: Range) -> Vec<NodeId> {
-        let Some(map) = self.owner_map(owner) else { return Vec::new() };
-        let mut out = Vec::new();
-        // The owner's locks are disjoint, so at most one starts before
-        // `range` and still reaches it.
-        if let Some((_, &id)) = map.range(..range.start()).next_back()
-            && self.range(id).touches(range)
-        {
-            out.push(id);
-        }
-        out.extend(map.range(range.start()..=range.end().saturating_add(1)).map(|(_, &id)| id));
-        out
+        let Some(locks) = self.owner_map(owner) else { return Vec::new() };
+        locks.neighbours(range, |id| self.range(id).touches(range))
     }
 
     /// Sets the owner's lock on `range` to `mode`, or removes it there when
@@ -252,16 +246,15 @@ impl Granted {
     /// Removes every lock of `owner`; their ranges go to `weakened`.
     /// O(k log n) for the owner's k locks.
     pub fn release_owner(&mut self, owner: Owner, weakened: &mut Vec<Range>) {
-        let Some(map) = self.owner_map(owner) else { return };
-        let ids: Vec<NodeId> = map.values().copied().collect();
-        for id in ids {
+        let Some(locks) = self.owner_map(owner) else { return };
+        for id in locks.ids() {
             weakened.push(self.remove(id).1);
         }
     }
 
     /// The mode of the owner's single lock (flock), if it has one. O(1).
     pub fn owner_whole_mode(&self, owner: Owner) -> Option<Mode> {
-        self.owner_map(owner)?.values().next().map(|&id| self.held(id).mode)
+        self.owner_map(owner)?.first().map(|id| self.held(id).mode)
     }
 
     /// Every granted lock, sorted by owner then start. O(n log n).

@@ -17,7 +17,7 @@
 //! - [`mode`]: the six DLM modes and their compatibility matrix.
 //! - [`tree`]: the augmented interval treap that indexes locks and waiters.
 //! - `granted`: a resource's granted locks, one tree per mode plus a
-//!   per-owner ordered view for merge and split.
+//!   per-owner ordered view (`owner_locks`) for merge and split.
 //! - `waiters`: a resource's queue of blocked requests, by range.
 //! - `deadlock`: the waits-for graph of POSIX owners (`EDEADLK`).
 //! - `resource`: the rules that move requests from queued to granted.
@@ -56,6 +56,7 @@ mod deadlock;
 mod error;
 mod granted;
 pub mod mode;
+mod owner_locks;
 pub mod range;
 mod resource;
 mod space;

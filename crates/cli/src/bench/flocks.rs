@@ -84,7 +84,9 @@ pub fn run(args: Args) -> Result<(), String> {
     let mut report = Report::new(args.json, COLUMNS);
     for &variant in &variants {
         for &n in &args.n {
-            let seconds = median(args.repeat, || (engine(variant, n), ())).0;
+            // Small runs take microseconds: repeat them more for a steady median.
+            let repeat = args.repeat.max((200_000 / n).min(101) as usize);
+            let seconds = median(repeat, || (engine(variant, n), ())).0;
             let mut row = base_row("flocks", variant.name(), n, seconds, variant.ops(n));
             let kernel = if args.no_kernel {
                 Err("--no-kernel".to_string())
