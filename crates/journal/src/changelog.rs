@@ -1,1 +1,424 @@
-pub struct Changelog;
+//! The changelog: the journal read through durable consumers.
+//!
+//! The metadata journal and the changelog are one log, so a changelog
+//! record costs no second write (Lustre writes both). Records carry the
+//! fields of Lustre's changelog (type, flags, time, target, parent, name,
+//! both ends of a rename, uid/gid, job id); their types keep Lustre's
+//! numbers, so `01CREAT` means what a Lustre user expects.
+//!
+//! Consumers (`cl1`, `cl2`, …, with an optional name) are registered
+//! durably, each with its own mask and a cursor: the index it has cleared
+//! (acknowledged) up to. A consumer reads from its cursor, may follow (wait
+//! for new records), and clears. Whole segments are purged once every
+//! consumer and the checkpoint are past them, never before. A consumer that
+//! stays idle too long, or lags too far, is deregistered with a warning, so
+//! a forgotten consumer cannot fill the disk.
+//!
+//! Consumer state lives in `consumers.json` beside the segments, replaced
+//! atomically (write, fsync, rename, fsync the directory) on every change:
+//! O(consumers) bytes and one fsync per register, clear or GC.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
+
+use crate::{Error, Journal, Options};
+
+macro_rules! record_types {
+    ($($name:ident = $n:literal),* $(,)?) => {
+        /// A changelog record type, numbered as in Lustre.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+        #[allow(clippy::upper_case_acronyms)]
+        pub enum RecordType { $($name = $n),* }
+
+        impl RecordType {
+            /// Every type, in number order.
+            pub const ALL: &'static [RecordType] = &[$(RecordType::$name),*];
+
+            /// The upper-case name Lustre prints (`CREAT`, `RENME`, …).
+            pub fn name(self) -> &'static str {
+                match self { $(RecordType::$name => stringify!($name)),* }
+            }
+        }
+    };
+}
+
+record_types! {
+    MARK = 0, CREAT = 1, MKDIR = 2, HLINK = 3, SLINK = 4, MKNOD = 5, UNLNK = 6, RMDIR = 7,
+    RENME = 8, RNMTO = 9, OPEN = 10, CLOSE = 11, TRUNC = 13, SATTR = 14, XATTR = 15,
+    MTIME = 17, CTIME = 18, ATIME = 19,
+}
+
+impl std::str::FromStr for RecordType {
+    type Err = Error;
+
+    /// `CREAT`, `creat`, or with Lustre's number prefix (`01CREAT`).
+    fn from_str(s: &str) -> Result<RecordType, Error> {
+        let bare = s.trim_start_matches(|c: char| c.is_ascii_digit()).to_ascii_uppercase();
+        RecordType::ALL.iter().copied().find(|t| t.name() == bare).ok_or_else(|| {
+            let names: Vec<&str> = RecordType::ALL.iter().map(|t| t.name()).collect();
+            Error::Invalid(format!("unknown record type {s:?}; known: {}", names.join(",")))
+        })
+    }
+}
+
+/// A set of record types.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Mask(pub u32);
+
+impl Mask {
+    /// Every type.
+    pub const ALL: Mask = Mask(u32::MAX);
+
+    /// Lustre's default: everything but OPEN and ATIME, the two that
+    /// would log every read.
+    pub fn default_mask() -> Mask {
+        Mask(u32::MAX & !(1 << RecordType::OPEN as u32) & !(1 << RecordType::ATIME as u32))
+    }
+
+    pub fn of(types: &[RecordType]) -> Mask {
+        Mask(types.iter().fold(0, |m, &t| m | 1 << t as u32))
+    }
+
+    pub fn contains(self, t: RecordType) -> bool {
+        self.0 & (1 << t as u32) != 0
+    }
+
+    /// Parses `CREAT,UNLNK,...` (or `all`).
+    pub fn parse(s: &str) -> Result<Mask, Error> {
+        if s.eq_ignore_ascii_case("all") {
+            return Ok(Mask::ALL);
+        }
+        let types: Result<Vec<RecordType>, Error> = s.split(',').map(|w| w.trim().parse()).collect();
+        Ok(Mask::of(&types?))
+    }
+}
+
+/// The source end of a rename (the record's own name and parent are the
+/// target end).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RenameSource {
+    pub parent: u64,
+    pub name: Vec<u8>,
+    /// The file being renamed.
+    pub target: u64,
+}
+
+/// A changelog record, without its index (the journal assigns that).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Record {
+    pub rtype: RecordType,
+    pub flags: u32,
+    /// Nanoseconds since the Unix epoch, from the caller's clock.
+    pub time_ns: u64,
+    pub target: u64,
+    pub parent: u64,
+    pub name: Vec<u8>,
+    pub source: Option<RenameSource>,
+    pub uid: u32,
+    pub gid: u32,
+    pub jobid: Option<String>,
+}
+
+impl Record {
+    /// The record's bytes in the journal (postcard).
+    pub fn encode(&self) -> Vec<u8> {
+        postcard::to_stdvec(self).expect("records always serialize")
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<Record, Error> {
+        postcard::from_bytes(bytes).map_err(|e| Error::Invalid(format!("not a changelog record: {e}")))
+    }
+}
+
+/// A record with its index.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Entry {
+    pub index: u64,
+    pub record: Record,
+}
+
+/// One registered consumer.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Consumer {
+    /// `cl1`, `cl2`, …: never reused.
+    pub id: String,
+    pub name: Option<String>,
+    pub mask: Mask,
+    /// Every record up to this index is acknowledged (0: none).
+    pub cleared: u64,
+    /// When it last read or cleared, by the caller's clock.
+    pub last_active_ns: u64,
+}
+
+/// What survives a restart besides the records.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+struct Persisted {
+    next_id: u32,
+    /// Records up to here are covered by a metadata checkpoint.
+    checkpoint: u64,
+    consumers: BTreeMap<String, Consumer>,
+}
+
+/// Changelog policy.
+#[derive(Clone, Debug)]
+pub struct ChangelogOptions {
+    /// Types written at all; others are dropped at append.
+    pub mask: Mask,
+    /// A consumer idle longer than this is deregistered by [`Changelog::gc`].
+    pub max_idle: Option<Duration>,
+    /// A consumer more than this many records behind is deregistered by
+    /// [`Changelog::gc`].
+    pub max_lag: Option<u64>,
+}
+
+impl Default for ChangelogOptions {
+    fn default() -> Self {
+        ChangelogOptions {
+            mask: Mask::default_mask(),
+            max_idle: Some(Duration::from_secs(7 * 24 * 3600)),
+            max_lag: Some(100_000_000),
+        }
+    }
+}
+
+/// The changelog over a journal.
+pub struct Changelog {
+    journal: Journal,
+    dir: PathBuf,
+    options: ChangelogOptions,
+    state: Mutex<Persisted>,
+}
+
+const CONSUMERS: &str = "consumers.json";
+
+/// Reads the consumer state of a log directory (empty if none yet).
+fn load(dir: &Path) -> Result<Persisted, Error> {
+    let path = dir.join(CONSUMERS);
+    match std::fs::read(&path) {
+        Ok(bytes) => serde_json::from_slice(&bytes).map_err(|e| Error::Corrupt {
+            path,
+            offset: e.column() as u64,
+            what: format!("consumer state: {e}"),
+        }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Persisted { next_id: 1, ..Persisted::default() }),
+        Err(e) => Err(Error::io(&path, e)),
+    }
+}
+
+/// The consumers of a log directory and the checkpoint, for `journal check`.
+pub fn consumers_of(dir: &Path) -> Result<(Vec<Consumer>, u64), Error> {
+    let p = load(dir)?;
+    Ok((p.consumers.into_values().collect(), p.checkpoint))
+}
+
+impl Changelog {
+    /// Opens the log in `dir` with its consumers.
+    pub fn open(dir: &Path, journal: Options, options: ChangelogOptions) -> Result<Changelog, Error> {
+        let (journal, _) = Journal::open(dir, journal)?;
+        let state = Mutex::new(load(dir)?);
+        Ok(Changelog { journal, dir: dir.to_path_buf(), options, state })
+    }
+
+    pub fn journal(&self) -> &Journal {
+        &self.journal
+    }
+
+    /// Appends a record unless the global mask drops it; returns its index.
+    /// Durable once `journal().wait_durable(index)` returns.
+    pub fn append(&self, record: &Record) -> Result<Option<u64>, Error> {
+        if !self.options.mask.contains(record.rtype) {
+            return Ok(None);
+        }
+        self.journal.append(&record.encode()).map(Some)
+    }
+
+    fn save(&self, p: &Persisted) -> Result<(), Error> {
+        let path = self.dir.join(CONSUMERS);
+        let tmp = self.dir.join(format!("{CONSUMERS}.tmp"));
+        let bytes = serde_json::to_vec_pretty(p).expect("state serializes");
+        let write = || -> std::io::Result<()> {
+            let mut f = std::fs::File::create(&tmp)?;
+            std::io::Write::write_all(&mut f, &bytes)?;
+            f.sync_all()?;
+            std::fs::rename(&tmp, &path)
+        };
+        write().map_err(|e| Error::io(&path, e))?;
+        crate::segment::sync_dir(&self.dir)
+    }
+
+    /// Registers a consumer; it starts at the current end of the log (it
+    /// sees records appended from now on). Durable before it returns.
+    pub fn register(&self, name: Option<&str>, mask: Mask, now_ns: u64) -> Result<Consumer, Error> {
+        let mut p = self.state.lock();
+        let id = format!("cl{}", p.next_id.max(1));
+        if let Some(n) = name
+            && p.consumers.values().any(|c| c.name.as_deref() == Some(n))
+        {
+            return Err(Error::Invalid(format!("a consumer named {n:?} is already registered")));
+        }
+        let c = Consumer {
+            id: id.clone(),
+            name: name.map(str::to_string),
+            mask,
+            cleared: self.journal.durable_end().saturating_sub(1),
+            last_active_ns: now_ns,
+        };
+        let mut next = p.clone();
+        next.next_id = p.next_id.max(1) + 1;
+        next.consumers.insert(id, c.clone());
+        self.save(&next)?;
+        *p = next;
+        Ok(c)
+    }
+
+    /// Removes a consumer (by id or name); the log may then be purged past
+    /// it.
+    pub fn deregister(&self, who: &str) -> Result<(), Error> {
+        let mut p = self.state.lock();
+        let id = find(&p, who)?;
+        let mut next = p.clone();
+        next.consumers.remove(&id);
+        self.save(&next)?;
+        *p = next;
+        drop(p);
+        self.purge()
+    }
+
+    /// Every registered consumer.
+    pub fn consumers(&self) -> Vec<Consumer> {
+        self.state.lock().consumers.values().cloned().collect()
+    }
+
+    /// Up to `max` records for consumer `who` (id or name) from `from`
+    /// (default: after its cursor), of the types in its mask. With `wait`,
+    /// blocks up to that long for a first record if none is there yet
+    /// (follow). Reading does not move the cursor: [`clear`](Self::clear)
+    /// does.
+    pub fn read(
+        &self,
+        who: &str,
+        from: Option<u64>,
+        max: usize,
+        wait: Option<Duration>,
+        now_ns: u64,
+    ) -> Result<Vec<Entry>, Error> {
+        let (mask, cursor) = {
+            let mut p = self.state.lock();
+            let id = find(&p, who)?;
+            let c = p.consumers.get_mut(&id).expect("found");
+            c.last_active_ns = now_ns;
+            (c.mask, c.cleared)
+        };
+        let from = from.unwrap_or(cursor + 1).max(self.journal.first_index());
+        if let Some(w) = wait
+            && self.journal.durable_end() <= from
+        {
+            self.journal.wait_for(from + 1, Some(w))?;
+        }
+        let mut out = Vec::new();
+        let mut bad = None;
+        self.journal.read(from, usize::MAX, |index, bytes| {
+            if out.len() >= max || bad.is_some() {
+                return;
+            }
+            match Record::decode(bytes) {
+                Ok(record) if mask.contains(record.rtype) => out.push(Entry { index, record }),
+                Ok(_) => {}
+                Err(e) => bad = Some((index, e)),
+            }
+        })?;
+        match bad {
+            Some((index, e)) => Err(Error::Invalid(format!("record {index}: {e}"))),
+            None => Ok(out),
+        }
+    }
+
+    /// Acknowledges every record up to `upto` for consumer `who`, then
+    /// purges segments every consumer and the checkpoint are past.
+    pub fn clear(&self, who: &str, upto: u64, now_ns: u64) -> Result<(), Error> {
+        let last = self.journal.durable_end().saturating_sub(1);
+        if upto > last {
+            return Err(Error::Invalid(format!("cannot clear up to {upto}: the last record is {last}")));
+        }
+        let mut p = self.state.lock();
+        let id = find(&p, who)?;
+        let mut next = p.clone();
+        let c = next.consumers.get_mut(&id).expect("found");
+        c.cleared = c.cleared.max(upto);
+        c.last_active_ns = now_ns;
+        self.save(&next)?;
+        *p = next;
+        drop(p);
+        self.purge()
+    }
+
+    /// Records up to `index` are covered by a metadata checkpoint.
+    pub fn set_checkpoint(&self, index: u64) -> Result<(), Error> {
+        let mut p = self.state.lock();
+        let mut next = p.clone();
+        next.checkpoint = next.checkpoint.max(index);
+        self.save(&next)?;
+        *p = next;
+        drop(p);
+        self.purge()
+    }
+
+    /// The index below which nothing is needed any more: past the
+    /// checkpoint and every consumer's cursor.
+    pub fn purge_bound(&self) -> u64 {
+        let p = self.state.lock();
+        let slowest = p.consumers.values().map(|c| c.cleared).min().unwrap_or(u64::MAX);
+        p.checkpoint.min(slowest).saturating_add(1)
+    }
+
+    fn purge(&self) -> Result<(), Error> {
+        self.journal.purge_below(self.purge_bound()).map(drop)
+    }
+
+    /// Deregisters consumers idle longer than `max_idle` or lagging more
+    /// than `max_lag` records, with a warning each; returns their ids.
+    /// O(consumers).
+    pub fn gc(&self, now_ns: u64) -> Result<Vec<String>, Error> {
+        let last = self.journal.durable_end().saturating_sub(1);
+        let mut p = self.state.lock();
+        let mut next = p.clone();
+        let mut gone = Vec::new();
+        next.consumers.retain(|id, c| {
+            let idle = Duration::from_nanos(now_ns.saturating_sub(c.last_active_ns));
+            let lag = last.saturating_sub(c.cleared);
+            let why = match (self.options.max_idle, self.options.max_lag) {
+                (Some(max), _) if idle > max => Some(format!("idle for {}s", idle.as_secs())),
+                (_, Some(max)) if lag > max => Some(format!("{lag} records behind")),
+                _ => None,
+            };
+            if let Some(why) = &why {
+                tracing::warn!(consumer = %id, name = ?c.name, reason = %why, "deregistering changelog consumer");
+                gone.push(id.clone());
+            }
+            why.is_none()
+        });
+        if !gone.is_empty() {
+            self.save(&next)?;
+            *p = next;
+            drop(p);
+            self.purge()?;
+        }
+        Ok(gone)
+    }
+}
+
+/// The id of the consumer named or numbered `who`.
+fn find(p: &Persisted, who: &str) -> Result<String, Error> {
+    if p.consumers.contains_key(who) {
+        return Ok(who.to_string());
+    }
+    p.consumers
+        .values()
+        .find(|c| c.name.as_deref() == Some(who))
+        .map(|c| c.id.clone())
+        .ok_or_else(|| Error::Invalid(format!("no changelog consumer {who:?}")))
+}

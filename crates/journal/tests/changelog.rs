@@ -1,0 +1,224 @@
+//! Changelog consumers against a simple model: register, deregister, read,
+//! clear, checkpoint, GC and restarts, with small segments so that purge
+//! happens often. The log must never be purged past the slowest consumer or
+//! the checkpoint, every read must return exactly the model's records, and
+//! all consumer state must survive a restart.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use interlock_journal::Options;
+use interlock_journal::changelog::{Changelog, ChangelogOptions, Mask, Record, RecordType};
+use proptest::prelude::*;
+
+fn record(n: u64, rtype: RecordType) -> Record {
+    Record {
+        rtype,
+        flags: n as u32,
+        time_ns: n * 1000,
+        target: n,
+        parent: n / 2,
+        name: format!("f{n}").into_bytes(),
+        source: (rtype == RecordType::RENME).then(|| interlock_journal::changelog::RenameSource {
+            parent: 7,
+            name: b"old".to_vec(),
+            target: n,
+        }),
+        uid: 1000,
+        gid: 100,
+        jobid: (n % 3 == 0).then(|| format!("job{n}")),
+    }
+}
+
+#[derive(Clone, Debug)]
+struct MConsumer {
+    mask: Mask,
+    cleared: u64,
+    active: u64,
+}
+
+#[derive(Clone, Debug)]
+enum Op {
+    Append { count: u8, rtype: usize },
+    Register { mask: u32 },
+    Deregister { pick: prop::sample::Index },
+    Read { pick: prop::sample::Index },
+    Clear { pick: prop::sample::Index, back: u8 },
+    Checkpoint { back: u8 },
+    Tick { secs: u8 },
+    Gc,
+    Restart,
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    let types = RecordType::ALL.len();
+    prop_oneof![
+        5 => (1u8..40, 0..types).prop_map(|(count, rtype)| Op::Append { count, rtype }),
+        2 => any::<u32>().prop_map(|mask| Op::Register { mask: mask | 1 << 1 }),
+        1 => any::<prop::sample::Index>().prop_map(|pick| Op::Deregister { pick }),
+        3 => any::<prop::sample::Index>().prop_map(|pick| Op::Read { pick }),
+        3 => (any::<prop::sample::Index>(), any::<u8>()).prop_map(|(pick, back)| Op::Clear { pick, back }),
+        1 => any::<u8>().prop_map(|back| Op::Checkpoint { back }),
+        1 => (1u8..30).prop_map(|secs| Op::Tick { secs }),
+        1 => Just(Op::Gc),
+        1 => Just(Op::Restart),
+    ]
+}
+
+const MAX_IDLE: u64 = 60;
+const MAX_LAG: u64 = 150;
+
+fn open(dir: &std::path::Path) -> Changelog {
+    let journal = Options { segment_bytes: 2048, fsync: false, ..Options::default() };
+    let options =
+        ChangelogOptions { mask: Mask::ALL, max_idle: Some(Duration::from_secs(MAX_IDLE)), max_lag: Some(MAX_LAG) };
+    Changelog::open(dir, journal, options).unwrap()
+}
+
+fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
+    let dir = tempfile::tempdir().unwrap();
+    let mut log = Some(open(dir.path()));
+    let mut records: Vec<Record> = Vec::new(); // index i at records[i - 1]
+    let mut consumers: BTreeMap<String, MConsumer> = BTreeMap::new();
+    let mut checkpoint = 0u64;
+    let mut now = 1u64;
+    let ns = |s: u64| s * 1_000_000_000;
+    for op in ops {
+        let cl = log.as_ref().unwrap();
+        let last = records.len() as u64;
+        match op {
+            Op::Append { count, rtype } => {
+                for _ in 0..count {
+                    let r = record(records.len() as u64 + 1, RecordType::ALL[rtype]);
+                    let i = cl.append(&r).unwrap().unwrap();
+                    prop_assert_eq!(i, records.len() as u64 + 1);
+                    records.push(r);
+                }
+                cl.journal().wait_durable(records.len() as u64).unwrap();
+            }
+            Op::Register { mask } => {
+                let c = cl.register(None, Mask(mask), ns(now)).unwrap();
+                prop_assert_eq!(c.cleared, last);
+                consumers.insert(c.id, MConsumer { mask: Mask(mask), cleared: last, active: now });
+            }
+            Op::Deregister { pick } => {
+                if consumers.is_empty() {
+                    continue;
+                }
+                let id = consumers.keys().nth(pick.index(consumers.len())).unwrap().clone();
+                cl.deregister(&id).unwrap();
+                consumers.remove(&id);
+            }
+            Op::Read { pick } => {
+                if consumers.is_empty() {
+                    continue;
+                }
+                let id = consumers.keys().nth(pick.index(consumers.len())).unwrap().clone();
+                let c = consumers.get_mut(&id).unwrap();
+                c.active = now;
+                let got = cl.read(&id, None, usize::MAX, None, ns(now)).unwrap();
+                let want: Vec<(u64, Record)> = records
+                    .iter()
+                    .enumerate()
+                    .map(|(i, r)| (i as u64 + 1, r.clone()))
+                    .filter(|(i, r)| *i > c.cleared && c.mask.contains(r.rtype))
+                    .collect();
+                let got: Vec<(u64, Record)> = got.into_iter().map(|e| (e.index, e.record)).collect();
+                prop_assert_eq!(got, want);
+            }
+            Op::Clear { pick, back } => {
+                if consumers.is_empty() {
+                    continue;
+                }
+                let id = consumers.keys().nth(pick.index(consumers.len())).unwrap().clone();
+                let upto = last.saturating_sub(back as u64 % 50);
+                cl.clear(&id, upto, ns(now)).unwrap();
+                let c = consumers.get_mut(&id).unwrap();
+                c.cleared = c.cleared.max(upto);
+                c.active = now;
+                prop_assert!(cl.clear(&id, last + 1, ns(now)).is_err(), "clearing past the end is refused");
+            }
+            Op::Checkpoint { back } => {
+                let at = last.saturating_sub(back as u64 % 80);
+                cl.set_checkpoint(at).unwrap();
+                checkpoint = checkpoint.max(at);
+            }
+            Op::Tick { secs } => now += secs as u64,
+            Op::Gc => {
+                let mut gone = cl.gc(ns(now)).unwrap();
+                let mut want: Vec<String> = consumers
+                    .iter()
+                    .filter(|(_, c)| now - c.active > MAX_IDLE || last - c.cleared > MAX_LAG)
+                    .map(|(id, _)| id.clone())
+                    .collect();
+                gone.sort();
+                want.sort();
+                prop_assert_eq!(&gone, &want);
+                for id in want {
+                    consumers.remove(&id);
+                }
+            }
+            Op::Restart => {
+                drop(log.take());
+                log = Some(open(dir.path()));
+            }
+        }
+        let cl = log.as_ref().unwrap();
+        // Never purged past the slowest consumer or the checkpoint.
+        let bound = consumers.values().map(|c| c.cleared).min().unwrap_or(u64::MAX).min(checkpoint) + 1;
+        let first = cl.journal().first_index();
+        prop_assert!(first <= bound.max(1), "purged to {first} past the bound {bound}");
+        // Consumer state as the model has it.
+        let got: BTreeMap<String, (u32, u64)> =
+            cl.consumers().into_iter().map(|c| (c.id, (c.mask.0, c.cleared))).collect();
+        let want: BTreeMap<String, (u32, u64)> =
+            consumers.iter().map(|(id, c)| (id.clone(), (c.mask.0, c.cleared))).collect();
+        prop_assert_eq!(got, want);
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(256),
+        ..ProptestConfig::default()
+    })]
+
+    #[test]
+    fn consumers_match_model(ops in proptest::collection::vec(op(), 1..40)) {
+        run(ops)?;
+    }
+}
+
+#[test]
+fn follow_wakes_on_a_new_record() {
+    let dir = tempfile::tempdir().unwrap();
+    let cl = std::sync::Arc::new(open(dir.path()));
+    cl.register(Some("watcher"), Mask::ALL, 0).unwrap();
+    let reader = {
+        let cl = cl.clone();
+        std::thread::spawn(move || cl.read("watcher", None, 10, Some(Duration::from_secs(10)), 0).unwrap())
+    };
+    std::thread::sleep(Duration::from_millis(50));
+    let started = std::time::Instant::now();
+    cl.append(&record(1, RecordType::CREAT)).unwrap();
+    let got = reader.join().unwrap();
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].record.rtype, RecordType::CREAT);
+    assert!(started.elapsed() < Duration::from_secs(5), "woken by the append, not the timeout");
+    // Names must be unique; unknown consumers are refused.
+    assert!(cl.register(Some("watcher"), Mask::ALL, 0).is_err());
+    assert!(cl.read("cl99", None, 1, None, 0).is_err());
+}
+
+#[test]
+fn global_mask_drops_records_at_append() {
+    let dir = tempfile::tempdir().unwrap();
+    let journal = Options { fsync: false, ..Options::default() };
+    let cl = Changelog::open(dir.path(), journal, ChangelogOptions::default()).unwrap();
+    assert_eq!(cl.append(&record(1, RecordType::ATIME)).unwrap(), None, "ATIME is off by default");
+    assert_eq!(cl.append(&record(1, RecordType::CREAT)).unwrap(), Some(1));
+    assert_eq!("01CREAT".parse::<RecordType>().unwrap(), RecordType::CREAT);
+    assert!("NOPE".parse::<RecordType>().is_err());
+    assert_eq!(Mask::parse("creat,UNLNK").unwrap(), Mask::of(&[RecordType::CREAT, RecordType::UNLNK]));
+}
