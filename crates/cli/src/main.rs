@@ -2,6 +2,7 @@
 
 mod alloc;
 mod bench;
+mod journal_cmd;
 mod replay;
 
 use std::process::ExitCode;
@@ -40,6 +41,9 @@ enum Command {
     /// Tools for reproducing lock problems without a cluster.
     #[command(subcommand)]
     Debug(DebugCommand),
+    /// Inspect a journal directory offline: check, dump.
+    #[command(subcommand)]
+    Journal(journal_cmd::JournalCommand),
     /// Benchmarks: the seed scenarios, with the kernel's own locks beside
     /// ours where it finishes in reasonable time.
     #[command(subcommand)]
@@ -89,6 +93,13 @@ fn main() -> ExitCode {
                 }
             }
         }
+        Command::Journal(cmd) => match journal_cmd::run(cmd) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("interlock journal: {e}");
+                ExitCode::FAILURE
+            }
+        },
         Command::Bench(cmd) => match bench::run(cmd) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {

@@ -76,7 +76,7 @@ impl Mask {
     /// Lustre's default: everything but OPEN and ATIME, the two that
     /// would log every read.
     pub fn default_mask() -> Mask {
-        Mask(u32::MAX & !(1 << RecordType::OPEN as u32) & !(1 << RecordType::ATIME as u32))
+        Mask(!(1 << RecordType::OPEN as u32) & !(1 << RecordType::ATIME as u32))
     }
 
     pub fn of(types: &[RecordType]) -> Mask {

@@ -5,12 +5,15 @@
 //!
 //! ```text
 //! header: magic "ILJSEG01" (8) | first index u64 | crc32c u32 | zero u32
-//! record: len u32 | crc32c u32 | index u64 | durable_before u64 | payload (len bytes)
+//! record: len u32 | crc u32 | index u64 | durable_before u64 | seal u32 | zero u32 | payload (len bytes)
 //! ```
 //!
-//! All integers are little-endian. A record's CRC-32C covers its length,
-//! index, `durable_before` and payload, so a torn or flipped record never
-//! passes. `durable_before` is the highest index that was durable when the
+//! All integers are little-endian. `crc` is the CRC-32C of the length,
+//! index and payload, computed by the appender in parallel with all the
+//! others; `seal` is the CRC-32C of `crc`, `durable_before` and the zero
+//! word, computed by the flusher, which alone knows `durable_before`, in
+//! O(1) without reading the payload again. Together they cover every byte,
+//! so a torn or flipped record never passes. `durable_before` is the highest index that was durable when the
 //! record's group was written: recovery uses it to tell a torn tail (records
 //! of a group whose fsync never completed) from corruption of records that
 //! had been acknowledged (see `segment.rs`).
@@ -18,7 +21,7 @@
 /// Bytes of a segment header.
 pub const SEGMENT_HEADER: usize = 24;
 /// Bytes of a record header.
-pub const RECORD_HEADER: usize = 24;
+pub const RECORD_HEADER: usize = 32;
 /// The largest payload a record may carry.
 pub const MAX_PAYLOAD: usize = 1 << 24;
 
@@ -51,31 +54,34 @@ pub fn encode(out: &mut Vec<u8>, index: u64, durable_before: u64, payload: &[u8]
 }
 
 /// The appender's half of [`encode`], done in parallel with every other
-/// appender: frames the record and checksums its payload, leaving
-/// `durable_before` (known only to the flusher) for [`seal`].
+/// appender: frames the record and checksums it, leaving `durable_before`
+/// (known only to the flusher) for [`seal`].
 pub fn prepare(out: &mut Vec<u8>, index: u64, payload: &[u8]) {
     let len = u32::try_from(payload.len()).expect("payload checked against MAX_PAYLOAD");
+    let crc =
+        crc32c::crc32c_append(crc32c::crc32c_append(crc32c::crc32c(&len.to_le_bytes()), &index.to_le_bytes()), payload);
     out.extend_from_slice(&len.to_le_bytes());
-    out.extend_from_slice(&crc32c::crc32c(payload).to_le_bytes());
+    out.extend_from_slice(&crc.to_le_bytes());
     out.extend_from_slice(&index.to_le_bytes());
-    out.extend_from_slice(&[0; 8]);
+    out.extend_from_slice(&[0; 16]);
     out.extend_from_slice(payload);
 }
 
-/// The flusher's half: sets `durable_before` and the record's checksum,
-/// combining the payload's (from [`prepare`]) with the header's in
-/// O(log len), so the sequential path never reads the payload again.
+/// The flusher's half: sets `durable_before` and the seal over it. O(1).
 pub fn seal(record: &mut [u8], durable_before: u64) {
     record[16..24].copy_from_slice(&durable_before.to_le_bytes());
-    let payload_crc = u32::from_le_bytes(record[4..8].try_into().expect("4 bytes"));
-    let head = crc32c::crc32c_append(crc32c::crc32c(&record[..4]), &record[8..RECORD_HEADER]);
-    let crc = crc32c::crc32c_combine(head, payload_crc, record.len() - RECORD_HEADER);
-    record[4..8].copy_from_slice(&crc.to_le_bytes());
+    let seal = seal_of(record);
+    record[24..28].copy_from_slice(&seal.to_le_bytes());
+}
+
+fn seal_of(record: &[u8]) -> u32 {
+    let c = crc32c::crc32c_append(crc32c::crc32c(&record[4..8]), &record[16..24]);
+    crc32c::crc32c_append(c, &record[28..32])
 }
 
 fn crc_of(record: &[u8]) -> u32 {
-    let c = crc32c::crc32c(&record[..4]);
-    crc32c::crc32c_append(c, &record[8..])
+    let c = crc32c::crc32c_append(crc32c::crc32c(&record[..4]), &record[8..16]);
+    crc32c::crc32c_append(c, &record[RECORD_HEADER..])
 }
 
 /// A record read back from bytes.
@@ -115,7 +121,8 @@ pub fn decode(bytes: &[u8]) -> Result<(Frame<'_>, usize), Bad> {
         return Err(Bad::Short);
     }
     let crc = u32::from_le_bytes(bytes[4..8].try_into().expect("4 bytes"));
-    if crc != crc_of(&bytes[..total]) {
+    let seal = u32::from_le_bytes(bytes[24..28].try_into().expect("4 bytes"));
+    if crc != crc_of(&bytes[..total]) || seal != seal_of(bytes) || bytes[28..32] != [0; 4] {
         return Err(Bad::Checksum);
     }
     let index = u64::from_le_bytes(bytes[8..16].try_into().expect("8 bytes"));
@@ -139,7 +146,7 @@ mod tests {
             assert!(decode(&b).is_err(), "bit {bit} flipped went unnoticed");
         }
         assert_eq!(decode(&buf[..buf.len() - 1]), Err(Bad::Short));
-        assert_eq!(decode(&[0; 30]), Err(Bad::Zero));
+        assert_eq!(decode(&[0; 40]), Err(Bad::Zero));
     }
 
     #[test]

@@ -12,7 +12,8 @@
 //! - Flush: O(1) per record plus a copy, one `write` and one `fdatasync`
 //!   per group; every record published before the group started is in it.
 //! - Durable wait: returns at once if the watermark has passed; otherwise
-//!   sleeps on a condition variable that the flusher signals once per group.
+//!   parks until the flusher, after the sync that covers it, unparks it
+//!   (each waiter directly, outside any lock).
 //! - Read: O(log s + SPARSE_EVERY + r) for r records from s segments.
 
 use std::fs::File;
@@ -52,21 +53,12 @@ pub struct Options {
 
 impl Default for Options {
     fn default() -> Self {
-        Options {
-            segment_bytes: 64 << 20,
-            fsync: true,
-            fsync_each: false,
-            ring_slots: 1 << 16,
-            max_group_bytes: 4 << 20,
-        }
+        Options { segment_bytes: 64 << 20, fsync: true, fsync_each: false, ring_slots: 8192, max_group_bytes: 4 << 20 }
     }
 }
 
 struct State {
     segments: Vec<Segment>,
-    /// Set when the flusher hit an I/O error: the journal refuses further
-    /// appends and every waiter gets the error.
-    failed: Option<String>,
 }
 
 struct Shared {
@@ -79,8 +71,21 @@ struct Shared {
     /// unsafe mode).
     durable_end: AtomicU64,
     state: Mutex<State>,
-    durable_cv: Condvar,
+    /// The flusher's I/O error, if it hit one: the journal then refuses
+    /// appends and every waiter gets it.
+    failure: Mutex<Option<String>>,
+    /// Threads waiting for durability: (index they need durable, thread).
+    /// The flusher unparks exactly those its sync satisfied, each directly:
+    /// a condition variable would wake them all through one mutex, one
+    /// after another, and on two cores that chain, not the disk, would set
+    /// the pace.
+    durable_waiters: Mutex<Vec<(u64, Thread)>>,
     waiters: AtomicUsize,
+    /// Appenders asleep because the ring is full, and where they sleep: on
+    /// two cores, spinning appenders would starve the flusher they wait for.
+    space_waiters: AtomicUsize,
+    space: Mutex<()>,
+    space_cv: Condvar,
     failed: AtomicBool,
     shutdown: AtomicBool,
     flusher_sleeping: AtomicBool,
@@ -129,9 +134,13 @@ impl Journal {
             options,
             base: next,
             durable_end: AtomicU64::new(next),
-            state: Mutex::new(State { segments, failed: None }),
-            durable_cv: Condvar::new(),
+            state: Mutex::new(State { segments }),
+            failure: Mutex::new(None),
+            durable_waiters: Mutex::new(Vec::new()),
             waiters: AtomicUsize::new(0),
+            space_waiters: AtomicUsize::new(0),
+            space: Mutex::new(()),
+            space_cv: Condvar::new(),
             failed: AtomicBool::new(false),
             shutdown: AtomicBool::new(false),
             flusher_sleeping: AtomicBool::new(false),
@@ -163,7 +172,11 @@ impl Journal {
         let index = s.base + pos;
         let mut spins = 0u32;
         while !s.ring.writable(pos) {
-            backoff(&mut spins);
+            if spins < 128 {
+                backoff(&mut spins);
+            } else {
+                s.wait_for_space(pos);
+            }
         }
         s.ring.publish(pos, |buf| frame::prepare(buf, index, payload));
         // Pairs with the fence in the flusher: either it sees this record
@@ -197,25 +210,28 @@ impl Journal {
         }
         let deadline = timeout.map(|t| std::time::Instant::now() + t);
         s.waiters.fetch_add(1, Ordering::SeqCst);
-        let mut state = s.state.lock();
+        s.durable_waiters.lock().push((end, std::thread::current()));
         let result = loop {
             let now = s.durable_end.load(Ordering::SeqCst);
             if now >= end {
                 break Ok(now);
             }
-            if let Some(why) = &state.failed {
-                break Err(Error::Failed(why.clone()));
+            if s.failed.load(Ordering::SeqCst) {
+                break Err(s.failure());
             }
             match deadline {
                 Some(d) => {
-                    if s.durable_cv.wait_until(&mut state, d).timed_out() {
-                        break Ok(s.durable_end.load(Ordering::SeqCst));
+                    let left = d.saturating_duration_since(std::time::Instant::now());
+                    if left.is_zero() {
+                        let me = std::thread::current().id();
+                        s.durable_waiters.lock().retain(|(need, t)| !(*need == end && t.id() == me));
+                        break Ok(now);
                     }
+                    std::thread::park_timeout(left);
                 }
-                None => s.durable_cv.wait(&mut state),
+                None => std::thread::park(),
             }
         };
-        drop(state);
         s.waiters.fetch_sub(1, Ordering::SeqCst);
         result
     }
@@ -291,22 +307,55 @@ impl Drop for Journal {
 
 impl Shared {
     fn failure(&self) -> Error {
-        Error::Failed(self.state.lock().failed.clone().unwrap_or_else(|| "journal failed".into()))
+        Error::Failed(self.failure.lock().clone().unwrap_or_else(|| "journal failed".into()))
     }
 
     fn fail(&self, why: String) {
         tracing::error!(error = %why, "journal flusher failed; refusing further appends");
-        self.state.lock().failed = Some(why);
-        self.failed.store(true, Ordering::Release);
-        let _guard = self.state.lock();
-        self.durable_cv.notify_all();
+        *self.failure.lock() = Some(why);
+        self.failed.store(true, Ordering::SeqCst);
+        for (_, t) in self.durable_waiters.lock().drain(..) {
+            t.unpark();
+        }
+    }
+
+    /// Sleeps until the slot of `pos` is free (the flusher wakes us after
+    /// it frees slots).
+    fn wait_for_space(&self, pos: u64) {
+        self.space_waiters.fetch_add(1, Ordering::SeqCst);
+        let mut g = self.space.lock();
+        while !self.ring.writable(pos) && !self.failed.load(Ordering::Acquire) {
+            self.space_cv.wait_for(&mut g, Duration::from_millis(10));
+        }
+        drop(g);
+        self.space_waiters.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    /// Wakes appenders waiting for ring space, if any.
+    fn freed_space(&self) {
+        fence(Ordering::SeqCst);
+        if self.space_waiters.load(Ordering::SeqCst) > 0 {
+            let _g = self.space.lock();
+            self.space_cv.notify_all();
+        }
     }
 
     fn advance(&self, end: u64) {
         self.durable_end.store(end, Ordering::SeqCst);
         if self.waiters.load(Ordering::SeqCst) > 0 {
-            let _guard = self.state.lock();
-            self.durable_cv.notify_all();
+            let mut wake = Vec::new();
+            self.durable_waiters.lock().retain(|(need, t)| {
+                let done = *need <= end;
+                if done {
+                    wake.push(t.clone());
+                }
+                !done
+            });
+            // Outside the lock: waiters queueing for the next group must
+            // not wait behind these system calls.
+            for t in wake {
+                t.unpark();
+            }
         }
     }
 }
@@ -321,9 +370,13 @@ fn backoff(spins: &mut u32) {
     }
 }
 
-/// Recovers the segments of `dir`: (segments, Some((bytes before, after))
-/// when a torn tail was found). `repair` cuts the tail off.
-pub(crate) fn recover(dir: &Path, repair: bool) -> Result<(Vec<Segment>, Option<(u64, u64)>), Error> {
+/// A torn tail found by recovery: the last segment's length before, and
+/// where the tail began.
+pub(crate) type Torn = Option<(u64, u64)>;
+
+/// Recovers the segments of `dir`, and the torn tail if there was one.
+/// `repair` cuts the tail off.
+pub(crate) fn recover(dir: &Path, repair: bool) -> Result<(Vec<Segment>, Torn), Error> {
     let files = segment::list(dir)?;
     let mut segments: Vec<Segment> = Vec::new();
     let mut torn = None;
@@ -376,22 +429,34 @@ fn flusher(s: &Shared, mut file: File) {
             if s.shutdown.load(Ordering::SeqCst) && s.ring.reserved() == pos {
                 return;
             }
-            s.flusher_sleeping.store(true, Ordering::Relaxed);
-            // Pairs with the fence in `append`: either we see the record
-            // now, or its appender sees that we sleep and wakes us.
-            fence(Ordering::SeqCst);
-            if !s.ring.ready(pos) && !s.shutdown.load(Ordering::SeqCst) {
-                std::thread::park_timeout(Duration::from_millis(100));
-            }
-            s.flusher_sleeping.store(false, Ordering::Relaxed);
+            idle(s, pos);
             continue;
         }
+        s.freed_space();
         if let Err(e) = write_group(s, &mut file, &group, group_first, s.base + pos) {
             s.fail(e.to_string());
             return;
         }
         s.advance(s.base + pos);
     }
+}
+
+/// Nothing to write: yield a little, then sleep until an appender wakes us.
+fn idle(s: &Shared, pos: u64) {
+    for _ in 0..32 {
+        if s.ring.ready(pos) {
+            return;
+        }
+        std::thread::yield_now();
+    }
+    s.flusher_sleeping.store(true, Ordering::Relaxed);
+    // Pairs with the fence in `append`: either we see the record now, or
+    // its appender sees that we sleep and wakes us.
+    fence(Ordering::SeqCst);
+    if !s.ring.ready(pos) && !s.shutdown.load(Ordering::SeqCst) {
+        std::thread::park_timeout(Duration::from_millis(100));
+    }
+    s.flusher_sleeping.store(false, Ordering::Relaxed);
 }
 
 /// Writes one group (records `first..end`) to the segments: as much as

@@ -26,7 +26,7 @@ fn record(n: u64, rtype: RecordType) -> Record {
         }),
         uid: 1000,
         gid: 100,
-        jobid: (n % 3 == 0).then(|| format!("job{n}")),
+        jobid: n.is_multiple_of(3).then(|| format!("job{n}")),
     }
 }
 

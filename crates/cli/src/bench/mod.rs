@@ -5,6 +5,7 @@
 //! run once: they are the slow side).
 
 mod flocks;
+mod journal;
 mod kernel;
 mod rsb;
 
@@ -21,12 +22,16 @@ pub enum BenchCommand {
     /// Seed 004 (DLM): lock then unlock over R distinct resources: ns/op
     /// and bytes per live resource and per lock.
     Rsb(rsb::Args),
+    /// Seed 001 (changelog semaphore): T threads appending to the journal
+    /// against a one-mutex baseline; group commit against fsync per record.
+    Journal(journal::Args),
 }
 
 pub fn run(cmd: BenchCommand) -> Result<(), String> {
     match cmd {
         BenchCommand::Flocks(args) => flocks::run(args),
         BenchCommand::Rsb(args) => rsb::run(args),
+        BenchCommand::Journal(args) => journal::run(args),
     }
 }
 
