@@ -76,3 +76,99 @@ fn bad_arguments_get_clear_errors() {
     assert_eq!(code, 2);
     assert!(err.contains("not built yet"), "{err}");
 }
+
+/// Writes a small changelog with the library, then looks at it with the
+/// CLI: check lists segments and consumers, dump prints and filters.
+#[test]
+fn journal_check_and_dump() {
+    use interlock_journal::Options;
+    use interlock_journal::changelog::{Changelog, ChangelogOptions, Mask, Record, RecordType};
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let cl = Changelog::open(dir.path(), Options::default(), ChangelogOptions::default()).unwrap();
+        for (i, t) in [RecordType::CREAT, RecordType::MKDIR, RecordType::UNLNK].into_iter().enumerate() {
+            let r = Record {
+                rtype: t,
+                flags: 0,
+                time_ns: 1_795_303_329_000_000_000,
+                target: 100 + i as u64,
+                parent: 1,
+                name: format!("n{i}").into_bytes(),
+                source: None,
+                uid: 0,
+                gid: 0,
+                jobid: None,
+            };
+            let idx = cl.append(&r).unwrap().unwrap();
+            cl.journal().wait_durable(idx).unwrap();
+        }
+        cl.register(Some("backup"), Mask::ALL, 0).unwrap();
+        cl.clear("backup", 3, 0).unwrap();
+    }
+    let d = dir.path().to_str().unwrap();
+    let (code, out, err) = interlock(&["journal", "check", d], "");
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("records 1..=3 (3)"), "{out}");
+    assert!(out.contains("consumer cl1 name backup cleared 3"), "{out}");
+    let (code, out, _) = interlock(&["journal", "dump", d, "--type", "CREAT,UNLNK"], "");
+    assert_eq!(code, 0);
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 2, "{out}");
+    assert!(lines[0].starts_with("1 01CREAT 23:22:09.000000000 2026.11.21 0x0 t=100 p=1 n0"), "{}", lines[0]);
+    assert!(lines[1].starts_with("3 06UNLNK"), "{}", lines[1]);
+    let (_, out, _) = interlock(&["journal", "dump", d, "--from", "2"], "");
+    assert_eq!(out.lines().count(), 2);
+    // Damage a record: check fails, naming the file and offset.
+    let seg = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|e| e == "seg"))
+        .unwrap();
+    let mut bytes = std::fs::read(&seg).unwrap();
+    bytes[30] ^= 1;
+    std::fs::write(&seg, &bytes).unwrap();
+    let (code, _, err) = interlock(&["journal", "check", d], "");
+    assert_eq!(code, 1);
+    assert!(err.contains("corrupt at offset 24"), "{err}");
+    let (code, _, err) = interlock(&["journal", "check", "/nonexistent/dir"], "");
+    assert_eq!(code, 1);
+    assert!(err.contains("no such log directory"), "{err}");
+    let (code, _, err) = interlock(&["journal", "dump", d, "--type", "BOGUS"], "");
+    assert_eq!(code, 2);
+    assert!(err.contains("unknown record type"), "{err}");
+}
+
+#[test]
+fn bench_journal_json_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let (code, out, err) = interlock(
+        &[
+            "bench",
+            "journal",
+            "--threads",
+            "1,4",
+            "--durable-threads",
+            "2",
+            "--records",
+            "2000",
+            "--seconds",
+            "0.2",
+            "--repeat",
+            "1",
+            "--json",
+            "--dir",
+            dir.path().to_str().unwrap(),
+        ],
+        "",
+    );
+    assert_eq!(code, 0, "{err}");
+    let rows: Vec<serde_json::Value> = out.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let variants: Vec<&str> = rows.iter().map(|r| r["variant"].as_str().unwrap()).collect();
+    assert_eq!(variants, ["append", "append-mutex", "append", "append-mutex", "durable-group", "durable-each"]);
+    for r in &rows {
+        assert_eq!(r["scenario"], "journal");
+        assert!(r["ops_per_sec"].as_f64().unwrap() > 0.0);
+        assert!(r["threads"].as_u64().is_some() && r["records"].as_u64().is_some());
+    }
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "runs clean up after themselves");
+}
