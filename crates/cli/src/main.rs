@@ -3,6 +3,7 @@
 mod alloc;
 mod bench;
 mod journal_cmd;
+mod net;
 mod replay;
 
 use std::process::ExitCode;
@@ -25,19 +26,18 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Run the lock server (not there yet: see --help).
+    /// Run the lock server: cluster-wide locks over TCP, with leases.
+    Serve(net::ServeArgs),
+    /// Hold a cluster-wide lock while a command runs (like flock(1)).
     ///
-    /// The network server, its protocol and the client library are the next
-    /// piece of work; today the lock engine runs in-process, through
-    /// `interlock debug posix-replay` and `interlock bench`.
-    Serve {
-        /// Directory for the server's data.
-        #[arg(long, default_value = "./interlock-data")]
-        data: std::path::PathBuf,
-        /// Address to listen on.
-        #[arg(long, default_value = "127.0.0.1:7420")]
-        listen: String,
-    },
+    /// Exit status: the command's own; 1 if --nowait or --timeout could not
+    /// get the lock; 69 if the server cannot be reached; 127/126 if the
+    /// command cannot be run. The command sees the lock's fencing token in
+    /// INTERLOCK_FENCE.
+    Lock(net::LockArgs),
+    /// Live counters of a server: sessions, resources, locks, waiters,
+    /// request rate.
+    Status(net::StatusArgs),
     /// Tools for reproducing lock problems without a cluster.
     #[command(subcommand)]
     Debug(DebugCommand),
@@ -73,14 +73,9 @@ enum DebugCommand {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
-        Command::Serve { data, listen } => {
-            eprintln!(
-                "interlock serve: the network server is not built yet (it would listen on {listen} with data in {}).\n\
-                 The lock engine is here: try `interlock debug posix-replay` or `interlock bench flocks`.",
-                data.display()
-            );
-            ExitCode::from(2)
-        }
+        Command::Serve(args) => net::serve(args),
+        Command::Lock(args) => net::lock(args),
+        Command::Status(args) => net::status(args),
         Command::Debug(DebugCommand::PosixReplay) => {
             let stdin = std::io::stdin().lock();
             let stdout = std::io::stdout().lock();

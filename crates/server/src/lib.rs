@@ -1,0 +1,522 @@
+//! The interlock lock server: the protocol (`interlock-proto`) mapped onto
+//! the lock engine (`interlock-core`), with sessions, leases, pushed grants
+//! and recovery after a restart.
+//!
+//! - Each connection is a task that reads requests and answers each at
+//!   once: a blocking request that must wait is answered `Queued` and its
+//!   grant is pushed later, so no request ever waits behind another and an
+//!   unlock is never queued behind lock requests (seed 002).
+//! - A session outlives its connection for one lease: a client that
+//!   reconnects in time keeps its locks, waits and pushed grants. When the
+//!   lease expires, everything the session holds or waits for is released
+//!   and the waiters behind it are granted.
+//! - Locks are volatile. After a restart the server accepts reclaims of
+//!   held locks for a recovery window and holds back new requests until it
+//!   ends. Fencing tokens carry a start epoch kept in the data directory,
+//!   so they grow across restarts.
+
+mod session;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use futures::{SinkExt, StreamExt};
+use interlock_core::{Effect, LockKind, LockRequest, LockSpace, Mode, Outcome, Range};
+use interlock_proto::{self as proto, ClientMsg, GrantInfo, Kind, Op, Reply, ServerMsg, StatusInfo, Target};
+use parking_lot::Mutex;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
+use tokio_util::codec::Framed;
+
+use session::{Sessions, Track};
+
+/// Per-session limits.
+#[derive(Clone, Debug)]
+pub struct Limits {
+    /// Locks (resource and owner pairs, DLM handles) a session may hold.
+    pub max_locks: usize,
+    /// Requests a session may have queued at once.
+    pub max_waiters: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits { max_locks: 100_000, max_waiters: 10_000 }
+    }
+}
+
+/// How a server runs.
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub listen: SocketAddr,
+    /// Where the server keeps its state (the start epoch).
+    pub data: PathBuf,
+    /// Shared secret clients must present; required off loopback.
+    pub token: Option<String>,
+    /// A session whose client has not been heard from for this long is
+    /// ended and its locks released.
+    pub lease: Duration,
+    /// After a restart, how long clients may reclaim their locks.
+    pub recovery: Duration,
+    pub limits: Limits,
+}
+
+/// Why a server did not start.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    #[error("refusing to listen on {0} without a token: use --token-file (a token is required off loopback)")]
+    TokenRequired(SocketAddr),
+    #[error("{path}: {source}")]
+    Data { path: PathBuf, source: std::io::Error },
+    #[error("cannot listen on {addr}: {source}")]
+    Listen { addr: SocketAddr, source: std::io::Error },
+}
+
+/// What the data directory remembers across restarts.
+#[derive(serde::Serialize, serde::Deserialize, Default)]
+struct Persisted {
+    /// Incremented at every start; the high bits of every fencing token.
+    epoch: u64,
+}
+
+pub(crate) struct Inner {
+    pub space: LockSpace,
+    pub sessions: Sessions,
+    config: Config,
+    epoch: u64,
+    started: Instant,
+    recovery_until: Option<Instant>,
+    requests: AtomicU64,
+}
+
+/// A bound server, ready to serve.
+pub struct Server {
+    listener: TcpListener,
+    inner: Arc<Inner>,
+}
+
+impl Server {
+    /// Checks the configuration, bumps the start epoch in the data
+    /// directory (durably) and binds the listener.
+    pub async fn bind(config: Config) -> Result<Server, ServerError> {
+        if !config.listen.ip().is_loopback() && config.token.is_none() {
+            return Err(ServerError::TokenRequired(config.listen));
+        }
+        let data_err = |path: &std::path::Path| {
+            let path = path.to_path_buf();
+            move |source| ServerError::Data { path, source }
+        };
+        std::fs::create_dir_all(&config.data).map_err(data_err(&config.data))?;
+        let state_path = config.data.join("server.json");
+        let previous: Option<Persisted> = match std::fs::read(&state_path) {
+            Ok(b) => Some(serde_json::from_slice(&b).map_err(|e| ServerError::Data {
+                path: state_path.clone(),
+                source: std::io::Error::new(std::io::ErrorKind::InvalidData, e),
+            })?),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) => return Err(data_err(&state_path)(e)),
+        };
+        let epoch = previous.as_ref().map_or(0, |p| p.epoch) + 1;
+        let tmp = config.data.join("server.json.tmp");
+        let bytes = serde_json::to_vec(&Persisted { epoch }).expect("serializes");
+        (|| -> std::io::Result<()> {
+            let mut f = std::fs::File::create(&tmp)?;
+            std::io::Write::write_all(&mut f, &bytes)?;
+            f.sync_all()?;
+            std::fs::rename(&tmp, &state_path)?;
+            std::fs::File::open(&config.data)?.sync_all()
+        })()
+        .map_err(data_err(&state_path))?;
+        let listener = TcpListener::bind(config.listen)
+            .await
+            .map_err(|source| ServerError::Listen { addr: config.listen, source })?;
+        let started = Instant::now();
+        // A restart (not a first start) opens the recovery window.
+        let recovery_until =
+            previous.is_some().then(|| started + config.recovery).filter(|_| !config.recovery.is_zero());
+        tracing::info!(addr = %listener.local_addr().map(|a| a.to_string()).unwrap_or_default(), epoch, recovering = recovery_until.is_some(), "interlock server listening");
+        let inner = Arc::new(Inner {
+            space: LockSpace::default(),
+            sessions: Sessions::default(),
+            config,
+            epoch,
+            started,
+            recovery_until,
+            requests: AtomicU64::new(0),
+        });
+        Ok(Server { listener, inner })
+    }
+
+    /// The address actually bound (port 0 picks a free one).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.listener.local_addr().expect("bound")
+    }
+
+    /// Serves until `shutdown` completes.
+    pub async fn serve(self, shutdown: impl std::future::Future<Output = ()>) {
+        let reaper = tokio::spawn(reap(self.inner.clone()));
+        tokio::pin!(shutdown);
+        loop {
+            tokio::select! {
+                _ = &mut shutdown => break,
+                accepted = self.listener.accept() => match accepted {
+                    Ok((stream, peer)) => {
+                        let _ = stream.set_nodelay(true);
+                        tokio::spawn(connection(self.inner.clone(), stream, peer));
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "accept failed");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                },
+            }
+        }
+        reaper.abort();
+    }
+}
+
+/// Ends sessions whose lease ran out, a few times per lease.
+async fn reap(inner: Arc<Inner>) {
+    let every = (inner.config.lease / 4).max(Duration::from_millis(20));
+    let mut tick = tokio::time::interval(every);
+    let mut epochs = 0u64;
+    loop {
+        tick.tick().await;
+        for sid in inner.sessions.expired(inner.config.lease) {
+            tracing::info!(session = sid, "lease expired; releasing its locks");
+            end_session(&inner, sid);
+        }
+        epochs += 1;
+        if epochs.is_multiple_of(4) {
+            inner.space.reclaim(4096);
+        }
+    }
+}
+
+/// Releases everything a session holds or waits for and forgets it.
+fn end_session(inner: &Inner, sid: u64) {
+    let Some(tracked) = inner.sessions.remove(sid) else { return };
+    for t in tracked {
+        let resp = match &t {
+            Track::Owned { resource, kind, owner } => inner.space.release_owner(resource, *owner, *kind),
+            Track::Dlm { resource, owner, handle } => inner.space.dlm_unlock(resource, *owner, *handle, None),
+            Track::Wait { resource, kind, wait } => inner.space.cancel(resource, *kind, *wait),
+        };
+        if let Ok(resp) = resp {
+            deliver(inner, t.resource(), resp.effects);
+        }
+    }
+}
+
+fn kind(k: Kind) -> LockKind {
+    match k {
+        Kind::Posix => LockKind::Posix,
+        Kind::Ofd => LockKind::Ofd,
+        Kind::Flock => LockKind::Flock,
+        Kind::Dlm => LockKind::Dlm,
+    }
+}
+
+fn mode(m: u8) -> Result<Mode, String> {
+    Mode::ALL.get(m as usize).copied().ok_or_else(|| format!("invalid mode {m}: modes are 0 (NL) to 5 (EX)"))
+}
+
+/// The engine's owner id for a client's owner: session in the high bits.
+fn owner_id(sid: u64, owner: u32) -> u64 {
+    (sid << 32) | u64::from(owner)
+}
+
+impl Inner {
+    fn grant_info(&self, g: interlock_core::Grant) -> GrantInfo {
+        GrantInfo { fence: (self.epoch << 40) | g.fence, lvb: g.lvb, handle: g.lock }
+    }
+
+    fn recovering(&self) -> Option<Duration> {
+        self.recovery_until.and_then(|t| t.checked_duration_since(Instant::now())).filter(|d| !d.is_zero())
+    }
+
+    fn status(&self) -> StatusInfo {
+        let s = self.space.stats();
+        StatusInfo {
+            sessions: self.sessions.len() as u64,
+            resources: s.resources as u64,
+            locks: s.locks as u64,
+            waiters: s.waiters as u64,
+            requests: self.requests.load(Ordering::Relaxed),
+            uptime_ms: self.started.elapsed().as_millis() as u64,
+            recovering_ms: self.recovering().map_or(0, |d| d.as_millis() as u64),
+        }
+    }
+}
+
+/// Carries out the engine's effects: grants pushed to the sessions whose
+/// requests waited, blocking callbacks to DLM holders.
+fn deliver(inner: &Inner, resource: &[u8], effects: Vec<Effect>) {
+    for e in effects {
+        match e {
+            Effect::Granted { wait, owner, grant } => {
+                let info = inner.grant_info(grant);
+                inner.sessions.granted(wait, owner >> 32, info);
+            }
+            Effect::Blocking { lock, owner, held, wanted } => {
+                let msg = ServerMsg::Blocking {
+                    resource: resource.to_vec(),
+                    handle: lock,
+                    owner: owner as u32,
+                    held: held as u8,
+                    wanted: wanted as u8,
+                };
+                inner.sessions.push(owner >> 32, msg);
+            }
+        }
+    }
+}
+
+/// One request, answered at once.
+fn handle(inner: &Inner, sid: u64, id: u64, op: Op) -> Reply {
+    inner.requests.fetch_add(1, Ordering::Relaxed);
+    inner.sessions.touch(sid);
+    match execute(inner, sid, id, op) {
+        Ok(r) => r,
+        Err(e) => Reply::Error(e),
+    }
+}
+
+fn range_of(t: &Target) -> Result<Range, String> {
+    Range::new(t.start, t.end).map_err(|e| e.to_string())
+}
+
+fn execute(inner: &Inner, sid: u64, id: u64, op: Op) -> Result<Reply, String> {
+    let err = |e: interlock_core::LockError| e.to_string();
+    match op {
+        Op::Lock { target, mode: m, wait, reclaim: _ } => {
+            let k = kind(target.kind);
+            let owner = owner_id(sid, target.owner);
+            inner.sessions.check_limits(sid, &inner.config.limits, wait)?;
+            let req = LockRequest {
+                resource: &target.resource,
+                owner,
+                kind: k,
+                mode: mode(m)?,
+                range: range_of(&target)?,
+                wait,
+            };
+            let resp = inner.space.lock(&req).map_err(err)?;
+            let reply = match resp.outcome {
+                Outcome::Granted(g) => {
+                    let info = inner.grant_info(g);
+                    inner.sessions.track(sid, Track::held(&target, owner, info.handle));
+                    Reply::Granted(info)
+                }
+                Outcome::Queued(wait) => {
+                    let track = Track::Wait { resource: target.resource.clone(), kind: k, wait };
+                    match inner.sessions.queued(sid, id, track, &target, owner) {
+                        Some(info) => Reply::Granted(info),
+                        None => Reply::Queued,
+                    }
+                }
+                Outcome::WouldBlock => Reply::WouldBlock,
+                Outcome::Deadlock => Reply::Deadlock,
+                Outcome::Done => Reply::Done,
+            };
+            deliver(inner, &target.resource, resp.effects);
+            Ok(reply)
+        }
+        Op::Unlock { target } => {
+            let resp = inner
+                .space
+                .unlock(&target.resource, owner_id(sid, target.owner), kind(target.kind), range_of(&target)?)
+                .map_err(err)?;
+            deliver(inner, &target.resource, resp.effects);
+            Ok(Reply::Done)
+        }
+        Op::Test { target, mode: m } => {
+            let c = inner
+                .space
+                .test(&target.resource, owner_id(sid, target.owner), kind(target.kind), mode(m)?, range_of(&target)?)
+                .map_err(err)?;
+            Ok(Reply::Conflict(c.map(|c| proto::ConflictInfo {
+                owner: c.owner,
+                mode: c.mode as u8,
+                start: c.range.start(),
+                end: c.range.end(),
+            })))
+        }
+        Op::Close { resource, kind: k, owner } => {
+            let resp = inner.space.release_owner(&resource, owner_id(sid, owner), kind(k)).map_err(err)?;
+            inner
+                .sessions
+                .untrack(sid, &Track::Owned { resource: resource.clone(), kind: kind(k), owner: owner_id(sid, owner) });
+            deliver(inner, &resource, resp.effects);
+            Ok(Reply::Done)
+        }
+        Op::Cancel { request } => {
+            if let Some(Track::Wait { resource, kind, wait }) = inner.sessions.take_wait(sid, request) {
+                let resp = inner.space.cancel(&resource, kind, wait).map_err(err)?;
+                deliver(inner, &resource, resp.effects);
+            }
+            Ok(Reply::Done)
+        }
+        Op::DlmUnlock { resource, owner, handle, lvb } => {
+            let owner = owner_id(sid, owner);
+            let resp = inner.space.dlm_unlock(&resource, owner, handle, lvb.as_deref()).map_err(err)?;
+            inner.sessions.untrack(sid, &Track::Dlm { resource: resource.clone(), owner, handle });
+            deliver(inner, &resource, resp.effects);
+            Ok(Reply::Done)
+        }
+        Op::DlmConvert { resource, owner, handle, mode: m, wait, lvb } => {
+            let owner_full = owner_id(sid, owner);
+            let resp =
+                inner.space.dlm_convert(&resource, owner_full, handle, mode(m)?, wait, lvb.as_deref()).map_err(err)?;
+            let reply = match resp.outcome {
+                Outcome::Granted(g) => Reply::Granted(inner.grant_info(g)),
+                Outcome::Queued(w) => {
+                    let target = Target { resource: resource.clone(), kind: Kind::Dlm, owner, start: 0, end: 0 };
+                    let track = Track::Wait { resource: resource.clone(), kind: LockKind::Dlm, wait: w };
+                    match inner.sessions.queued(sid, id, track, &target, owner_full) {
+                        Some(info) => Reply::Granted(info),
+                        None => Reply::Queued,
+                    }
+                }
+                Outcome::WouldBlock => Reply::WouldBlock,
+                Outcome::Deadlock => Reply::Deadlock,
+                Outcome::Done => Reply::Done,
+            };
+            deliver(inner, &resource, resp.effects);
+            Ok(reply)
+        }
+        Op::Renew => Ok(Reply::Done),
+        Op::Status => Ok(Reply::Status(inner.status())),
+        Op::Bye => Ok(Reply::Done),
+    }
+}
+
+/// Constant-time comparison, so a wrong token's timing tells nothing.
+fn same_token(a: &str, b: &str) -> bool {
+    a.len() == b.len() && a.bytes().zip(b.bytes()).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// One client connection.
+async fn connection(inner: Arc<Inner>, stream: TcpStream, peer: SocketAddr) {
+    let mut framed = Framed::new(stream, proto::codec());
+    let hello = match tokio::time::timeout(Duration::from_secs(10), framed.next()).await {
+        Ok(Some(Ok(frame))) => proto::decode::<ClientMsg>(&frame),
+        Ok(Some(Err(e))) => {
+            tracing::warn!(%peer, error = %e, "bad frame before hello; closing");
+            return;
+        }
+        _ => return,
+    };
+    let refuse = |reason: String| ServerMsg::Refused { reason };
+    let (version, token, session) = match hello {
+        Ok(ClientMsg::Hello { version, token, session }) => (version, token, session),
+        Ok(_) => {
+            let _ = framed.send(proto::frame(&refuse("the first message must be Hello".into()))).await;
+            return;
+        }
+        Err(e) => {
+            tracing::warn!(%peer, error = %e, "garbage instead of hello; closing");
+            return;
+        }
+    };
+    if version != proto::VERSION {
+        let why = format!("unsupported protocol version {version}; this server speaks {}", proto::VERSION);
+        let _ = framed.send(proto::frame(&refuse(why))).await;
+        return;
+    }
+    if let Some(want) = &inner.config.token
+        && !token.as_deref().is_some_and(|t| same_token(t, want))
+    {
+        tracing::warn!(%peer, "refused: wrong or missing token");
+        let _ = framed.send(proto::frame(&refuse("authentication failed: wrong or missing token".into()))).await;
+        return;
+    }
+    let (tx, mut rx) = mpsc::unbounded_channel::<ServerMsg>();
+    let (sid, resumed) = inner.sessions.attach(session, tx.clone());
+    let welcome = ServerMsg::Welcome {
+        version: proto::VERSION,
+        session: sid,
+        lease_ms: inner.config.lease.as_millis() as u64,
+        resumed,
+        recovering_ms: inner.recovering().map_or(0, |d| d.as_millis() as u64),
+    };
+    let (mut sink, mut source) = framed.split();
+    if sink.send(proto::frame(&welcome)).await.is_err() {
+        return;
+    }
+    inner.sessions.flush_backlog(sid);
+    let writer = tokio::spawn(async move {
+        while let Some(msg) = rx.recv().await {
+            if sink.send(proto::frame(&msg)).await.is_err() {
+                break;
+            }
+        }
+    });
+    let mut bye = false;
+    while let Some(frame) = source.next().await {
+        let frame = match frame {
+            Ok(f) => f,
+            Err(e) => {
+                tracing::warn!(%peer, session = sid, error = %e, "bad frame; closing the connection");
+                break;
+            }
+        };
+        let (id, op) = match proto::decode::<ClientMsg>(&frame) {
+            Ok(ClientMsg::Request { id, op }) => (id, op),
+            Ok(ClientMsg::Hello { .. }) => {
+                tracing::warn!(%peer, session = sid, "second hello; closing the connection");
+                break;
+            }
+            Err(e) => {
+                tracing::warn!(%peer, session = sid, error = %e, "undecodable request; closing the connection");
+                break;
+            }
+        };
+        if !inner.sessions.alive(sid) {
+            break;
+        }
+        // After a restart, only reclaims go through until the window ends.
+        let reclaim = matches!(op, Op::Lock { reclaim: true, .. });
+        if !reclaim && let Some(left) = inner.recovering() {
+            tokio::time::sleep(left).await;
+        }
+        bye = matches!(op, Op::Bye);
+        let reply = handle(&inner, sid, id, op);
+        if tx.send(ServerMsg::Reply { id, reply }).is_err() || bye {
+            break;
+        }
+    }
+    if bye {
+        end_session(&inner, sid);
+    } else {
+        inner.sessions.detach(sid, &tx);
+    }
+    drop(tx);
+    let _ = writer.await;
+}
+
+/// Serves on `config` until Ctrl-C or SIGTERM.
+pub async fn run(config: Config) -> Result<(), ServerError> {
+    let server = Server::bind(config).await?;
+    server
+        .serve(async {
+            let ctrl_c = tokio::signal::ctrl_c();
+            #[cfg(unix)]
+            {
+                let mut term =
+                    tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
+                tokio::select! { _ = ctrl_c => {}, _ = term.recv() => {} }
+            }
+            #[cfg(not(unix))]
+            let _ = ctrl_c.await;
+            tracing::info!("shutting down");
+        })
+        .await;
+    Ok(())
+}
+
+/// A mutex-guarded value shared by the server's tasks.
+pub(crate) type Shared<T> = Mutex<T>;

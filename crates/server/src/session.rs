@@ -1,0 +1,257 @@
+//! Sessions: what each client holds and waits for, its connection, its
+//! lease.
+//!
+//! One mutex guards the table; it is held only for map updates (never
+//! across I/O or an engine call), and the engine is always called outside
+//! it.
+
+use std::collections::{HashMap, HashSet};
+use std::hash::{BuildHasher, RandomState};
+use std::time::{Duration, Instant};
+
+use interlock_core::{LockKind, WaitId};
+use interlock_proto::{GrantInfo, Kind, ServerMsg, Target};
+use tokio::sync::mpsc::UnboundedSender;
+
+use crate::{Limits, Shared};
+
+/// Messages kept for a session while it has no connection.
+const MAX_BACKLOG: usize = 10_000;
+
+/// Something a session must give back when it ends.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum Track {
+    /// Locks of an owner on a resource (POSIX, OFD, flock).
+    Owned { resource: Vec<u8>, kind: LockKind, owner: u64 },
+    /// A DLM lock.
+    Dlm { resource: Vec<u8>, owner: u64, handle: u64 },
+    /// A queued request.
+    Wait { resource: Vec<u8>, kind: LockKind, wait: WaitId },
+}
+
+impl Track {
+    /// What a grant of `target` to `owner` leaves to give back.
+    pub fn held(target: &Target, owner: u64, handle: Option<u64>) -> Track {
+        match (target.kind, handle) {
+            (Kind::Dlm, Some(handle)) => Track::Dlm { resource: target.resource.clone(), owner, handle },
+            (k, _) => Track::Owned { resource: target.resource.clone(), kind: crate::kind(k), owner },
+        }
+    }
+
+    pub fn resource(&self) -> &[u8] {
+        match self {
+            Track::Owned { resource, .. } | Track::Dlm { resource, .. } | Track::Wait { resource, .. } => resource,
+        }
+    }
+}
+
+struct Waiting {
+    track: Track,
+    target: Target,
+    owner: u64,
+}
+
+struct Session {
+    tx: Option<UnboundedSender<ServerMsg>>,
+    backlog: Vec<ServerMsg>,
+    last_seen: Instant,
+    held: HashSet<Track>,
+    /// Request id -> its queued wait.
+    waits: HashMap<u64, Waiting>,
+}
+
+#[derive(Default)]
+struct State {
+    sessions: HashMap<u64, Session>,
+    /// Engine wait id -> (session, request id).
+    waits: HashMap<WaitId, (u64, u64)>,
+    /// Grants that the engine reported before the request's `Queued` was
+    /// recorded (another connection's unlock raced it).
+    early: HashMap<WaitId, GrantInfo>,
+    counter: u64,
+}
+
+#[derive(Default)]
+pub(crate) struct Sessions {
+    state: Shared<State>,
+    ids: RandomState,
+}
+
+impl Sessions {
+    pub fn len(&self) -> usize {
+        self.state.lock().sessions.len()
+    }
+
+    /// Attaches a connection: to session `want` if it is alive (resumed),
+    /// else to a new session (with id `want` if it is free, so a client
+    /// reclaiming after a restart keeps its owner ids).
+    pub fn attach(&self, want: Option<u64>, tx: UnboundedSender<ServerMsg>) -> (u64, bool) {
+        let mut st = self.state.lock();
+        if let Some(sid) = want
+            && let Some(s) = st.sessions.get_mut(&sid)
+        {
+            s.tx = Some(tx);
+            s.last_seen = Instant::now();
+            return (sid, true);
+        }
+        let sid = match want.filter(|&w| w != 0 && w <= u64::from(u32::MAX)) {
+            Some(w) => w,
+            None => loop {
+                st.counter += 1;
+                let c = st.counter;
+                let sid = self.ids.hash_one(c) & u64::from(u32::MAX);
+                if sid != 0 && !st.sessions.contains_key(&sid) {
+                    break sid;
+                }
+            },
+        };
+        let session = Session {
+            tx: Some(tx),
+            backlog: Vec::new(),
+            last_seen: Instant::now(),
+            held: HashSet::new(),
+            waits: HashMap::new(),
+        };
+        st.sessions.insert(sid, session);
+        (sid, false)
+    }
+
+    /// The connection `tx` is gone; the session lives on for its lease.
+    pub fn detach(&self, sid: u64, tx: &UnboundedSender<ServerMsg>) {
+        if let Some(s) = self.state.lock().sessions.get_mut(&sid)
+            && s.tx.as_ref().is_some_and(|t| t.same_channel(tx))
+        {
+            s.tx = None;
+        }
+    }
+
+    pub fn touch(&self, sid: u64) {
+        if let Some(s) = self.state.lock().sessions.get_mut(&sid) {
+            s.last_seen = Instant::now();
+        }
+    }
+
+    pub fn alive(&self, sid: u64) -> bool {
+        self.state.lock().sessions.contains_key(&sid)
+    }
+
+    /// Sessions not heard from for `lease`.
+    pub fn expired(&self, lease: Duration) -> Vec<u64> {
+        let now = Instant::now();
+        let st = self.state.lock();
+        st.sessions.iter().filter(|(_, s)| now.duration_since(s.last_seen) > lease).map(|(&id, _)| id).collect()
+    }
+
+    /// Forgets a session; returns everything it must give back.
+    pub fn remove(&self, sid: u64) -> Option<Vec<Track>> {
+        let mut st = self.state.lock();
+        let s = st.sessions.remove(&sid)?;
+        let mut out: Vec<Track> = Vec::new();
+        for w in s.waits.into_values() {
+            if let Track::Wait { wait, .. } = &w.track {
+                st.waits.remove(wait);
+            }
+            out.push(w.track);
+        }
+        out.extend(s.held);
+        Some(out)
+    }
+
+    pub fn check_limits(&self, sid: u64, limits: &Limits, wait: bool) -> Result<(), String> {
+        let st = self.state.lock();
+        let Some(s) = st.sessions.get(&sid) else { return Err("session ended".into()) };
+        if s.held.len() >= limits.max_locks {
+            return Err(format!("session limit reached: {} locks held (max_locks)", limits.max_locks));
+        }
+        if wait && s.waits.len() >= limits.max_waiters {
+            return Err(format!("session limit reached: {} requests queued (max_waiters)", limits.max_waiters));
+        }
+        Ok(())
+    }
+
+    pub fn track(&self, sid: u64, t: Track) {
+        if let Some(s) = self.state.lock().sessions.get_mut(&sid) {
+            s.held.insert(t);
+        }
+    }
+
+    pub fn untrack(&self, sid: u64, t: &Track) {
+        if let Some(s) = self.state.lock().sessions.get_mut(&sid) {
+            s.held.remove(t);
+        }
+    }
+
+    /// Records request `id` as queued; if its grant already came (a race
+    /// with another connection), returns it instead.
+    pub fn queued(&self, sid: u64, id: u64, track: Track, target: &Target, owner: u64) -> Option<GrantInfo> {
+        let mut st = self.state.lock();
+        let Track::Wait { wait, .. } = &track else { unreachable!("queued takes a wait") };
+        let wait = *wait;
+        if let Some(g) = st.early.remove(&wait) {
+            if let Some(s) = st.sessions.get_mut(&sid) {
+                s.held.insert(Track::held(target, owner, g.handle));
+            }
+            return Some(g);
+        }
+        st.waits.insert(wait, (sid, id));
+        if let Some(s) = st.sessions.get_mut(&sid) {
+            s.waits.insert(id, Waiting { track, target: target.clone(), owner });
+        }
+        None
+    }
+
+    /// A queued request was granted: track it and push the grant.
+    pub fn granted(&self, wait: WaitId, _sid_hint: u64, grant: GrantInfo) {
+        let mut st = self.state.lock();
+        let Some((sid, id)) = st.waits.remove(&wait) else {
+            st.early.insert(wait, grant);
+            return;
+        };
+        let Some(s) = st.sessions.get_mut(&sid) else { return };
+        if let Some(w) = s.waits.remove(&id) {
+            s.held.insert(Track::held(&w.target, w.owner, grant.handle));
+        }
+        send(s, ServerMsg::Granted { id, grant });
+    }
+
+    /// Withdraws request `id`'s wait, if it still waits.
+    pub fn take_wait(&self, sid: u64, id: u64) -> Option<Track> {
+        let mut st = self.state.lock();
+        let w = st.sessions.get_mut(&sid)?.waits.remove(&id)?;
+        if let Track::Wait { wait, .. } = &w.track {
+            st.waits.remove(wait);
+        }
+        Some(w.track)
+    }
+
+    /// Sends to the session's connection, or keeps it for the next one.
+    pub fn push(&self, sid: u64, msg: ServerMsg) {
+        if let Some(s) = self.state.lock().sessions.get_mut(&sid) {
+            send(s, msg);
+        }
+    }
+
+    /// Sends what was kept while the session had no connection.
+    pub fn flush_backlog(&self, sid: u64) {
+        if let Some(s) = self.state.lock().sessions.get_mut(&sid) {
+            for msg in std::mem::take(&mut s.backlog) {
+                send(s, msg);
+            }
+        }
+    }
+}
+
+fn send(s: &mut Session, msg: ServerMsg) {
+    let msg = match &s.tx {
+        Some(tx) => match tx.send(msg) {
+            Ok(()) => return,
+            Err(e) => e.0,
+        },
+        None => msg,
+    };
+    if s.backlog.len() < MAX_BACKLOG {
+        s.backlog.push(msg);
+    } else {
+        tracing::warn!("session backlog full; dropping a pushed message");
+    }
+}
