@@ -20,22 +20,91 @@ use crate::types::{Owner, WaitId};
 pub(crate) struct WaitGraph {
     /// owner -> its queued requests -> the owners each waits for.
     edges: Map<Owner, Map<WaitId, Vec<Owner>>>,
+    /// The same edges reversed: owner -> who waits for it (with how many
+    /// edges), so "who waits for X, directly or not" is a search of only
+    /// the part of the graph behind X, and O(1) when nobody does.
+    rev: Map<Owner, Map<Owner, u32>>,
 }
 
 impl WaitGraph {
-    /// Records (or replaces) what `wait` of `owner` waits for. O(b).
-    pub fn set(&mut self, owner: Owner, wait: WaitId, blockers: Vec<Owner>) {
-        self.edges.entry(owner).or_default().insert(wait, blockers);
+    fn unlink(&mut self, owner: Owner, blockers: &[Owner]) {
+        for b in blockers {
+            if let Some(r) = self.rev.get_mut(b)
+                && let Some(n) = r.get_mut(&owner)
+            {
+                *n -= 1;
+                if *n == 0 {
+                    r.remove(&owner);
+                    if r.is_empty() {
+                        self.rev.remove(b);
+                    }
+                }
+            }
+        }
     }
 
-    /// Forgets a request that was granted or cancelled. O(1).
+    /// Records (or replaces) what `wait` of `owner` waits for; `blockers`
+    /// is sorted and without repeats (as `Resource::blockers` makes it).
+    /// O(b) to compare, and hash work only for the edges that changed:
+    /// after a hand-over, a waiter's blockers change by one owner.
+    pub fn set(&mut self, owner: Owner, wait: WaitId, blockers: Vec<Owner>) {
+        debug_assert!(blockers.windows(2).all(|w| w[0] < w[1]));
+        let old = self.edges.entry(owner).or_default().insert(wait, Vec::new()).unwrap_or_default();
+        let (mut i, mut j) = (0, 0);
+        let mut gone = Vec::new();
+        while i < old.len() || j < blockers.len() {
+            match (old.get(i), blockers.get(j)) {
+                (Some(a), Some(b)) if a == b => {
+                    i += 1;
+                    j += 1;
+                }
+                (Some(&a), Some(&b)) if a < b => {
+                    gone.push(a);
+                    i += 1;
+                }
+                (Some(&a), None) => {
+                    gone.push(a);
+                    i += 1;
+                }
+                (_, Some(&b)) => {
+                    *self.rev.entry(b).or_default().entry(owner).or_default() += 1;
+                    j += 1;
+                }
+                (None, None) => unreachable!(),
+            }
+        }
+        self.unlink(owner, &gone);
+        self.edges.get_mut(&owner).expect("just inserted").insert(wait, blockers);
+    }
+
+    /// Forgets a request that was granted or cancelled. O(b).
     pub fn remove(&mut self, owner: Owner, wait: WaitId) {
         if let Some(waits) = self.edges.get_mut(&owner) {
-            waits.remove(&wait);
+            let old = waits.remove(&wait);
             if waits.is_empty() {
                 self.edges.remove(&owner);
             }
+            if let Some(old) = old {
+                self.unlink(owner, &old);
+            }
         }
+    }
+
+    /// Every owner that waits for `target`, directly or through others.
+    /// O(1) when nobody waits for it; else O(V + E) of the part behind it.
+    pub fn waiting_for(&self, target: Owner) -> Set<Owner> {
+        let mut seen: Set<Owner> = Set::default();
+        let mut stack = vec![target];
+        while let Some(o) = stack.pop() {
+            if let Some(r) = self.rev.get(&o) {
+                for &w in r.keys() {
+                    if seen.insert(w) {
+                        stack.push(w);
+                    }
+                }
+            }
+        }
+        seen
     }
 
     /// Whether `target` is reachable from any of `from` along waits-for
@@ -72,8 +141,15 @@ mod tests {
         }
         assert!(g.reaches(&[1], 50));
         assert!(!g.reaches(&[1], 0));
+        assert_eq!(g.waiting_for(50).len(), 50);
+        assert!(g.waiting_for(0).is_empty());
         g.remove(25, 25);
         assert!(!g.reaches(&[1], 50));
         assert!(g.reaches(&[26], 50));
+        assert_eq!(g.waiting_for(50).len(), 24, "owners 26..=49 still wait for 50");
+        g.set(30, 30, vec![]);
+        g.set(31, 31, vec![32, 40]);
+        g.set(31, 31, vec![32]);
+        assert_eq!(g.waiting_for(50).len(), 19, "a replaced wait drops its old edges");
     }
 }

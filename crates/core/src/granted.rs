@@ -252,6 +252,11 @@ impl Granted {
         }
     }
 
+    /// Whether the owner holds any lock here. O(1).
+    pub fn owner_holds(&self, owner: Owner) -> bool {
+        self.owner_map(owner).is_some()
+    }
+
     /// The mode of the owner's single lock (flock), if it has one. O(1).
     pub fn owner_whole_mode(&self, owner: Owner) -> Option<Mode> {
         self.owner_map(owner)?.first().map(|id| self.held(id).mode)

@@ -81,9 +81,10 @@ struct Dirty {
 }
 
 impl Dirty {
-    fn add(&mut self, waiters: &WaitQueue, range: Range) {
+    /// Every waiter overlapping `range` whose ticket is after `after`.
+    fn add(&mut self, waiters: &WaitQueue, range: Range, after: u64) {
         waiters.each_overlapping(range, |w| {
-            if self.listed.insert(w.id) {
+            if w.ticket > after && self.listed.insert(w.id) {
                 self.heap.push(Reverse((w.ticket, w.id)));
             }
         });
@@ -208,11 +209,17 @@ impl Resource {
             false
         });
         if !earlier.is_empty() {
-            let graph = (ask.kind == LockKind::Posix).then(|| ctx.graph.lock());
+            // Who waits for the requester through other POSIX owners: one
+            // search behind it, made only when it holds a lock here (the
+            // upgrade case this rule exists for); a requester that holds
+            // nothing here is waited for only through its own queue
+            // position, which the direct check covers.
+            let holds_here = self.granted.owner_holds(ask.owner);
+            let behind = (ask.kind == LockKind::Posix && holds_here).then(|| ctx.graph.lock().waiting_for(ask.owner));
             for (owner, kind, waits_for_us) in earlier {
                 let waits_for_us = ask.kind.owner_merges()
                     && (waits_for_us
-                        || (kind == LockKind::Posix && graph.as_ref().is_some_and(|g| g.reaches(&[owner], ask.owner))));
+                        || (kind == LockKind::Posix && behind.as_ref().is_some_and(|b| b.contains(&owner))));
                 if !waits_for_us {
                     out.push(owner);
                 }
@@ -287,8 +294,8 @@ impl Resource {
     ///
     /// A waiter's blockers depend only on the held locks it overlaps and
     /// the earlier waiters it overlaps, so the waiters are re-examined in
-    /// queue order from a heap, and whatever changes (a grant, a waiter's
-    /// blockers) puts the waiters overlapping it back on the heap. This
+    /// queue order from a heap; a grant puts the waiters overlapping it back
+    /// on the heap, a waiter whose blockers changed the later ones. This
     /// reaches the same fixed point as re-examining the whole queue in
     /// order, while touching only waiters on changed bytes:
     /// O(k (log n + k)) for k such waiters.
@@ -298,7 +305,7 @@ impl Resource {
         }
         let mut dirty = Dirty::default();
         for r in work {
-            dirty.add(&self.waiters, r);
+            dirty.add(&self.waiters, r, 0);
         }
         while let Some(id) = dirty.pop() {
             let Some((w, wrange)) = self.waiters.get(id) else { continue };
@@ -317,7 +324,7 @@ impl Resource {
                 }
                 effects.push(Effect::Granted { wait: id, owner: ask.owner, grant: self.grant_info(handle) });
                 for r in changed {
-                    dirty.add(&self.waiters, r);
+                    dirty.add(&self.waiters, r, 0);
                 }
                 continue;
             }
@@ -332,7 +339,8 @@ impl Resource {
                     ctx.graph.lock().set(ask.owner, id, blockers.clone());
                 }
                 self.waiters.get_mut(id).expect("still queued").blockers = blockers;
-                dirty.add(&self.waiters, wrange);
+                // Only later waiters look at this one's blockers.
+                dirty.add(&self.waiters, wrange, ticket);
             }
         }
     }

@@ -119,3 +119,34 @@ pub fn flocks(variant: Variant, n: u64) -> Result<f64, String> {
     result.map_err(|e| format!("kernel {variant:?} n={n}: {e}"))?;
     Ok(seconds)
 }
+
+/// The seed 002 loop on the kernel: `p` threads, each its own open file
+/// description (an OFD owner), blocking write lock on byte 0, hold, unlock,
+/// sleep, for `d` seconds. Returns the grants per owner and the seconds.
+pub fn blocking(p: usize, hold: std::time::Duration, d: f64) -> Result<(Vec<u64>, f64), String> {
+    allow_fds(p as u64 + 64)?;
+    let mut file = TmpFile::new()?;
+    let fds: Vec<libc::c_int> = (0..p).map(|_| file.open()).collect::<Result<_, _>>()?;
+    let start = std::time::Instant::now();
+    let threads: Vec<_> = fds
+        .into_iter()
+        .map(|fd| {
+            std::thread::spawn(move || -> Result<u64, String> {
+                let mut n = 0;
+                while start.elapsed().as_secs_f64() < d {
+                    setlk(fd, libc::F_OFD_SETLKW, libc::F_WRLCK, 0, 1)?;
+                    n += 1;
+                    std::thread::sleep(hold);
+                    setlk(fd, libc::F_OFD_SETLK, libc::F_UNLCK, 0, 1)?;
+                    std::thread::sleep(hold);
+                }
+                Ok(n)
+            })
+        })
+        .collect();
+    let counts: Vec<u64> = threads
+        .into_iter()
+        .map(|t| t.join().map_err(|_| "kernel thread panicked".to_string())?)
+        .collect::<Result<_, _>>()?;
+    Ok((counts, start.elapsed().as_secs_f64()))
+}

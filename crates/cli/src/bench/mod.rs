@@ -7,6 +7,7 @@
 mod flocks;
 mod journal;
 mod kernel;
+mod netbench;
 mod rsb;
 
 use std::time::Instant;
@@ -25,6 +26,13 @@ pub enum BenchCommand {
     /// Seed 001 (changelog semaphore): T threads appending to the journal
     /// against a one-mutex baseline; group commit against fsync per record.
     Journal(journal::Args),
+    /// Seed 002 over the network: P owners over C connections loop on a
+    /// blocking lock of one resource (hold H, sleep H): grants against the
+    /// ideal and per-owner fairness, the kernel's own fcntl beside.
+    Blocking(netbench::BlockingArgs),
+    /// Lock then unlock on distinct resources over loopback: requests/s and
+    /// latency percentiles.
+    Net(netbench::NetArgs),
 }
 
 pub fn run(cmd: BenchCommand) -> Result<(), String> {
@@ -32,6 +40,8 @@ pub fn run(cmd: BenchCommand) -> Result<(), String> {
         BenchCommand::Flocks(args) => flocks::run(args),
         BenchCommand::Rsb(args) => rsb::run(args),
         BenchCommand::Journal(args) => journal::run(args),
+        BenchCommand::Blocking(args) => netbench::blocking(args),
+        BenchCommand::Net(args) => netbench::net(args),
     }
 }
 

@@ -1,0 +1,264 @@
+//! Benchmarks over the network: `blocking` (seed 002) and `net`.
+//!
+//! Each starts its own server on a free loopback port (in this process, on
+//! its own runtime threads) unless given `--server`.
+
+use std::time::{Duration, Instant};
+
+use interlock_client::{Client, ClientOptions, LockSpec};
+use interlock_core::{Mode, Range};
+use interlock_proto::Kind;
+use serde_json::json;
+
+use super::{Report, base_row};
+use crate::net::runtime;
+
+#[derive(clap::Args)]
+pub struct BlockingArgs {
+    /// Client connections the owners are spread over.
+    #[arg(long, default_value_t = 4)]
+    clients: usize,
+    /// Owners (processes) contending for one lock.
+    #[arg(long, default_value_t = 200)]
+    procs: usize,
+    /// Milliseconds each owner holds the lock, and then sleeps.
+    #[arg(long, default_value_t = 10)]
+    hold: u64,
+    /// Seconds of the run phase.
+    #[arg(long, default_value_t = 5.0)]
+    duration: f64,
+    /// Use this server instead of starting one.
+    #[arg(long)]
+    server: Option<String>,
+    /// Skip the kernel run beside ours.
+    #[arg(long)]
+    no_kernel: bool,
+    /// Send every request to the server (no local-first table), to see
+    /// what the local table saves.
+    #[arg(long)]
+    no_local: bool,
+    /// One JSON object per line instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(clap::Args)]
+pub struct NetArgs {
+    /// Concurrent owners, each on its own resources.
+    #[arg(long, default_value_t = 50)]
+    owners: usize,
+    /// Requests each owner keeps in flight.
+    #[arg(long, default_value_t = 1)]
+    pipeline: usize,
+    /// Client connections the owners share.
+    #[arg(long, default_value_t = 4)]
+    clients: usize,
+    /// Seconds to run.
+    #[arg(long, default_value_t = 3.0)]
+    duration: f64,
+    /// Use this server instead of starting one.
+    #[arg(long)]
+    server: Option<String>,
+    /// One JSON object per line instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+/// A server of our own on a free loopback port, for the benchmark's life.
+struct OwnServer {
+    addr: String,
+    _dir: tempfile::TempDir,
+    _rt: tokio::runtime::Runtime,
+}
+
+fn own_server() -> Result<OwnServer, String> {
+    let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let rt = runtime();
+    let config = interlock_server::Config {
+        listen: "127.0.0.1:0".parse().expect("address"),
+        data: dir.path().to_path_buf(),
+        token: None,
+        lease: Duration::from_secs(10),
+        recovery: Duration::ZERO,
+        limits: interlock_server::Limits::default(),
+    };
+    let server = rt.block_on(interlock_server::Server::bind(config)).map_err(|e| e.to_string())?;
+    let addr = server.local_addr().to_string();
+    rt.spawn(server.serve(std::future::pending()));
+    Ok(OwnServer { addr, _dir: dir, _rt: rt })
+}
+
+fn server_addr(given: &Option<String>) -> Result<(String, Option<OwnServer>), String> {
+    match given {
+        Some(a) => Ok((a.clone(), None)),
+        None => {
+            let s = own_server()?;
+            Ok((s.addr.clone(), Some(s)))
+        }
+    }
+}
+
+const BLOCKING_COLUMNS: &[(&str, &str)] = &[
+    ("variant", "variant"),
+    ("procs", "procs"),
+    ("seconds", "seconds"),
+    ("ideal s", "ideal_seconds"),
+    ("grants", "grants"),
+    ("ideal", "ideal_grants"),
+    ("efficiency", "efficiency"),
+    ("min", "min_grants"),
+    ("max", "max_grants"),
+];
+
+/// P owners over C connections loop: blocking write lock on byte 0 of one
+/// resource, hold H, unlock, sleep H, for D seconds; then each finishes
+/// its cycle. Ideal: the lock always held, so (D + P·H) / H grants.
+pub fn blocking(args: BlockingArgs) -> Result<(), String> {
+    let (addr, _own) = server_addr(&args.server)?;
+    let hold = Duration::from_millis(args.hold.max(1));
+    let (p, d) = (args.procs.max(1), args.duration);
+    let rt = runtime();
+    let (counts, secs) = rt.block_on(async {
+        let mut clients = Vec::new();
+        for _ in 0..args.clients.max(1) {
+            let options = ClientOptions { no_local: args.no_local, ..ClientOptions::default() };
+            clients.push(Client::connect(&addr, options).await.map_err(|e| e.to_string())?);
+        }
+        let start = Instant::now();
+        let tasks: Vec<_> = (0..p)
+            .map(|i| {
+                let client = clients[i % clients.len()].clone();
+                tokio::spawn(async move {
+                    let spec = LockSpec {
+                        resource: b"bench-blocking".to_vec(),
+                        kind: Kind::Posix,
+                        owner: i as u32,
+                        mode: Mode::EX,
+                        range: Range::new(0, 0).expect("valid"),
+                    };
+                    let mut n = 0u64;
+                    while start.elapsed().as_secs_f64() < d {
+                        client.lock(&spec).await.map_err(|e| e.to_string())?;
+                        n += 1;
+                        precise_sleep(hold).await;
+                        client.unlock(&spec).await.map_err(|e| e.to_string())?;
+                        precise_sleep(hold).await;
+                    }
+                    Ok::<u64, String>(n)
+                })
+            })
+            .collect();
+        let mut counts = Vec::new();
+        for t in tasks {
+            counts.push(t.await.map_err(|e| e.to_string())??);
+        }
+        Ok::<_, String>((counts, start.elapsed().as_secs_f64()))
+    })?;
+    let mut report = Report::new(args.json, BLOCKING_COLUMNS);
+    report.row(blocking_row("interlock", p, hold, d, secs, &counts));
+    if !args.no_kernel {
+        match super::kernel::blocking(p, hold, d) {
+            Ok((counts, secs)) => report.row(blocking_row("kernel", p, hold, d, secs, &counts)),
+            Err(e) => eprintln!("note: kernel run skipped: {e}"),
+        }
+    }
+    Ok(())
+}
+
+/// Sleeps `d` as the kernel anchor's `usleep` does: tokio's timer rounds
+/// up to whole milliseconds, which would count as lost lock time.
+async fn precise_sleep(d: Duration) {
+    let _ = tokio::task::spawn_blocking(move || std::thread::sleep(d)).await;
+}
+
+fn blocking_row(
+    variant: &str,
+    p: usize,
+    hold: Duration,
+    d: f64,
+    secs: f64,
+    counts: &[u64],
+) -> serde_json::Map<String, serde_json::Value> {
+    let h = hold.as_secs_f64();
+    let grants: u64 = counts.iter().sum();
+    let ideal_seconds = d + p as f64 * h;
+    let mut row = base_row("blocking", variant, p as u64, secs, grants);
+    row.insert("procs".into(), json!(p));
+    row.insert("hold_ms".into(), json!(hold.as_millis() as u64));
+    row.insert("duration".into(), json!(d));
+    row.insert("ideal_seconds".into(), json!(ideal_seconds));
+    row.insert("grants".into(), json!(grants));
+    row.insert("ideal_grants".into(), json!((ideal_seconds / h).round() as u64));
+    row.insert("efficiency".into(), json!(grants as f64 * h / secs));
+    row.insert("min_grants".into(), json!(counts.iter().min().copied().unwrap_or(0)));
+    row.insert("max_grants".into(), json!(counts.iter().max().copied().unwrap_or(0)));
+    row
+}
+
+const NET_COLUMNS: &[(&str, &str)] = &[
+    ("owners", "owners"),
+    ("pipeline", "pipeline"),
+    ("seconds", "seconds"),
+    ("ops/s", "ops_per_sec"),
+    ("p50 us", "p50_us"),
+    ("p99 us", "p99_us"),
+];
+
+/// Lock then unlock on distinct resources: each request is one op.
+pub fn net(args: NetArgs) -> Result<(), String> {
+    let (addr, _own) = server_addr(&args.server)?;
+    let rt = runtime();
+    let d = Duration::from_secs_f64(args.duration);
+    let (ops, secs, hist) = rt.block_on(async {
+        let mut clients = Vec::new();
+        for _ in 0..args.clients.max(1) {
+            let options = ClientOptions { no_local: true, ..ClientOptions::default() };
+            clients.push(Client::connect(&addr, options).await.map_err(|e| e.to_string())?);
+        }
+        let start = Instant::now();
+        let tasks: Vec<_> = (0..args.owners.max(1) * args.pipeline.max(1))
+            .map(|i| {
+                let client = clients[i % clients.len()].clone();
+                tokio::spawn(async move {
+                    let mut hist = hdrhistogram::Histogram::<u64>::new(3).expect("histogram");
+                    let mut ops = 0u64;
+                    let mut n = 0u64;
+                    while start.elapsed() < d {
+                        let spec = LockSpec {
+                            resource: format!("net-{i}-{}", n % 1024).into_bytes(),
+                            kind: Kind::Posix,
+                            owner: i as u32,
+                            mode: Mode::EX,
+                            range: Range::WHOLE,
+                        };
+                        n += 1;
+                        let t = Instant::now();
+                        client.lock(&spec).await.map_err(|e| e.to_string())?;
+                        let _ = hist.record(t.elapsed().as_micros() as u64);
+                        let t = Instant::now();
+                        client.unlock(&spec).await.map_err(|e| e.to_string())?;
+                        let _ = hist.record(t.elapsed().as_micros() as u64);
+                        ops += 2;
+                    }
+                    Ok::<_, String>((ops, hist))
+                })
+            })
+            .collect();
+        let mut total = 0;
+        let mut hist = hdrhistogram::Histogram::<u64>::new(3).expect("histogram");
+        for t in tasks {
+            let (o, h) = t.await.map_err(|e| e.to_string())??;
+            total += o;
+            hist.add(h).map_err(|e| e.to_string())?;
+        }
+        Ok::<_, String>((total, start.elapsed().as_secs_f64(), hist))
+    })?;
+    let mut report = Report::new(args.json, NET_COLUMNS);
+    let mut row = base_row("net", "lock-unlock", args.owners as u64, secs, ops);
+    row.insert("owners".into(), json!(args.owners));
+    row.insert("pipeline".into(), json!(args.pipeline));
+    row.insert("p50_us".into(), json!(hist.value_at_quantile(0.5)));
+    row.insert("p99_us".into(), json!(hist.value_at_quantile(0.99)));
+    report.row(row);
+    Ok(())
+}
