@@ -82,7 +82,7 @@ pub fn serve(args: ServeArgs) -> ExitCode {
         recovery: Duration::from_millis(args.recovery_ms),
         limits: interlock_server::Limits { max_locks: args.max_locks, max_waiters: args.max_waiters },
     };
-    match runtime().block_on(interlock_server::run(config)) {
+    match runtime().block_on(interlock_server::run(config, |addr| println!("interlock: listening on {addr}"))) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("interlock serve: {e}");

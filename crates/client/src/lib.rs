@@ -166,9 +166,9 @@ impl Client {
             local: LockSpace::default(),
             blocking: Mutex::new(None),
         });
-        let (conn, resumed) = handshake(&inner).await?;
+        let (conn, _) = handshake(&inner).await?;
         let client = Client { inner };
-        client.start(conn, resumed);
+        client.start(conn);
         Ok(client)
     }
 
@@ -185,12 +185,14 @@ impl Client {
         rx
     }
 
-    fn start(&self, conn: Conn, resumed: bool) {
+    fn start(&self, conn: Conn) {
         let weak = Arc::downgrade(&self.inner);
         // Requests may be sent as soon as `connect` returns.
         let first = open_channel(&self.inner);
         tokio::spawn(async move {
-            let mut conn = Some((conn, resumed, first));
+            // The first connection has nothing to reclaim (its session is
+            // new, not lost), so it counts as resumed.
+            let mut conn = Some((conn, true, first));
             loop {
                 let Some(inner) = weak.upgrade() else { return };
                 let (c, resumed, rx) = match conn.take() {

@@ -498,9 +498,11 @@ async fn connection(inner: Arc<Inner>, stream: TcpStream, peer: SocketAddr) {
     let _ = writer.await;
 }
 
-/// Serves on `config` until Ctrl-C or SIGTERM.
-pub async fn run(config: Config) -> Result<(), ServerError> {
+/// Serves on `config` until Ctrl-C or SIGTERM; `bound` is told the
+/// address once it listens.
+pub async fn run(config: Config, bound: impl FnOnce(SocketAddr)) -> Result<(), ServerError> {
     let server = Server::bind(config).await?;
+    bound(server.local_addr());
     server
         .serve(async {
             let ctrl_c = tokio::signal::ctrl_c();

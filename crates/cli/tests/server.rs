@@ -1,0 +1,235 @@
+//! The server, client and `interlock lock` on loopback, as processes.
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use interlock_client::{Client, ClientOptions, LockSpec};
+use interlock_core::{Mode, Range};
+use interlock_proto::Kind;
+
+const BIN: &str = env!("CARGO_BIN_EXE_interlock");
+
+/// A server process, killed on drop.
+struct ServerProc {
+    child: Child,
+    addr: String,
+}
+
+impl ServerProc {
+    fn start(data: &std::path::Path, listen: &str, extra: &[&str]) -> ServerProc {
+        let mut child = Command::new(BIN)
+            .args(["serve", "--data", data.to_str().unwrap(), "--listen", listen])
+            .args(extra)
+            .env("INTERLOCK_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.as_mut().unwrap()).read_line(&mut line).unwrap();
+        let addr = line.trim().strip_prefix("interlock: listening on ").expect("listening line").to_string();
+        ServerProc { child, addr }
+    }
+
+    fn kill9(&mut self) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+    }
+}
+
+impl Drop for ServerProc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn lock_cmd(addr: &str, args: &[&str]) -> Command {
+    let mut c = Command::new(BIN);
+    c.arg("lock").args(args).env("INTERLOCK_SERVER", addr).stderr(Stdio::null());
+    c
+}
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap()
+}
+
+fn spec(name: &str, owner: u32) -> LockSpec {
+    LockSpec { resource: name.as_bytes().to_vec(), kind: Kind::Dlm, owner, mode: Mode::EX, range: Range::WHOLE }
+}
+
+#[test]
+fn exclusion_across_two_client_processes() {
+    let data = tempfile::tempdir().unwrap();
+    let server = ServerProc::start(data.path(), "127.0.0.1:0", &[]);
+    let log = data.path().join("log");
+    let script = format!("echo start >> {0}; sleep 0.3; echo end >> {0}", log.display());
+    let children: Vec<Child> =
+        (0..3).map(|_| lock_cmd(&server.addr, &["shared", "--", "sh", "-c", &script]).spawn().unwrap()).collect();
+    for mut c in children {
+        assert!(c.wait().unwrap().success());
+    }
+    let lines: Vec<String> = std::fs::read_to_string(&log).unwrap().lines().map(str::to_string).collect();
+    assert_eq!(lines, ["start", "end", "start", "end", "start", "end"], "critical sections never overlap");
+}
+
+#[test]
+fn lock_exit_codes() {
+    let data = tempfile::tempdir().unwrap();
+    let server = ServerProc::start(data.path(), "127.0.0.1:0", &[]);
+    let status = |args: &[&str]| lock_cmd(&server.addr, args).status().unwrap().code();
+    assert_eq!(status(&["x", "--", "sh", "-c", "exit 7"]), Some(7), "the command's own status");
+    assert_eq!(status(&["x", "--", "true"]), Some(0));
+    let mut holder = lock_cmd(&server.addr, &["x", "--", "sleep", "2"]).spawn().unwrap();
+    std::thread::sleep(Duration::from_millis(400));
+    assert_eq!(status(&["x", "--nowait", "--", "true"]), Some(1), "--nowait on a held lock");
+    let t = Instant::now();
+    assert_eq!(status(&["x", "--timeout", "0.3", "--", "true"]), Some(1), "--timeout on a held lock");
+    assert!(t.elapsed() < Duration::from_secs(2));
+    // Shared modes share.
+    assert_eq!(status(&["y", "--mode", "pr", "--", "true"]), Some(0));
+    holder.wait().unwrap();
+    assert_eq!(status(&["x", "--nowait", "--", "true"]), Some(0), "free again once the holder is done");
+    assert_eq!(lock_cmd("127.0.0.1:1", &["x", "--", "true"]).status().unwrap().code(), Some(69), "no server");
+    assert_eq!(status(&["x", "--", "/no/such/program"]), Some(127));
+    assert_eq!(status(&["x", "--mode", "zz", "--", "true"]), Some(2), "bad mode is a usage error");
+}
+
+#[test]
+fn blocking_grants_are_pushed_in_fifo_order() {
+    let data = tempfile::tempdir().unwrap();
+    let server = ServerProc::start(data.path(), "127.0.0.1:0", &[]);
+    rt().block_on(async {
+        let holder = Client::connect(&server.addr, ClientOptions::default()).await.unwrap();
+        holder.lock(&spec("q", 1)).await.unwrap();
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        for i in 0..5u32 {
+            let c = Client::connect(&server.addr, ClientOptions::default()).await.unwrap();
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                let g = c.lock(&spec("q", 1)).await.unwrap();
+                tx.send(i).unwrap();
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                c.dlm_unlock(b"q", 1, g.handle.unwrap(), None).await.unwrap();
+            });
+            // Queue them in a known order.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let st = holder.status().await.unwrap();
+        assert_eq!((st.locks, st.waiters), (1, 5));
+        holder.bye().await.unwrap();
+        let mut order = Vec::new();
+        for _ in 0..5 {
+            order.push(tokio::time::timeout(Duration::from_secs(5), rx.recv()).await.unwrap().unwrap());
+        }
+        assert_eq!(order, [0, 1, 2, 3, 4]);
+    });
+}
+
+#[test]
+fn lease_expiry_frees_a_killed_clients_locks() {
+    let data = tempfile::tempdir().unwrap();
+    let server = ServerProc::start(data.path(), "127.0.0.1:0", &["--lease-ms", "500"]);
+    let mut victim = lock_cmd(&server.addr, &["held", "--", "sleep", "60"]).spawn().unwrap();
+    std::thread::sleep(Duration::from_millis(400));
+    assert_eq!(lock_cmd(&server.addr, &["held", "--nowait", "--", "true"]).status().unwrap().code(), Some(1));
+    let t = Instant::now();
+    // kill -9 the client: no unlock, no bye; only the lease can free it.
+    unsafe { libc::kill(victim.id() as i32, libc::SIGKILL) };
+    victim.wait().unwrap();
+    let code = lock_cmd(&server.addr, &["held", "--timeout", "10", "--", "true"]).status().unwrap().code();
+    assert_eq!(code, Some(0));
+    let waited = t.elapsed();
+    assert!(waited >= Duration::from_millis(300) && waited < Duration::from_secs(5), "freed by the lease: {waited:?}");
+}
+
+#[test]
+fn server_kill_9_and_restart_replays_held_locks() {
+    let data = tempfile::tempdir().unwrap();
+    let mut server = ServerProc::start(data.path(), "127.0.0.1:0", &["--recovery-ms", "1500", "--lease-ms", "3000"]);
+    let addr = server.addr.clone();
+    rt().block_on(async {
+        let a = Client::connect(&addr, ClientOptions::default()).await.unwrap();
+        let rec = LockSpec {
+            resource: b"file".to_vec(),
+            kind: Kind::Posix,
+            owner: 1,
+            mode: Mode::EX,
+            range: Range::new(0, 99).unwrap(),
+        };
+        let g1 = a.lock(&rec).await.unwrap();
+        server.kill9();
+        let mut restarted = ServerProc::start(data.path(), &addr, &["--recovery-ms", "1500", "--lease-ms", "3000"]);
+        std::mem::swap(&mut server, &mut restarted);
+        drop(restarted);
+        // A new client's request waits out the recovery window, during
+        // which A reclaims: then it finds the lock held.
+        let b = Client::connect(&addr, ClientOptions::default()).await.unwrap();
+        let t = Instant::now();
+        let other = LockSpec { owner: 7, ..rec.clone() };
+        assert_eq!(b.try_lock(&other).await.unwrap(), None, "A's replayed lock holds");
+        assert!(t.elapsed() >= Duration::from_millis(800), "new requests wait for the recovery window");
+        // Fencing tokens keep growing across the restart.
+        let disjoint = LockSpec { range: Range::new(200, 299).unwrap(), ..other.clone() };
+        let g2 = b.lock(&disjoint).await.unwrap();
+        assert!(g2.fence > g1.fence, "fence {} after {}", g2.fence, g1.fence);
+        a.unlock(&rec).await.unwrap();
+        assert!(b.try_lock(&other).await.unwrap().is_some());
+    });
+}
+
+#[test]
+fn garbage_on_the_socket_leaves_the_server_serving() {
+    let data = tempfile::tempdir().unwrap();
+    let server = ServerProc::start(data.path(), "127.0.0.1:0", &[]);
+    let mut seed = 0x9E37_79B9u32;
+    for n in 0..30 {
+        let mut s = std::net::TcpStream::connect(&server.addr).unwrap();
+        let len = 1 + n * 7 % 300;
+        let bytes: Vec<u8> = (0..len)
+            .map(|_| {
+                seed ^= seed << 13;
+                seed ^= seed >> 17;
+                seed ^= seed << 5;
+                seed as u8
+            })
+            .collect();
+        let _ = s.write_all(&bytes);
+        // A truncated frame: a length prefix promising more than is sent.
+        let _ = s.write_all(&[0, 0, 1, 0, 1, 2]);
+    }
+    // A frame over the size limit.
+    let mut s = std::net::TcpStream::connect(&server.addr).unwrap();
+    let _ = s.write_all(&[0x7f, 0xff, 0xff, 0xff]);
+    assert_eq!(lock_cmd(&server.addr, &["alive", "--", "true"]).status().unwrap().code(), Some(0));
+}
+
+#[test]
+fn a_token_is_required_off_loopback_and_checked() {
+    let data = tempfile::tempdir().unwrap();
+    let out = Command::new(BIN)
+        .args(["serve", "--data", data.path().to_str().unwrap(), "--listen", "0.0.0.0:0"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("without a token"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let token = data.path().join("token");
+    std::fs::write(&token, "s3cret\n").unwrap();
+    let server = ServerProc::start(data.path(), "127.0.0.1:0", &["--token-file", token.to_str().unwrap()]);
+    let code = |t: Option<&str>| {
+        let mut c = lock_cmd(&server.addr, &["t", "--", "true"]);
+        c.env_remove("INTERLOCK_TOKEN");
+        if let Some(t) = t {
+            c.env("INTERLOCK_TOKEN", t);
+        }
+        c.status().unwrap().code()
+    };
+    assert_eq!(code(None), Some(69), "no token: refused");
+    assert_eq!(code(Some("wrong")), Some(69), "wrong token: refused");
+    assert_eq!(code(Some("s3cret")), Some(0));
+}
