@@ -586,18 +586,12 @@ fn open_channel(inner: &Inner) -> mpsc::UnboundedReceiver<ClientMsg> {
 }
 
 /// Drives one connection until it drops.
-async fn run_connection(inner: Arc<Inner>, conn: Conn, resumed: bool, mut rx: mpsc::UnboundedReceiver<ClientMsg>) {
-    let (mut sink, mut source) = conn.split();
+async fn run_connection(inner: Arc<Inner>, conn: Conn, resumed: bool, rx: mpsc::UnboundedReceiver<ClientMsg>) {
+    let (sink, mut source) = conn.split();
     if !resumed {
         reclaim(&inner);
     }
-    let writer = tokio::spawn(async move {
-        while let Some(msg) = rx.recv().await {
-            if sink.send(proto::frame(&msg)).await.is_err() {
-                break;
-            }
-        }
-    });
+    let writer = tokio::spawn(proto::pump(rx, sink));
     while let Some(Ok(frame)) = source.next().await {
         let Ok(msg) = proto::decode::<ServerMsg>(&frame) else {
             tracing::warn!("undecodable message from the server");

@@ -204,6 +204,30 @@ pub fn codec() -> tokio_util::codec::LengthDelimitedCodec {
     tokio_util::codec::LengthDelimitedCodec::builder().max_frame_length(MAX_FRAME).length_field_length(4).new_codec()
 }
 
+/// Writes the messages from `rx` to `sink` until either ends; whatever is
+/// queued goes out in one write, so pipelined requests, their replies and
+/// pushed grants share system calls.
+pub async fn pump<T, S>(mut rx: tokio::sync::mpsc::UnboundedReceiver<T>, mut sink: S)
+where
+    T: Serialize,
+    S: futures::Sink<bytes::Bytes> + Unpin,
+{
+    use futures::SinkExt;
+    while let Some(msg) = rx.recv().await {
+        if sink.feed(frame(&msg)).await.is_err() {
+            return;
+        }
+        while let Ok(more) = rx.try_recv() {
+            if sink.feed(frame(&more)).await.is_err() {
+                return;
+            }
+        }
+        if sink.flush().await.is_err() {
+            return;
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

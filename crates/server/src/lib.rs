@@ -434,7 +434,7 @@ async fn connection(inner: Arc<Inner>, stream: TcpStream, peer: SocketAddr) {
         let _ = framed.send(proto::frame(&refuse("authentication failed: wrong or missing token".into()))).await;
         return;
     }
-    let (tx, mut rx) = mpsc::unbounded_channel::<ServerMsg>();
+    let (tx, rx) = mpsc::unbounded_channel::<ServerMsg>();
     let (sid, resumed) = inner.sessions.attach(session, tx.clone());
     let welcome = ServerMsg::Welcome {
         version: proto::VERSION,
@@ -448,13 +448,7 @@ async fn connection(inner: Arc<Inner>, stream: TcpStream, peer: SocketAddr) {
         return;
     }
     inner.sessions.flush_backlog(sid);
-    let writer = tokio::spawn(async move {
-        while let Some(msg) = rx.recv().await {
-            if sink.send(proto::frame(&msg)).await.is_err() {
-                break;
-            }
-        }
-    });
+    let writer = tokio::spawn(proto::pump(rx, sink));
     let mut bye = false;
     while let Some(frame) = source.next().await {
         let frame = match frame {

@@ -142,7 +142,7 @@ pub fn blocking(args: BlockingArgs) -> Result<(), String> {
                         n += 1;
                         precise_sleep(hold).await;
                         client.unlock(&spec).await.map_err(|e| e.to_string())?;
-                        precise_sleep(hold).await;
+                        tokio::time::sleep(hold).await;
                     }
                     Ok::<u64, String>(n)
                 })
@@ -165,10 +165,18 @@ pub fn blocking(args: BlockingArgs) -> Result<(), String> {
     Ok(())
 }
 
-/// Sleeps `d` as the kernel anchor's `usleep` does: tokio's timer rounds
-/// up to whole milliseconds, which would count as lost lock time.
+/// Holds for `d` as exactly as the kernel anchor's `usleep`: tokio's timer
+/// rounds up to whole milliseconds, which would count as lost lock time,
+/// so the last 2 ms are waited out by yielding (only the one holder does
+/// this at a time).
 async fn precise_sleep(d: Duration) {
-    let _ = tokio::task::spawn_blocking(move || std::thread::sleep(d)).await;
+    let deadline = Instant::now() + d;
+    if let Some(coarse) = d.checked_sub(Duration::from_millis(2)) {
+        tokio::time::sleep(coarse).await;
+    }
+    while Instant::now() < deadline {
+        tokio::task::yield_now().await;
+    }
 }
 
 fn blocking_row(
