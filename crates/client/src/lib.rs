@@ -88,6 +88,18 @@ impl LockSpec {
     fn local(&self) -> bool {
         self.kind != Kind::Dlm
     }
+
+    /// This lock as a request to the local table.
+    fn local_request(&self, wait: bool) -> LockRequest<'_> {
+        LockRequest {
+            resource: &self.resource,
+            owner: u64::from(self.owner),
+            kind: self.core_kind(),
+            mode: self.mode,
+            range: self.range,
+            wait,
+        }
+    }
 }
 
 fn core_kind(k: Kind) -> LockKind {
@@ -306,16 +318,8 @@ impl Client {
 
     /// Queues `spec` in the local table and waits for its local grant.
     async fn wait_locally(&self, spec: &LockSpec) -> Result<LocalWait, ClientError> {
-        let req = LockRequest {
-            resource: &spec.resource,
-            owner: u64::from(spec.owner),
-            kind: spec.core_kind(),
-            mode: spec.mode,
-            range: spec.range,
-            wait: true,
-        };
         let (tx, rx) = oneshot::channel();
-        let resp = self.inner.local.lock(&req).map_err(|e| ClientError::Invalid(e.to_string()))?;
+        let resp = self.inner.local.lock(&spec.local_request(true)).map_err(|e| ClientError::Invalid(e.to_string()))?;
         match resp.outcome {
             Outcome::Queued(w) => {
                 self.inner.tables.lock().local_waits.insert(w, tx);
@@ -338,15 +342,7 @@ impl Client {
     /// Mirrors a grant into the local table.
     fn record(&self, spec: &LockSpec, grant: &GrantInfo, local: bool) {
         if local {
-            let req = LockRequest {
-                resource: &spec.resource,
-                owner: u64::from(spec.owner),
-                kind: spec.core_kind(),
-                mode: spec.mode,
-                range: spec.range,
-                wait: false,
-            };
-            if let Ok(resp) = self.inner.local.lock(&req) {
+            if let Ok(resp) = self.inner.local.lock(&spec.local_request(false)) {
                 local_effects(&self.inner, resp.effects);
             }
             self.inner.tables.lock().local_resources.insert((spec.kind, spec.resource.clone()));
