@@ -204,7 +204,7 @@ impl Resource {
         let mut earlier = Vec::new();
         self.waiters.any_overlapping(ask.range, |w| {
             if w.ticket < ticket && ask.conflicts_with_waiter(w) {
-                earlier.push((w.owner, w.kind, w.blockers.contains(&ask.owner)));
+                earlier.push((w.owner, w.kind, w.blockers.binary_search(&ask.owner).is_ok()));
             }
             false
         });

@@ -27,8 +27,8 @@ pub(crate) struct Waiter {
     /// The DLM lock being converted, if this is a conversion.
     pub convert: Option<LockHandle>,
     /// Owners this waiter waits for now (holders of conflicting locks and
-    /// owners of earlier conflicting waiters); kept current on every change
-    /// to the bytes the waiter covers.
+    /// owners of earlier conflicting waiters), sorted, without repeats;
+    /// kept current on every change to the bytes the waiter covers.
     pub blockers: Vec<Owner>,
     /// DLM: the granted locks already sent a blocking callback for this
     /// waiter, so that each gets one, once.
