@@ -5,6 +5,8 @@
 use interlock_core::{Effect, LockKind, LockRequest, LockSpace, Mode, Namespace, Outcome, Range, WaitId};
 use proptest::prelude::*;
 
+mod common;
+
 const RES: &[u8] = b"dlm";
 
 #[derive(Clone, Debug)]
@@ -227,10 +229,7 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig {
-        cases: std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(4096),
-        ..ProptestConfig::default()
-    })]
+    #![proptest_config(common::config(4096))]
 
     #[test]
     fn dlm_matches_model(ops in proptest::collection::vec(op(), 1..60)) {

@@ -8,6 +8,8 @@
 use interlock_core::{Effect, HeldLock, LockKind, LockRequest, LockSpace, Mode, Outcome, Range, WaitId};
 use proptest::prelude::*;
 
+mod common;
+
 const FILE: &[u8] = b"f";
 
 #[derive(Clone, Debug)]
@@ -276,13 +278,8 @@ fn run(kind: LockKind, ops: Vec<Op>) -> Result<(), TestCaseError> {
     Ok(())
 }
 
-fn cases(default: u32) -> u32 {
-    std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(default)
-}
-
 proptest! {
-    // PROPTEST_CASES raises the count for a long run.
-    #![proptest_config(ProptestConfig { cases: cases(4096), ..ProptestConfig::default() })]
+    #![proptest_config(common::config(4096))]
 
     #[test]
     fn ofd_matches_model(ops in proptest::collection::vec(op(4, false, true), 1..80)) {

@@ -14,6 +14,8 @@ use std::collections::{BTreeMap, HashSet};
 use interlock_core::{Effect, HeldLock, LockKind, LockRequest, LockSpace, Mode, Namespace, Outcome, Range, WaitId};
 use proptest::prelude::*;
 
+mod common;
+
 const FILES: [&[u8]; 2] = [b"a", b"b"];
 const P: LockKind = LockKind::Posix;
 
@@ -187,10 +189,7 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig {
-        cases: std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(4096),
-        ..ProptestConfig::default()
-    })]
+    #![proptest_config(common::config(4096))]
 
     #[test]
     fn posix_blocking_is_safe_live_and_exact_on_deadlock(ops in proptest::collection::vec(op(), 1..50)) {
