@@ -233,3 +233,47 @@ fn a_token_is_required_off_loopback_and_checked() {
     assert_eq!(code(Some("wrong")), Some(69), "wrong token: refused");
     assert_eq!(code(Some("s3cret")), Some(0));
 }
+
+/// Waits abandoned at the moment the lock is handed to them (the future
+/// dropped by a timeout while the grant is on its way) leave no lock
+/// behind: the client gives back a grant that raced its cancel.
+#[test]
+fn abandoned_waits_never_leave_orphan_locks() {
+    let data = tempfile::tempdir().unwrap();
+    let server = ServerProc::start(data.path(), "127.0.0.1:0", &[]);
+    rt().block_on(async {
+        let mut tasks = Vec::new();
+        for i in 0..6u32 {
+            let c = Client::connect(&server.addr, ClientOptions::default()).await.unwrap();
+            tasks.push(tokio::spawn(async move {
+                let s = spec("hot", i);
+                for n in 0..150u64 {
+                    // Short, varied timeouts: many drop exactly as the
+                    // grant arrives.
+                    let t = Duration::from_micros(50 + (n * 37 + u64::from(i) * 101) % 900);
+                    if let Ok(Ok(g)) = tokio::time::timeout(t, c.lock(&s)).await {
+                        c.dlm_unlock(b"hot", i, g.handle.unwrap(), None).await.unwrap();
+                    }
+                }
+                c
+            }));
+        }
+        let mut clients = Vec::new();
+        for t in tasks {
+            clients.push(t.await.unwrap());
+        }
+        // Give back-givings in flight time to land, then nothing is held.
+        let probe = Client::connect(&server.addr, ClientOptions::default()).await.unwrap();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let st = probe.status().await.unwrap();
+            if st.locks == 0 && st.waiters == 0 {
+                break;
+            }
+            assert!(Instant::now() < deadline, "orphans left: {st:?}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let got = probe.try_lock(&spec("hot", 99)).await.unwrap();
+        assert!(got.is_some(), "the lock is free");
+    });
+}

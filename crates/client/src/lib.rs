@@ -131,6 +131,9 @@ struct Tables {
     /// Queued requests whose future was dropped: a grant that still comes
     /// is given back.
     abandoned: HashMap<u64, Op>,
+    /// Cancel request id -> the request it withdraws. Its reply comes after
+    /// any grant that raced it, so the request is then forgotten.
+    cancelling: HashMap<u64, u64>,
     /// Local waits -> who to wake.
     local_waits: HashMap<u64, oneshot::Sender<()>>,
     /// Resources with locks in the local table (for reclaim).
@@ -286,14 +289,25 @@ impl Client {
                 t.waits.insert(id, (grant_tx, op.clone()));
             }
         }
-        let mut guard = WaitGuard { inner: &self.inner, id, op: Some(op.clone()), local: local_guard };
+        let mut guard = WaitGuard {
+            inner: &self.inner,
+            id,
+            op: Some(op.clone()),
+            local: local_guard,
+            reply_rx,
+            grant_rx,
+            queued: false,
+        };
         if !send(&self.inner, ClientMsg::Request { id, op }) {
             return Err(ClientError::ConnectionLost);
         }
-        let reply = reply_rx.await.map_err(|_| ClientError::ConnectionLost)?;
+        let reply = (&mut guard.reply_rx).await.map_err(|_| ClientError::ConnectionLost)?;
         let grant = match reply {
             Reply::Granted(g) => g,
-            Reply::Queued => grant_rx.await.map_err(|_| ClientError::ConnectionLost)?,
+            Reply::Queued => {
+                guard.queued = true;
+                (&mut guard.grant_rx).await.map_err(|_| ClientError::ConnectionLost)?
+            }
             Reply::WouldBlock => {
                 guard.forget();
                 return Ok(None);
@@ -449,12 +463,18 @@ impl Client {
     }
 }
 
-/// Withdraws a server-side wait whose future was dropped.
+/// Withdraws a request whose future was dropped, and gives back a grant
+/// that raced the drop: one already in a receiver, or one still to come
+/// (then the request is listed as abandoned and `dispatch` gives it back).
 struct WaitGuard<'a> {
     inner: &'a Arc<Inner>,
     id: u64,
     op: Option<Op>,
     local: Option<LocalWait>,
+    reply_rx: oneshot::Receiver<Reply>,
+    grant_rx: oneshot::Receiver<GrantInfo>,
+    /// The reply was `Queued` (consumed): the grant is what may come.
+    queued: bool,
 }
 
 impl WaitGuard<'_> {
@@ -477,12 +497,35 @@ impl WaitGuard<'_> {
 impl Drop for WaitGuard<'_> {
     fn drop(&mut self) {
         let Some(op) = self.op.take() else { return };
-        let mut t = self.inner.tables.lock();
-        t.pending.remove(&self.id);
-        if t.waits.remove(&self.id).is_some() {
-            t.abandoned.insert(self.id, op);
-            drop(t);
-            send(self.inner, ClientMsg::Request { id: 0, op: Op::Cancel { request: self.id } });
+        {
+            // Under one lock, so `dispatch` finds the request either here
+            // (and delivers into a receiver) or abandoned.
+            let mut t = self.inner.tables.lock();
+            t.pending.remove(&self.id);
+            t.waits.remove(&self.id);
+            t.abandoned.insert(self.id, op.clone());
+        }
+        let grant = match self.reply_rx.try_recv() {
+            Ok(Reply::Granted(g)) => Some(g),
+            Ok(Reply::Queued) => self.grant_rx.try_recv().ok(),
+            Ok(_) => {
+                // Refused: nothing held, nothing to come.
+                self.inner.tables.lock().abandoned.remove(&self.id);
+                return;
+            }
+            Err(_) if self.queued => self.grant_rx.try_recv().ok(),
+            Err(_) => None,
+        };
+        match grant {
+            Some(g) => {
+                self.inner.tables.lock().abandoned.remove(&self.id);
+                give_back(self.inner, op, g);
+            }
+            None => {
+                let cancel = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
+                self.inner.tables.lock().cancelling.insert(cancel, self.id);
+                send(self.inner, ClientMsg::Request { id: cancel, op: Op::Cancel { request: self.id } });
+            }
         }
     }
 }
@@ -652,9 +695,25 @@ fn dispatch(inner: &Arc<Inner>, msg: ServerMsg) {
     match msg {
         ServerMsg::Reply { id: 0, .. } => {}
         ServerMsg::Reply { id, reply } => {
-            let tx = inner.tables.lock().pending.remove(&id);
-            if let Some(tx) = tx {
+            let mut t = inner.tables.lock();
+            if let Some(tx) = t.pending.remove(&id) {
                 let _ = tx.send(reply);
+            } else if let Some(request) = t.cancelling.remove(&id) {
+                t.abandoned.remove(&request);
+            } else if t.abandoned.contains_key(&id) {
+                // The request's future is gone: a lock granted at once is
+                // given back; `Queued` leaves it to the grant or the cancel.
+                match reply {
+                    Reply::Granted(g) => {
+                        let op = t.abandoned.remove(&id).expect("listed");
+                        drop(t);
+                        give_back(inner, op, g);
+                    }
+                    Reply::Queued => {}
+                    _ => {
+                        t.abandoned.remove(&id);
+                    }
+                }
             }
         }
         ServerMsg::Granted { id, grant } => {

@@ -203,11 +203,32 @@ fn end_session(inner: &Inner, sid: u64) {
         let resp = match &t {
             Track::Owned { resource, kind, owner } => inner.space.release_owner(resource, *owner, *kind),
             Track::Dlm { resource, owner, handle } => inner.space.dlm_unlock(resource, *owner, *handle, None),
-            Track::Wait { resource, kind, wait } => inner.space.cancel(resource, *kind, *wait),
+            Track::Wait { resource, kind, wait, owner } => {
+                let resp = inner.space.cancel(resource, *kind, *wait);
+                if let Ok(resp) = resp {
+                    deliver(inner, resource, resp.effects);
+                }
+                give_back_raced(inner, resource, *kind, *wait, *owner);
+                continue;
+            }
         };
         if let Ok(resp) = resp {
             deliver(inner, t.resource(), resp.effects);
         }
+    }
+}
+
+/// After an ending session's wait was withdrawn: if the engine had granted
+/// it just before (the grant went to the `early` stash, since the wait was
+/// no longer indexed), release that lock too, so no grant is orphaned.
+fn give_back_raced(inner: &Inner, resource: &[u8], kind: LockKind, wait: interlock_core::WaitId, owner: u64) {
+    let Some(grant) = inner.sessions.take_early(wait) else { return };
+    let resp = match (kind, grant.handle) {
+        (LockKind::Dlm, Some(handle)) => inner.space.dlm_unlock(resource, owner, handle, None),
+        _ => inner.space.release_owner(resource, owner, kind),
+    };
+    if let Ok(resp) = resp {
+        deliver(inner, resource, resp.effects);
     }
 }
 
@@ -312,7 +333,7 @@ fn execute(inner: &Inner, sid: u64, id: u64, op: Op) -> Result<Reply, String> {
                     Reply::Granted(info)
                 }
                 Outcome::Queued(wait) => {
-                    let track = Track::Wait { resource: target.resource.clone(), kind: k, wait };
+                    let track = Track::Wait { resource: target.resource.clone(), kind: k, wait, owner };
                     match inner.sessions.queued(sid, id, track, &target, owner) {
                         Some(info) => Reply::Granted(info),
                         None => Reply::Queued,
@@ -354,9 +375,19 @@ fn execute(inner: &Inner, sid: u64, id: u64, op: Op) -> Result<Reply, String> {
             Ok(Reply::Done)
         }
         Op::Cancel { request } => {
-            if let Some(Track::Wait { resource, kind, wait }) = inner.sessions.take_wait(sid, request) {
+            if let Some(Track::Wait { resource, kind, wait, owner }) = inner.sessions.take_wait(sid, request) {
                 let resp = inner.space.cancel(&resource, kind, wait).map_err(err)?;
                 deliver(inner, &resource, resp.effects);
+                // The grant won the race: the lock is the client's, which
+                // gives back a grant for a request it abandoned.
+                if let Some(grant) = inner.sessions.take_early(wait) {
+                    let held = match (kind, grant.handle) {
+                        (LockKind::Dlm, Some(handle)) => Track::Dlm { resource, owner, handle },
+                        _ => Track::Owned { resource, kind, owner },
+                    };
+                    inner.sessions.track(sid, held);
+                    inner.sessions.push(sid, ServerMsg::Granted { id: request, grant });
+                }
             }
             Ok(Reply::Done)
         }
@@ -375,7 +406,8 @@ fn execute(inner: &Inner, sid: u64, id: u64, op: Op) -> Result<Reply, String> {
                 Outcome::Granted(g) => Reply::Granted(inner.grant_info(g)),
                 Outcome::Queued(w) => {
                     let target = Target { resource: resource.clone(), kind: Kind::Dlm, owner, start: 0, end: 0 };
-                    let track = Track::Wait { resource: resource.clone(), kind: LockKind::Dlm, wait: w };
+                    let track =
+                        Track::Wait { resource: resource.clone(), kind: LockKind::Dlm, wait: w, owner: owner_full };
                     match inner.sessions.queued(sid, id, track, &target, owner_full) {
                         Some(info) => Reply::Granted(info),
                         None => Reply::Queued,

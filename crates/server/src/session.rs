@@ -25,8 +25,8 @@ pub(crate) enum Track {
     Owned { resource: Vec<u8>, kind: LockKind, owner: u64 },
     /// A DLM lock.
     Dlm { resource: Vec<u8>, owner: u64, handle: u64 },
-    /// A queued request.
-    Wait { resource: Vec<u8>, kind: LockKind, wait: WaitId },
+    /// A queued request of `owner`.
+    Wait { resource: Vec<u8>, kind: LockKind, wait: WaitId, owner: u64 },
 }
 
 impl Track {
@@ -212,6 +212,13 @@ impl Sessions {
             s.held.insert(Track::held(&w.target, w.owner, grant.handle));
         }
         send(s, ServerMsg::Granted { id, grant });
+    }
+
+    /// A grant that raced the withdrawal of its wait (the engine granted
+    /// it just before a cancel or the session's end took it out of the
+    /// index), if there was one: the caller must give it back.
+    pub fn take_early(&self, wait: WaitId) -> Option<GrantInfo> {
+        self.state.lock().early.remove(&wait)
     }
 
     /// Withdraws request `id`'s wait, if it still waits.
