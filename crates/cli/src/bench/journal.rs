@@ -130,15 +130,28 @@ fn unsafe_options() -> Options {
 fn appends(dir: &std::path::Path, threads: usize, per: u64) -> f64 {
     let (j, _) = Journal::open(dir, unsafe_options()).expect("open journal");
     let j = Arc::new(j);
-    let payloads: Vec<Vec<u8>> = (0..256).map(payload).collect();
-    let payloads = Arc::new(payloads);
     let start = Instant::now();
-    let handles: Vec<_> = (0..threads)
+    let appender = j.clone();
+    run_appenders(threads, per, move |p| {
+        appender.append(p).expect("append");
+    });
+    j.wait_durable(threads as u64 * per).expect("flushed");
+    let s = start.elapsed().as_secs_f64();
+    let _ = std::fs::remove_dir_all(dir);
+    s
+}
+
+/// `threads` threads each append `per` records of 64–256 bytes with
+/// `append`; returns when all are done.
+fn run_appenders(threads: usize, per: u64, append: impl Fn(&[u8]) + Send + Sync + 'static) {
+    let payloads: Arc<Vec<Vec<u8>>> = Arc::new((0..256).map(payload).collect());
+    let append = Arc::new(append);
+    let handles: Vec<_> = (0..threads as u64)
         .map(|t| {
-            let (j, p) = (j.clone(), payloads.clone());
+            let (append, p) = (append.clone(), payloads.clone());
             std::thread::spawn(move || {
                 for i in 0..per {
-                    j.append(&p[((t as u64 * per + i) % 256) as usize]).expect("append");
+                    append(&p[((t * per + i) % 256) as usize]);
                 }
             })
         })
@@ -146,10 +159,6 @@ fn appends(dir: &std::path::Path, threads: usize, per: u64) -> f64 {
     for h in handles {
         h.join().expect("appender");
     }
-    j.wait_durable(threads as u64 * per).expect("flushed");
-    let s = start.elapsed().as_secs_f64();
-    let _ = std::fs::remove_dir_all(dir);
-    s
 }
 
 /// The seed's design: one lock around reservation, framing and copy; a
@@ -192,29 +201,19 @@ fn mutex_appends(dir: &std::path::Path, threads: usize, per: u64) -> f64 {
             }
         })
     };
-    let payloads: Arc<Vec<Vec<u8>>> = Arc::new((0..256).map(payload).collect());
     let start = Instant::now();
-    let handles: Vec<_> = (0..threads)
-        .map(|t| {
-            let (log, p) = (log.clone(), payloads.clone());
-            std::thread::spawn(move || {
-                for i in 0..per {
-                    let mut g = log.state.lock().expect("lock");
-                    let index = g.0;
-                    g.0 += 1;
-                    frame::encode(&mut g.1, index, 0, &p[((t as u64 * per + i) % 256) as usize]);
-                    let wake = g.1.len() > 1 << 16;
-                    drop(g);
-                    if wake {
-                        log.ready.notify_one();
-                    }
-                }
-            })
-        })
-        .collect();
-    for h in handles {
-        h.join().expect("appender");
-    }
+    let appender = log.clone();
+    run_appenders(threads, per, move |p| {
+        let mut g = appender.state.lock().expect("lock");
+        let index = g.0;
+        g.0 += 1;
+        frame::encode(&mut g.1, index, 0, p);
+        let wake = g.1.len() > 1 << 16;
+        drop(g);
+        if wake {
+            appender.ready.notify_one();
+        }
+    });
     let total = threads as u64 * per;
     while log.written.load(Ordering::Acquire) < total {
         log.ready.notify_one();
