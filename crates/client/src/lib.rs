@@ -11,9 +11,10 @@
 //!   server (and gives back a grant that raced the drop).
 //! - Local first (seed 002): for POSIX, OFD and flock locks the client
 //!   keeps its own lock table (the `interlock-core` engine, mirroring what
-//!   its owners hold). A request that conflicts with another owner of this
-//!   client waits locally, in FIFO order, without a round trip; a
-//!   non-blocking one fails at once. Unlocks are sent at once and never
+//!   its owners hold). A request that conflicts with a lock another owner
+//!   of this client holds waits locally, in FIFO order, without a round
+//!   trip, until that lock is unlocked; then it joins the server's queue.
+//!   A non-blocking one fails at once. Unlocks are sent at once and never
 //!   wait behind lock requests.
 
 use std::collections::{HashMap, HashSet};
@@ -261,7 +262,6 @@ impl Client {
 
     async fn acquire(&self, spec: &LockSpec, wait: bool) -> Result<Option<GrantInfo>, ClientError> {
         let local = spec.local() && !self.inner.options.no_local;
-        let mut local_guard = None;
         if local {
             let range = spec.range;
             let conflict = self
@@ -275,7 +275,7 @@ impl Client {
                 }
                 // Wait here, behind the other local owner, without asking
                 // the server anything.
-                local_guard = Some(self.wait_locally(spec).await?);
+                self.wait_locally(spec).await?;
             }
         }
         let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
@@ -289,15 +289,7 @@ impl Client {
                 t.waits.insert(id, (grant_tx, op.clone()));
             }
         }
-        let mut guard = WaitGuard {
-            inner: &self.inner,
-            id,
-            op: Some(op.clone()),
-            local: local_guard,
-            reply_rx,
-            grant_rx,
-            queued: false,
-        };
+        let mut guard = WaitGuard { inner: &self.inner, id, op: Some(op.clone()), reply_rx, grant_rx, queued: false };
         if !send(&self.inner, ClientMsg::Request { id, op }) {
             return Err(ClientError::ConnectionLost);
         }
@@ -330,23 +322,27 @@ impl Client {
         Ok(Some(grant))
     }
 
-    /// Queues `spec` in the local table and waits for its local grant.
-    async fn wait_locally(&self, spec: &LockSpec) -> Result<LocalWait, ClientError> {
+    /// Queues `spec` in the local table and waits until no other local
+    /// owner holds what it wants. The local grant is given back at once:
+    /// from here the request waits in the server's queue, and a local
+    /// owner still waiting there must not hold back the other local owners
+    /// (they would join the server's queue a whole rotation late).
+    async fn wait_locally(&self, spec: &LockSpec) -> Result<(), ClientError> {
         let (tx, rx) = oneshot::channel();
         let resp = self.inner.local.lock(&spec.local_request(true)).map_err(|e| ClientError::Invalid(e.to_string()))?;
         match resp.outcome {
             Outcome::Queued(w) => {
                 self.inner.tables.lock().local_waits.insert(w, tx);
-                let guard = LocalWait { inner: self.inner.clone(), spec: spec.clone(), wait: Some(w) };
+                let mut guard = LocalWait { inner: self.inner.clone(), spec: spec.clone(), wait: Some(w) };
                 local_effects(&self.inner, resp.effects);
                 rx.await.map_err(|_| ClientError::ConnectionLost)?;
-                let mut guard = guard;
                 guard.wait = None;
-                Ok(guard)
+                Ok(())
             }
             Outcome::Granted(_) => {
                 local_effects(&self.inner, resp.effects);
-                Ok(LocalWait { inner: self.inner.clone(), spec: spec.clone(), wait: None })
+                drop(LocalWait { inner: self.inner.clone(), spec: spec.clone(), wait: None });
+                Ok(())
             }
             Outcome::Deadlock => Err(ClientError::Deadlock),
             other => Err(ClientError::Server(format!("local table: {other:?}"))),
@@ -470,7 +466,6 @@ struct WaitGuard<'a> {
     inner: &'a Arc<Inner>,
     id: u64,
     op: Option<Op>,
-    local: Option<LocalWait>,
     reply_rx: oneshot::Receiver<Reply>,
     grant_rx: oneshot::Receiver<GrantInfo>,
     /// The reply was `Queued` (consumed): the grant is what may come.
@@ -488,9 +483,6 @@ impl WaitGuard<'_> {
     fn granted(&mut self) {
         self.inner.tables.lock().waits.remove(&self.id);
         self.op = None;
-        if let Some(l) = self.local.as_mut() {
-            l.keep();
-        }
     }
 }
 
@@ -530,25 +522,18 @@ impl Drop for WaitGuard<'_> {
     }
 }
 
-/// A local grant (or local wait) not yet confirmed by the server: undone if
-/// the request ends without the lock.
+/// A local wait, withdrawn if its future is dropped; once granted
+/// (`wait: None`), the local grant, given back when dropped.
 struct LocalWait {
     inner: Arc<Inner>,
     spec: LockSpec,
     wait: Option<u64>,
 }
 
-impl LocalWait {
-    fn keep(&mut self) {
-        self.wait = Some(u64::MAX);
-    }
-}
-
 impl Drop for LocalWait {
     fn drop(&mut self) {
         let s = &self.spec;
         let resp = match self.wait {
-            Some(u64::MAX) => return,
             Some(w) => {
                 self.inner.tables.lock().local_waits.remove(&w);
                 self.inner.local.cancel(&s.resource, s.core_kind(), w)

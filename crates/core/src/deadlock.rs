@@ -108,22 +108,42 @@ impl WaitGraph {
     }
 
     /// Whether `target` is reachable from any of `from` along waits-for
-    /// edges (a path of length 0 counts). O(V + E) of the part reached.
+    /// edges (a path of length 0 counts).
+    ///
+    /// Searches forward from `from` and backward from `target` by turns
+    /// and stops when the two meet or either side runs out, so the cost is
+    /// about twice the smaller side: a newcomer at the tail of a long
+    /// queue, who holds nothing that anyone waits for, costs O(1) however
+    /// long the chain in front of it is.
     pub fn reaches(&self, from: &[Owner], target: Owner) -> bool {
-        let mut seen: Set<Owner> = Set::default();
-        let mut stack: Vec<Owner> = from.to_vec();
-        while let Some(o) = stack.pop() {
-            if o == target {
-                return true;
+        let mut ahead: Set<Owner> = from.iter().copied().collect();
+        if ahead.contains(&target) {
+            return true;
+        }
+        let mut behind: Set<Owner> = Set::default();
+        behind.insert(target);
+        let mut forward: Vec<Owner> = ahead.iter().copied().collect();
+        let mut backward = vec![target];
+        loop {
+            let Some(o) = forward.pop() else { return false };
+            for &n in self.edges.get(&o).into_iter().flat_map(|w| w.values().flatten()) {
+                if behind.contains(&n) {
+                    return true;
+                }
+                if ahead.insert(n) {
+                    forward.push(n);
+                }
             }
-            if !seen.insert(o) {
-                continue;
-            }
-            if let Some(waits) = self.edges.get(&o) {
-                stack.extend(waits.values().flatten().copied());
+            let Some(o) = backward.pop() else { return false };
+            for &n in self.rev.get(&o).into_iter().flat_map(|r| r.keys()) {
+                if ahead.contains(&n) {
+                    return true;
+                }
+                if behind.insert(n) {
+                    backward.push(n);
+                }
             }
         }
-        false
     }
 }
 

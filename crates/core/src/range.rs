@@ -82,6 +82,11 @@ impl Range {
         if self.to_eof() { 0 } else { self.end - self.start + 1 }
     }
 
+    /// Whether every byte of `other` is in this range.
+    pub fn contains(self, other: Range) -> bool {
+        self.start <= other.start && other.end <= self.end
+    }
+
     /// Whether the two ranges share a byte.
     pub fn overlaps(self, other: Range) -> bool {
         self.start <= other.end && other.start <= self.end

@@ -13,12 +13,26 @@
 //! waiting would turn a plain lock upgrade into a deadlock the kernel does
 //! not have. A non-blocking request follows POSIX: it fails only on a held
 //! conflict.
+//!
+//! Waiters are heads or followers (see [`crate::waiters`]). A waiter W may
+//! follow L when: L is the latest earlier waiter that W conflicts with; L
+//! dominates W (L's range covers W's, and L's mode conflicts with every
+//! mode W's does); L overtakes no one (a follower never does, a head keeps
+//! a flag); and, for the owner-merging kinds, W's owner holds nothing here
+//! and has no earlier request queued here, so that no waiter can wait for
+//! W's owner and W has no one to overtake. Then every holder and earlier
+//! waiter W waits for, L waits for too, so W is certainly blocked and its
+//! one waits-for edge, to L's owner, reaches everything its full list
+//! would. Each condition is re-checked when it can change: when L leaves
+//! the queue, when L starts overtaking, and when W's owner is granted a
+//! lock here; a waiter that fails one becomes a head.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::ops::ControlFlow;
 
 use parking_lot::Mutex;
+use smallvec::SmallVec;
 
 use crate::deadlock::WaitGraph;
 use crate::granted::{Exempt, Granted, weakens};
@@ -73,7 +87,7 @@ impl Ask {
     }
 }
 
-/// Waiters to re-examine, earliest ticket first, each at most once at a time.
+/// Heads to re-examine, earliest ticket first, each at most once at a time.
 #[derive(Default)]
 struct Dirty {
     heap: BinaryHeap<Reverse<(u64, WaitId)>>,
@@ -81,13 +95,27 @@ struct Dirty {
 }
 
 impl Dirty {
-    /// Every waiter overlapping `range` whose ticket is after `after`.
+    /// Every head overlapping `range` whose ticket is after `after`.
     fn add(&mut self, waiters: &WaitQueue, range: Range, after: u64) {
-        waiters.each_overlapping(range, |w| {
-            if w.ticket > after && self.listed.insert(w.id) {
-                self.heap.push(Reverse((w.ticket, w.id)));
+        waiters.each_head_overlapping(range, |w| {
+            if w.ticket > after {
+                self.push(w.ticket, w.id);
             }
         });
+    }
+
+    fn push(&mut self, ticket: u64, id: WaitId) {
+        if self.listed.insert(id) {
+            self.heap.push(Reverse((ticket, id)));
+        }
+    }
+
+    fn of(waiters: &WaitQueue, ranges: &[Range]) -> Dirty {
+        let mut dirty = Dirty::default();
+        for &r in ranges {
+            dirty.add(waiters, r, 0);
+        }
+        dirty
     }
 
     fn pop(&mut self) -> Option<WaitId> {
@@ -160,8 +188,12 @@ impl Resource {
             let grant = self.grant(&ask, ctx, effects);
             return Outcome::Granted(grant);
         }
-        let blockers = self.blockers(&ask, ticket, ctx);
-        if blockers.is_empty() && !self.behind_own(&ask, ticket) {
+        let leader = self.leader_for(&ask, ticket);
+        let (blockers, overtakes) = match leader {
+            Some((_, owner)) => (vec![owner], false),
+            None => self.blockers(&ask, ticket, ctx),
+        };
+        if leader.is_none() && blockers.is_empty() && !self.behind_own(&ask, ticket) {
             let grant = self.grant(&ask, ctx, effects);
             return Outcome::Granted(grant);
         }
@@ -185,29 +217,78 @@ impl Resource {
             ticket,
             convert: ask.convert,
             blockers,
+            overtakes,
+            leader: leader.map(|(l, _)| l),
+            followers: SmallVec::new(),
             notified,
         };
         self.waiters.push(waiter, ask.range);
         Outcome::Queued(id)
     }
 
+    /// The waiter `ask` (at queue position `ticket`) may follow, and its
+    /// owner, if the conditions in the module docs hold. O(log n) in a
+    /// queue of contenders for the same bytes, else O(log n + k).
+    fn leader_for(&self, ask: &Ask, ticket: u64) -> Option<(WaitId, Owner)> {
+        if ask.kind.owner_merges()
+            && (self.granted.owner_holds(ask.owner)
+                || self
+                    .waiters
+                    .of_owner(ask.owner)
+                    .iter()
+                    .any(|&e| self.waiters.get(e).is_some_and(|(e, _)| e.ticket < ticket)))
+        {
+            return None;
+        }
+        let (l, lrange) = self.waiters.nearest_earlier(ask.range, ticket, |w| ask.conflicts_with_waiter(w))?;
+        let dominates =
+            lrange.contains(ask.range) && Mode::ALL.iter().all(|&m| ask.mode.compatible(m) || !l.mode.compatible(m));
+        (dominates && (l.leader.is_some() || !l.overtakes)).then_some((l.id, l.owner))
+    }
+
+    /// Whether queued waiter `w` (on `wrange`) waits for `owner` directly:
+    /// a lock of `owner` here blocks it, or an earlier queued request of
+    /// `owner` that it does not overtake. A head's list says so; a
+    /// follower's list is its leader's owner only, so it is worked out:
+    /// O(log n + k) for k conflicting holders.
+    fn waits_directly(&self, w: &Waiter, wrange: Range, owner: Owner) -> bool {
+        if w.leader.is_none() {
+            return w.blockers.binary_search(&owner).is_ok();
+        }
+        // A follower overtakes no one (its owner holds nothing here and
+        // queued nothing before it), so every earlier conflicting request
+        // of `owner` counts.
+        let wask = Ask { owner: w.owner, kind: w.kind, mode: w.mode, range: wrange, convert: w.convert };
+        let held = self.granted.conflicts(w.mode, wrange, wask.exempt(), |_, h| {
+            if h.owner == owner { ControlFlow::Break(()) } else { ControlFlow::Continue(()) }
+        });
+        held.is_break()
+            || self.waiters.of_owner(owner).iter().any(|&e| {
+                self.waiters.get(e).is_some_and(|(e, erange)| {
+                    e.ticket < w.ticket && erange.overlaps(wrange) && wask.conflicts_with_waiter(e)
+                })
+            })
+    }
+
     /// The owners `ask` (with queue position `ticket`) would wait for now:
     /// holders of conflicting locks, and owners of earlier conflicting
     /// waiters that do not themselves wait for `ask`'s owner. Sorted,
-    /// without repeats. O(log n + k).
-    fn blockers(&self, ask: &Ask, ticket: u64, ctx: &Ctx<'_>) -> Vec<Owner> {
+    /// without repeats; and whether it overtakes any such waiter.
+    /// O(log n + k).
+    fn blockers(&self, ask: &Ask, ticket: u64, ctx: &Ctx<'_>) -> (Vec<Owner>, bool) {
         let mut out = Vec::new();
         let _ = self.granted.conflicts(ask.mode, ask.range, ask.exempt(), |_, h| {
             out.push(h.owner);
             ControlFlow::<()>::Continue(())
         });
-        let mut earlier = Vec::new();
-        self.waiters.any_overlapping(ask.range, |w| {
-            if w.ticket < ticket && ask.conflicts_with_waiter(w) {
-                earlier.push((w.owner, w.kind, w.blockers.binary_search(&ask.owner).is_ok()));
-            }
-            false
-        });
+        let mut overtakes = false;
+        let earlier: Vec<(Owner, LockKind, bool)> = self
+            .waiters
+            .earlier_overlapping(ask.range, ticket)
+            .into_iter()
+            .filter(|(w, _)| ask.conflicts_with_waiter(w))
+            .map(|(w, wrange)| (w.owner, w.kind, ask.kind.owner_merges() && self.waits_directly(w, wrange, ask.owner)))
+            .collect();
         if !earlier.is_empty() {
             // Who waits for the requester through other POSIX owners: one
             // search behind it, made only when it holds a lock here (the
@@ -217,29 +298,34 @@ impl Resource {
             let holds_here = self.granted.owner_holds(ask.owner);
             let behind = (ask.kind == LockKind::Posix && holds_here).then(|| ctx.graph.lock().waiting_for(ask.owner));
             for (owner, kind, waits_for_us) in earlier {
-                let waits_for_us = ask.kind.owner_merges()
-                    && (waits_for_us
-                        || (kind == LockKind::Posix && behind.as_ref().is_some_and(|b| b.contains(&owner))));
-                if !waits_for_us {
+                let waits_for_us = waits_for_us
+                    || (ask.kind.owner_merges()
+                        && kind == LockKind::Posix
+                        && behind.as_ref().is_some_and(|b| b.contains(&owner)));
+                if waits_for_us {
+                    overtakes = true;
+                } else {
                     out.push(owner);
                 }
             }
         }
         out.sort_unstable();
         out.dedup();
-        out
+        (out, overtakes)
     }
 
     /// Whether an earlier queued request of the same owner (POSIX, OFD,
     /// flock) overlaps `ask` with another mode: then the order of the two
     /// decides the owner's final locks, so they are granted in queue order.
     /// This is an ordering, not a wait for another owner, so it adds no
-    /// waits-for edge. O(log n + k).
+    /// waits-for edge. O(k) in the owner's own waits here.
     fn behind_own(&self, ask: &Ask, ticket: u64) -> bool {
         ask.kind.owner_merges()
-            && self
-                .waiters
-                .any_overlapping(ask.range, |w| w.ticket < ticket && w.owner == ask.owner && w.mode != ask.mode)
+            && self.waiters.of_owner(ask.owner).iter().any(|&e| {
+                self.waiters
+                    .get(e)
+                    .is_some_and(|(w, wrange)| w.ticket < ticket && w.mode != ask.mode && wrange.overlaps(ask.range))
+            })
     }
 
     /// Blocking ASTs to the holders of DLM locks that block `ask`, except
@@ -266,8 +352,62 @@ impl Resource {
             self.fence += 1;
         }
         let grant = self.grant_info(handle);
-        self.settle(changed, ctx, effects);
+        let mut dirty = Dirty::of(&self.waiters, &changed);
+        self.after_install(ask, ctx, &mut dirty);
+        self.settle(dirty, ctx, effects);
         grant
+    }
+
+    /// After `ask`'s owner got a lock here: its followers no longer meet
+    /// the conditions (waiters may now wait for their owner), and its heads
+    /// may now overtake waiters.
+    fn after_install(&mut self, ask: &Ask, ctx: &Ctx<'_>, dirty: &mut Dirty) {
+        if ask.kind.owner_merges() {
+            self.owner_changed(ask.owner, dirty);
+            let followers: SmallVec<[WaitId; 2]> = (self.waiters.of_owner(ask.owner).iter().copied())
+                .filter(|&w| self.waiters.get(w).is_some_and(|(w, _)| w.leader.is_some()))
+                .collect();
+            self.reclassify(&followers, ctx, dirty);
+        }
+    }
+
+    /// After `owner`'s locks or queued requests here changed: whether a
+    /// follower waits for `owner` directly changed with them, and with it
+    /// which waiters `owner`'s heads overtake, so they are looked at again.
+    /// (A head's own list changes only with the bytes it covers, which
+    /// settle follows.) O(k) in the owner's own waits here.
+    fn owner_changed(&self, owner: Owner, dirty: &mut Dirty) {
+        for &id in self.waiters.of_owner(owner) {
+            if let Some((w, _)) = self.waiters.get(id)
+                && w.leader.is_none()
+            {
+                dirty.push(w.ticket, id);
+            }
+        }
+    }
+
+    /// Gives each waiter in `ids` a leader again, or makes it a head and
+    /// puts it on `dirty`. O(log n) each in a queue of contenders.
+    fn reclassify(&mut self, ids: &[WaitId], ctx: &Ctx<'_>, dirty: &mut Dirty) {
+        for &id in ids {
+            let Some((w, wrange)) = self.waiters.get(id) else { continue };
+            let ask = Ask { owner: w.owner, kind: w.kind, mode: w.mode, range: wrange, convert: w.convert };
+            let ticket = w.ticket;
+            match self.leader_for(&ask, ticket) {
+                Some((leader, owner)) => {
+                    if ask.kind == LockKind::Posix {
+                        ctx.graph.lock().set(ask.owner, id, vec![owner]);
+                    }
+                    self.waiters.set_leader(id, Some(leader), vec![owner]);
+                }
+                None => {
+                    // Settle works out what it waits for.
+                    let blockers = w.blockers.clone();
+                    self.waiters.set_leader(id, None, blockers);
+                    dirty.push(ticket, id);
+                }
+            }
+        }
     }
 
     /// Puts `ask` into the granted set, recording in `changed` the bytes
@@ -289,31 +429,29 @@ impl Resource {
         Some(self.granted.insert_dlm(ask.owner, ask.mode, ask.range, (ctx.next_id)() as u32))
     }
 
-    /// After the bytes in `work` changed: grants every waiter that can now
-    /// go and brings the blockers of the others up to date.
+    /// Grants every head on `dirty` that can now go and brings the
+    /// blockers of the others up to date.
     ///
-    /// A waiter's blockers depend only on the held locks it overlaps and
-    /// the earlier waiters it overlaps, so the waiters are re-examined in
-    /// queue order from a heap; a grant puts the waiters overlapping it back
-    /// on the heap, a waiter whose blockers changed the later ones. This
-    /// reaches the same fixed point as re-examining the whole queue in
-    /// order, while touching only waiters on changed bytes:
-    /// O(k (log n + k)) for k such waiters.
-    fn settle(&mut self, work: Vec<Range>, ctx: &Ctx<'_>, effects: &mut Vec<Effect>) {
-        if self.waiters.is_empty() {
-            return;
-        }
-        let mut dirty = Dirty::default();
-        for r in work {
-            dirty.add(&self.waiters, r, 0);
-        }
+    /// A head's blockers depend only on the held locks it overlaps and the
+    /// earlier waiters it overlaps, so heads are re-examined in queue order
+    /// from a heap; a grant puts the heads overlapping it back on the heap
+    /// (and the grantee's followers, now heads), a head whose blockers
+    /// changed the later ones. This reaches the same fixed point as
+    /// re-examining the whole queue in order, while touching only heads on
+    /// changed bytes: O(h (log n + k)) for h such heads. Followers wait for
+    /// their leaders and are not looked at: in a queue of contenders for
+    /// one byte a hand-over is O(log n).
+    fn settle(&mut self, mut dirty: Dirty, ctx: &Ctx<'_>, effects: &mut Vec<Effect>) {
         while let Some(id) = dirty.pop() {
             let Some((w, wrange)) = self.waiters.get(id) else { continue };
+            if w.leader.is_some() {
+                continue;
+            }
             let ask = Ask { owner: w.owner, kind: w.kind, mode: w.mode, range: wrange, convert: w.convert };
-            let (ticket, old_blockers) = (w.ticket, w.blockers.clone());
-            let blockers = self.blockers(&ask, ticket, ctx);
+            let (ticket, old_blockers, old_overtakes) = (w.ticket, w.blockers.clone(), w.overtakes);
+            let (blockers, overtakes) = self.blockers(&ask, ticket, ctx);
             if blockers.is_empty() && !self.behind_own(&ask, ticket) {
-                self.waiters.remove(id);
+                let (w, _) = self.waiters.remove(id).expect("still queued");
                 if ask.kind == LockKind::Posix {
                     ctx.graph.lock().remove(ask.owner, id);
                 }
@@ -326,6 +464,8 @@ impl Resource {
                 for r in changed {
                     dirty.add(&self.waiters, r, 0);
                 }
+                self.reclassify(&w.followers, ctx, &mut dirty);
+                self.after_install(&ask, ctx, &mut dirty);
                 continue;
             }
             if ask.kind == LockKind::Dlm {
@@ -334,14 +474,52 @@ impl Resource {
                 self.blocking_callbacks(&ask, &mut notified, effects);
                 self.waiters.get_mut(id).expect("still queued").notified = notified;
             }
+            if overtakes && !old_overtakes {
+                // It may lead no longer.
+                let followers = self.waiters.get(id).expect("still queued").0.followers.clone();
+                self.reclassify(&followers, ctx, &mut dirty);
+            }
+            let w = self.waiters.get_mut(id).expect("still queued");
+            w.overtakes = overtakes;
             if blockers != old_blockers {
                 if ask.kind == LockKind::Posix {
                     ctx.graph.lock().set(ask.owner, id, blockers.clone());
                 }
-                self.waiters.get_mut(id).expect("still queued").blockers = blockers;
+                w.blockers = blockers;
                 // Only later waiters look at this one's blockers.
                 dirty.add(&self.waiters, wrange, ticket);
             }
+        }
+    }
+
+    /// Settles after the bytes in `changed` got weaker.
+    fn settle_ranges(&mut self, changed: &[Range], ctx: &Ctx<'_>, effects: &mut Vec<Effect>) {
+        if !self.waiters.is_empty() {
+            self.settle(Dirty::of(&self.waiters, changed), ctx, effects);
+        }
+    }
+
+    /// Settles after `owner`'s locks on `changed` got weaker.
+    fn settle_owner(&mut self, owner: Owner, changed: &[Range], ctx: &Ctx<'_>, effects: &mut Vec<Effect>) {
+        if !self.waiters.is_empty() {
+            let mut dirty = Dirty::of(&self.waiters, changed);
+            self.owner_changed(owner, &mut dirty);
+            self.settle(dirty, ctx, effects);
+        }
+    }
+
+    /// Takes waiter `id` out of the queue and settles the bytes it wanted.
+    fn withdraw(&mut self, id: WaitId, ctx: &Ctx<'_>, effects: &mut Vec<Effect>) {
+        if let Some((w, range)) = self.waiters.remove(id) {
+            if w.kind == LockKind::Posix {
+                ctx.graph.lock().remove(w.owner, id);
+            }
+            let mut dirty = Dirty::of(&self.waiters, &[range]);
+            if w.kind.owner_merges() {
+                self.owner_changed(w.owner, &mut dirty);
+            }
+            self.reclassify(&w.followers, ctx, &mut dirty);
+            self.settle(dirty, ctx, effects);
         }
     }
 
@@ -350,7 +528,7 @@ impl Resource {
     pub fn release(&mut self, owner: Owner, kind: LockKind, range: Range, ctx: &Ctx<'_>, effects: &mut Vec<Effect>) {
         let mut changed = Vec::new();
         self.granted.set_owner_range(owner, kind, None, range, &mut changed);
-        self.settle(changed, ctx, effects);
+        self.settle_owner(owner, &changed, ctx, effects);
     }
 
     /// Releases every lock of `owner` here, as closing a file does.
@@ -359,7 +537,7 @@ impl Resource {
         let mut changed = Vec::new();
         let mut effects = Vec::new();
         self.granted.release_owner(owner, &mut changed);
-        self.settle(changed, ctx, &mut effects);
+        self.settle_owner(owner, &changed, ctx, &mut effects);
         Response { outcome: Outcome::Done, effects }
     }
 
@@ -368,12 +546,7 @@ impl Resource {
     /// nothing.
     pub fn cancel(&mut self, wait: u64, ctx: &Ctx<'_>) -> Response {
         let mut effects = Vec::new();
-        if let Some((w, range)) = self.waiters.remove(wait) {
-            if w.kind == LockKind::Posix {
-                ctx.graph.lock().remove(w.owner, wait);
-            }
-            self.settle(vec![range], ctx, &mut effects);
-        }
+        self.withdraw(wait, ctx, &mut effects);
         Response { outcome: Outcome::Done, effects }
     }
 
@@ -401,11 +574,11 @@ impl Resource {
         let node = self.dlm_lock(handle, owner)?;
         let mut effects = Vec::new();
         if let Some(wait) = self.waiters.conversion_of(handle) {
-            self.waiters.remove(wait);
+            self.withdraw(wait, ctx, &mut effects);
         }
         let (held, range) = self.granted.remove(node);
         self.write_lvb(held.mode, lvb);
-        self.settle(vec![range], ctx, &mut effects);
+        self.settle_ranges(&[range], ctx, &mut effects);
         Some(Response { outcome: Outcome::Done, effects })
     }
 

@@ -298,3 +298,23 @@ proptest! {
         run(LockKind::Posix, ops)?;
     }
 }
+
+/// Found by `ofd_matches_model` while followers were new: owner 3 waits
+/// behind owner 2 as a follower; when owner 1 is granted a read over owner
+/// 3's bytes, owner 3's request waits for owner 1 directly, so owner 1's
+/// queued read overtakes it and is granted. The follower's list does not
+/// say so; owner 1's heads must be looked at again when its locks change.
+#[test]
+fn a_grant_lets_the_grantees_waiters_overtake_followers() {
+    let set = |owner, write, start, len, wait| Op::Set { owner, write, start, len, wait };
+    let ops = vec![
+        set(0, false, 0, 0, false),
+        set(2, true, 0, 0, true),
+        set(3, true, 28, 9, true),
+        set(1, false, 27, 2, true),
+        set(1, false, 0, 1, false),
+        Op::Close { owner: 0 },
+        set(1, false, 29, 0, false),
+    ];
+    run(LockKind::Ofd, ops).unwrap();
+}

@@ -5,6 +5,7 @@
 //! run once: they are the slow side).
 
 mod flocks;
+mod handover;
 mod journal;
 mod kernel;
 mod netbench;
@@ -20,6 +21,9 @@ pub enum BenchCommand {
     /// Seed 000 (LU-17276): N locks on one file. Variants `plain`, `split`,
     /// `merge`, `same-range`; the kernel's fcntl on tmpfs beside each.
     Flocks(flocks::Args),
+    /// Seed 002 in the engine alone: K owners queued on one byte, the
+    /// holder unlocks and asks again: ns per hand-over as K grows.
+    Handover(handover::Args),
     /// Seed 004 (DLM): lock then unlock over R distinct resources: ns/op
     /// and bytes per live resource and per lock.
     Rsb(rsb::Args),
@@ -38,6 +42,7 @@ pub enum BenchCommand {
 pub fn run(cmd: BenchCommand) -> Result<(), String> {
     match cmd {
         BenchCommand::Flocks(args) => flocks::run(args),
+        BenchCommand::Handover(args) => handover::run(args),
         BenchCommand::Rsb(args) => rsb::run(args),
         BenchCommand::Journal(args) => journal::run(args),
         BenchCommand::Blocking(args) => netbench::blocking(args),

@@ -3,6 +3,7 @@
 //! Each starts its own server on a free loopback port (in this process, on
 //! its own runtime threads) unless given `--server`.
 
+use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
 use interlock_client::{Client, ClientOptions, LockSpec};
@@ -108,6 +109,8 @@ const BLOCKING_COLUMNS: &[(&str, &str)] = &[
     ("efficiency", "efficiency"),
     ("min", "min_grants"),
     ("max", "max_grants"),
+    ("hand-over p50", "handover_p50_us"),
+    ("hand-over p99", "handover_p99_us"),
 ];
 
 /// P owners over C connections loop: blocking write lock on byte 0 of one
@@ -117,8 +120,13 @@ pub fn blocking(args: BlockingArgs) -> Result<(), String> {
     let (addr, _own) = server_addr(&args.server)?;
     let hold = Duration::from_millis(args.hold.max(1));
     let (p, d) = (args.procs.max(1), args.duration);
-    let rt = runtime();
-    let (counts, secs) = rt.block_on(async {
+    // The owners run on one thread, as in a client process: a grant then
+    // wakes its owner on the thread that read it, with no second wake-up.
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
+    // When the last unlock was sent (ns since start): the next grant's
+    // arrival minus this is one hand-over as an owner sees it.
+    let unlocked_at = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(u64::MAX));
+    let (counts, secs, gaps) = rt.block_on(async {
         let mut clients = Vec::new();
         for _ in 0..args.clients.max(1) {
             let options = ClientOptions { no_local: args.no_local, ..ClientOptions::default() };
@@ -128,7 +136,9 @@ pub fn blocking(args: BlockingArgs) -> Result<(), String> {
         let tasks: Vec<_> = (0..p)
             .map(|i| {
                 let client = clients[i % clients.len()].clone();
+                let unlocked_at = unlocked_at.clone();
                 tokio::spawn(async move {
+                    let mut gaps = hdrhistogram::Histogram::<u64>::new(3).expect("histogram");
                     let spec = LockSpec {
                         resource: b"bench-blocking".to_vec(),
                         kind: Kind::Posix,
@@ -139,23 +149,34 @@ pub fn blocking(args: BlockingArgs) -> Result<(), String> {
                     let mut n = 0u64;
                     while start.elapsed().as_secs_f64() < d {
                         client.lock(&spec).await.map_err(|e| e.to_string())?;
+                        let at = unlocked_at.swap(u64::MAX, Relaxed);
+                        if let Some(gap) = (start.elapsed().as_nanos() as u64).checked_sub(at) {
+                            let _ = gaps.record(gap / 1000);
+                        }
                         n += 1;
                         precise_sleep(hold).await;
+                        unlocked_at.store(start.elapsed().as_nanos() as u64, Relaxed);
                         client.unlock(&spec).await.map_err(|e| e.to_string())?;
                         tokio::time::sleep(hold).await;
                     }
-                    Ok::<u64, String>(n)
+                    Ok::<_, String>((n, gaps))
                 })
             })
             .collect();
         let mut counts = Vec::new();
+        let mut gaps = hdrhistogram::Histogram::<u64>::new(3).expect("histogram");
         for t in tasks {
-            counts.push(t.await.map_err(|e| e.to_string())??);
+            let (n, g) = t.await.map_err(|e| e.to_string())??;
+            counts.push(n);
+            gaps.add(g).map_err(|e| e.to_string())?;
         }
-        Ok::<_, String>((counts, start.elapsed().as_secs_f64()))
+        Ok::<_, String>((counts, start.elapsed().as_secs_f64(), gaps))
     })?;
     let mut report = Report::new(args.json, BLOCKING_COLUMNS);
-    report.row(blocking_row("interlock", p, hold, d, secs, &counts));
+    let mut row = blocking_row("interlock", p, hold, d, secs, &counts);
+    row.insert("handover_p50_us".into(), json!(gaps.value_at_quantile(0.5)));
+    row.insert("handover_p99_us".into(), json!(gaps.value_at_quantile(0.99)));
+    report.row(row);
     if !args.no_kernel {
         match super::kernel::blocking(p, hold, d) {
             Ok((counts, secs)) => report.row(blocking_row("kernel", p, hold, d, secs, &counts)),
