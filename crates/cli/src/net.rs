@@ -59,6 +59,11 @@ pub struct ServeArgs {
     /// Requests one session may have queued.
     #[arg(long, default_value_t = 10_000)]
     max_waiters: usize,
+    /// Requests of one connection whose replies are not yet written out;
+    /// at the limit the server reads no more from it until the client
+    /// reads its replies.
+    #[arg(long, default_value_t = 4096)]
+    max_in_flight: usize,
 }
 
 pub fn serve(args: ServeArgs) -> ExitCode {
@@ -80,7 +85,11 @@ pub fn serve(args: ServeArgs) -> ExitCode {
         token,
         lease: Duration::from_millis(args.lease_ms.max(100)),
         recovery: Duration::from_millis(args.recovery_ms),
-        limits: interlock_server::Limits { max_locks: args.max_locks, max_waiters: args.max_waiters },
+        limits: interlock_server::Limits {
+            max_locks: args.max_locks,
+            max_waiters: args.max_waiters,
+            max_in_flight: args.max_in_flight,
+        },
     };
     match runtime().block_on(interlock_server::run(config, |addr| println!("interlock: listening on {addr}"))) {
         Ok(()) => ExitCode::SUCCESS,

@@ -277,3 +277,96 @@ fn abandoned_waits_never_leave_orphan_locks() {
         assert!(got.is_some(), "the lock is free");
     });
 }
+
+/// One length-prefixed frame of `msg`, as the codec writes it.
+fn raw_frame(msg: &interlock_proto::ClientMsg) -> Vec<u8> {
+    let body = interlock_proto::encode(msg);
+    let mut out = (body.len() as u32).to_be_bytes().to_vec();
+    out.extend(body);
+    out
+}
+
+fn read_raw_frame(r: &mut impl std::io::Read) -> Vec<u8> {
+    let mut len = [0u8; 4];
+    r.read_exact(&mut len).unwrap();
+    let mut body = vec![0u8; u32::from_be_bytes(len) as usize];
+    r.read_exact(&mut body).unwrap();
+    body
+}
+
+/// A client that pipelines requests and never reads the replies is held
+/// back at the in-flight limit: the server stops reading it instead of
+/// buffering replies without bound (without the limit it reads all N and
+/// queues N replies). Once the client reads, the replies come in order and
+/// the server reads on.
+#[test]
+fn a_client_that_does_not_read_its_replies_is_held_back() {
+    use interlock_proto::{ClientMsg, Op, ServerMsg, Target};
+    let data = tempfile::tempdir().unwrap();
+    let server = ServerProc::start(data.path(), "127.0.0.1:0", &["--max-in-flight", "64"]);
+    let rt = rt();
+    // A small receive buffer, so that the kernel's buffers hold few replies.
+    let stream = rt
+        .block_on(async {
+            let s = tokio::net::TcpSocket::new_v4()?;
+            s.set_recv_buffer_size(4096)?;
+            s.connect(server.addr.parse().unwrap()).await
+        })
+        .unwrap()
+        .into_std()
+        .unwrap();
+    stream.set_nonblocking(false).unwrap();
+    let mut reader = BufReader::new(stream.try_clone().unwrap());
+    let mut writer = stream.try_clone().unwrap();
+    let hello = ClientMsg::Hello { version: interlock_proto::VERSION, token: None, session: None };
+    writer.write_all(&raw_frame(&hello)).unwrap();
+    assert!(matches!(interlock_proto::decode(&read_raw_frame(&mut reader)).unwrap(), ServerMsg::Welcome { .. }));
+
+    const N: u64 = 1_000_000;
+    let sender = std::thread::spawn(move || {
+        let target = Target { resource: b"nothing".to_vec(), kind: Kind::Ofd, owner: 1, start: 0, end: 0 };
+        let mut buf = Vec::new();
+        for id in 0..N {
+            buf.extend(raw_frame(&ClientMsg::Request { id, op: Op::Unlock { target: target.clone() } }));
+            if buf.len() > 1 << 16 {
+                // Fails once the test hangs up.
+                if writer.write_all(&buf).is_err() {
+                    return;
+                }
+                buf.clear();
+            }
+        }
+        let _ = writer.write_all(&buf);
+    });
+    // Requests served so far, but the watcher's own status requests.
+    let watcher = rt.block_on(Client::connect(&server.addr, ClientOptions::default())).unwrap();
+    let mut asked = 0;
+    let mut served = || {
+        asked += 1;
+        rt.block_on(watcher.status()).unwrap().requests - asked
+    };
+    let mut plateau = 0;
+    loop {
+        std::thread::sleep(Duration::from_millis(300));
+        let now = served();
+        if now == plateau {
+            break;
+        }
+        plateau = now;
+    }
+    assert!(plateau < N / 2, "the server read {plateau} of {N} requests while no reply was read");
+    assert!(!sender.is_finished(), "the server took every request");
+    for id in 0..20_000 {
+        match interlock_proto::decode(&read_raw_frame(&mut reader)).unwrap() {
+            ServerMsg::Reply { id: got, .. } => assert_eq!(got, id),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    let t = Instant::now();
+    while served() <= plateau {
+        assert!(t.elapsed() < Duration::from_secs(10), "the server did not read on");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    stream.shutdown(std::net::Shutdown::Both).unwrap();
+    sender.join().unwrap();
+}

@@ -615,7 +615,7 @@ async fn run_connection(inner: Arc<Inner>, conn: Conn, resumed: bool, rx: mpsc::
     if !resumed {
         reclaim(&inner);
     }
-    let writer = tokio::spawn(proto::pump(rx, sink));
+    let writer = tokio::spawn(proto::pump(rx, sink, |_| {}));
     while let Some(Ok(frame)) = source.next().await {
         let Ok(msg) = proto::decode::<ServerMsg>(&frame) else {
             tracing::warn!("undecodable message from the server");

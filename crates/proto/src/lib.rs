@@ -206,8 +206,9 @@ pub fn codec() -> tokio_util::codec::LengthDelimitedCodec {
 
 /// Writes the messages from `rx` to `sink` until either ends; whatever is
 /// queued goes out in one write, so pipelined requests, their replies and
-/// pushed grants share system calls.
-pub async fn pump<T, S>(mut rx: tokio::sync::mpsc::UnboundedReceiver<T>, mut sink: S)
+/// pushed grants share system calls. `written` is told of each message
+/// once it is in the sink (the server counts replies out with it).
+pub async fn pump<T, S>(mut rx: tokio::sync::mpsc::UnboundedReceiver<T>, mut sink: S, mut written: impl FnMut(&T))
 where
     T: Serialize,
     S: futures::Sink<bytes::Bytes> + Unpin,
@@ -217,10 +218,12 @@ where
         if sink.feed(frame(&msg)).await.is_err() {
             return;
         }
+        written(&msg);
         while let Ok(more) = rx.try_recv() {
             if sink.feed(frame(&more)).await.is_err() {
                 return;
             }
+            written(&more);
         }
         if sink.flush().await.is_err() {
             return;

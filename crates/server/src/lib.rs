@@ -28,7 +28,7 @@ use interlock_core::{Effect, LockKind, LockRequest, LockSpace, Mode, Outcome, Ra
 use interlock_proto::{self as proto, ClientMsg, GrantInfo, Kind, Op, Reply, ServerMsg, StatusInfo, Target};
 use parking_lot::Mutex;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::mpsc;
+use tokio::sync::{Semaphore, mpsc};
 use tokio_util::codec::Framed;
 
 use session::{Sessions, Track};
@@ -40,11 +40,16 @@ pub struct Limits {
     pub max_locks: usize,
     /// Requests a session may have queued at once.
     pub max_waiters: usize,
+    /// Requests of one connection whose replies are not yet written out.
+    /// At the limit the server stops reading that connection until the
+    /// client reads its replies: a client that pipelines without reading
+    /// is slowed down, and cannot make the server buffer without bound.
+    pub max_in_flight: usize,
 }
 
 impl Default for Limits {
     fn default() -> Self {
-        Limits { max_locks: 100_000, max_waiters: 10_000 }
+        Limits { max_locks: 100_000, max_waiters: 10_000, max_in_flight: 4096 }
     }
 }
 
@@ -480,9 +485,21 @@ async fn connection(inner: Arc<Inner>, stream: TcpStream, peer: SocketAddr) {
         return;
     }
     inner.sessions.flush_backlog(sid);
-    let writer = tokio::spawn(proto::pump(rx, sink));
+    // One permit per request read, given back when its reply is written.
+    let in_flight = Arc::new(Semaphore::new(inner.config.limits.max_in_flight.max(1)));
+    let replies_out = in_flight.clone();
+    let writer = tokio::spawn(proto::pump(rx, sink, move |m| {
+        if matches!(m, ServerMsg::Reply { .. }) {
+            replies_out.add_permits(1);
+        }
+    }));
     let mut bye = false;
-    while let Some(frame) = source.next().await {
+    loop {
+        match in_flight.acquire().await {
+            Ok(permit) => permit.forget(),
+            Err(_) => break,
+        }
+        let Some(frame) = source.next().await else { break };
         let frame = match frame {
             Ok(f) => f,
             Err(e) => {
