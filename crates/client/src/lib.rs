@@ -615,7 +615,8 @@ async fn run_connection(inner: Arc<Inner>, conn: Conn, resumed: bool, rx: mpsc::
     if !resumed {
         reclaim(&inner);
     }
-    let writer = tokio::spawn(proto::pump(rx, sink, |_| {}));
+    let tables = inner.clone();
+    let writer = tokio::spawn(proto::pump(rx, sink, move || tables.tables.lock().pending.len() > 1));
     while let Some(Ok(frame)) = source.next().await {
         let Ok(msg) = proto::decode::<ServerMsg>(&frame) else {
             tracing::warn!("undecodable message from the server");

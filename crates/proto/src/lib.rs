@@ -205,10 +205,10 @@ pub fn codec() -> tokio_util::codec::LengthDelimitedCodec {
 }
 
 /// Writes the messages from `rx` to `sink` until either ends; whatever is
-/// queued goes out in one write, so pipelined requests, their replies and
-/// pushed grants share system calls. `written` is told of each message
-/// once it is in the sink (the server counts replies out with it).
-pub async fn pump<T, S>(mut rx: tokio::sync::mpsc::UnboundedReceiver<T>, mut sink: S, mut written: impl FnMut(&T))
+/// queued goes out in one write, so pipelined requests share system calls.
+/// While `busy()` says other callers have requests outstanding (and so
+/// are about to send more), it lets them run before writing.
+pub async fn pump<T, S>(mut rx: tokio::sync::mpsc::UnboundedReceiver<T>, mut sink: S, busy: impl Fn() -> bool)
 where
     T: Serialize,
     S: futures::Sink<bytes::Bytes> + Unpin,
@@ -218,12 +218,24 @@ where
         if sink.feed(frame(&msg)).await.is_err() {
             return;
         }
-        written(&msg);
-        while let Ok(more) = rx.try_recv() {
-            if sink.feed(frame(&more)).await.is_err() {
-                return;
+        // Let the callers that are ready run before writing, and take what
+        // they queue, while they keep queueing (a few rounds at most): many
+        // then share one write. A lone caller's request goes out at once.
+        for _ in 0..3 {
+            if !busy() {
+                break;
             }
-            written(&more);
+            tokio::task::yield_now().await;
+            let mut more_queued = false;
+            while let Ok(more) = rx.try_recv() {
+                more_queued = true;
+                if sink.feed(frame(&more)).await.is_err() {
+                    return;
+                }
+            }
+            if !more_queued {
+                break;
+            }
         }
         if sink.flush().await.is_err() {
             return;

@@ -23,12 +23,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use futures::{SinkExt, StreamExt};
+use bytes::BytesMut;
+use futures::{FutureExt, SinkExt, StreamExt};
 use interlock_core::{Effect, LockKind, LockRequest, LockSpace, Mode, Outcome, Range};
 use interlock_proto::{self as proto, ClientMsg, GrantInfo, Kind, Op, Reply, ServerMsg, StatusInfo, Target};
 use parking_lot::Mutex;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{Semaphore, mpsc};
+use tokio::sync::mpsc;
 use tokio_util::codec::Framed;
 
 use session::{Sessions, Track};
@@ -471,7 +472,7 @@ async fn connection(inner: Arc<Inner>, stream: TcpStream, peer: SocketAddr) {
         let _ = framed.send(proto::frame(&refuse("authentication failed: wrong or missing token".into()))).await;
         return;
     }
-    let (tx, rx) = mpsc::unbounded_channel::<ServerMsg>();
+    let (tx, mut rx) = mpsc::unbounded_channel::<ServerMsg>();
     let (sid, resumed) = inner.sessions.attach(session, tx.clone());
     let welcome = ServerMsg::Welcome {
         version: proto::VERSION,
@@ -485,60 +486,124 @@ async fn connection(inner: Arc<Inner>, stream: TcpStream, peer: SocketAddr) {
         return;
     }
     inner.sessions.flush_backlog(sid);
-    // One permit per request read, given back when its reply is written.
-    let in_flight = Arc::new(Semaphore::new(inner.config.limits.max_in_flight.max(1)));
-    let replies_out = in_flight.clone();
-    let writer = tokio::spawn(proto::pump(rx, sink, move |m| {
-        if matches!(m, ServerMsg::Reply { .. }) {
-            replies_out.add_permits(1);
-        }
-    }));
-    let mut bye = false;
+    let bye = serve_connection(&inner, sid, peer, &mut source, &mut sink, &mut rx).await;
+    if bye {
+        end_session(&inner, sid);
+    } else {
+        inner.sessions.detach(sid, &tx);
+    }
+}
+
+/// What the connection does next.
+enum Next {
+    Push(ServerMsg),
+    Frame(Option<Result<BytesMut, std::io::Error>>),
+    Flush,
+}
+
+/// Serves one connection's requests, answering each at once, and writes
+/// its pushed messages. One task does both, so a burst of pipelined
+/// requests is read, answered and written back in one write, without a
+/// hand-off to another task per reply. It reads ahead at most
+/// `max_in_flight` requests before writing their replies, and reads
+/// nothing while it cannot write: a client that does not read its
+/// replies is held back. Returns whether the client said `Bye`.
+async fn serve_connection(
+    inner: &Inner,
+    sid: u64,
+    peer: SocketAddr,
+    source: &mut (impl futures::Stream<Item = Result<BytesMut, std::io::Error>> + Unpin),
+    sink: &mut (impl futures::Sink<bytes::Bytes, Error = std::io::Error> + Unpin),
+    rx: &mut mpsc::UnboundedReceiver<ServerMsg>,
+) -> bool {
+    let limit = inner.config.limits.max_in_flight.max(1);
+    let mut unflushed = 0usize;
     loop {
-        match in_flight.acquire().await {
-            Ok(permit) => permit.forget(),
-            Err(_) => break,
-        }
-        let Some(frame) = source.next().await else { break };
-        let frame = match frame {
-            Ok(f) => f,
-            Err(e) => {
-                tracing::warn!(%peer, session = sid, error = %e, "bad frame; closing the connection");
-                break;
+        let next = if unflushed == 0 {
+            tokio::select! {
+                m = rx.recv() => match m {
+                    Some(m) => Next::Push(m),
+                    None => return false,
+                },
+                f = source.next() => Next::Frame(f),
             }
+        } else if let Ok(m) = rx.try_recv() {
+            Next::Push(m)
+        } else if unflushed < limit
+            && let Some(f) = source.next().now_or_never()
+        {
+            Next::Frame(f)
+        } else {
+            Next::Flush
         };
-        let (id, op) = match proto::decode::<ClientMsg>(&frame) {
-            Ok(ClientMsg::Request { id, op }) => (id, op),
-            Ok(ClientMsg::Hello { .. }) => {
-                tracing::warn!(%peer, session = sid, "second hello; closing the connection");
-                break;
+        let (id, op) = match next {
+            Next::Push(m) => {
+                if sink.feed(proto::frame(&m)).await.is_err() {
+                    return false;
+                }
+                unflushed += 1;
+                continue;
             }
-            Err(e) => {
-                tracing::warn!(%peer, session = sid, error = %e, "undecodable request; closing the connection");
-                break;
+            Next::Flush => {
+                if sink.flush().await.is_err() {
+                    return false;
+                }
+                unflushed = 0;
+                continue;
             }
+            Next::Frame(f) => match read_request(f, sid, peer) {
+                Some(req) => req,
+                None => return false,
+            },
         };
         if !inner.sessions.alive(sid) {
-            break;
+            return false;
         }
         // After a restart, only reclaims go through until the window ends.
         let reclaim = matches!(op, Op::Lock { reclaim: true, .. });
         if !reclaim && let Some(left) = inner.recovering() {
             tokio::time::sleep(left).await;
         }
-        bye = matches!(op, Op::Bye);
-        let reply = handle(&inner, sid, id, op);
-        if tx.send(ServerMsg::Reply { id, reply }).is_err() || bye {
-            break;
+        let bye = matches!(op, Op::Bye);
+        let reply = handle(inner, sid, id, op);
+        // Pushes first: a grant that raced a cancel must reach the client
+        // before the cancel's reply does.
+        while let Ok(m) = rx.try_recv() {
+            if sink.feed(proto::frame(&m)).await.is_err() {
+                return false;
+            }
+        }
+        if sink.feed(proto::frame(&ServerMsg::Reply { id, reply })).await.is_err() {
+            return false;
+        }
+        unflushed += 1;
+        if bye {
+            let _ = sink.flush().await;
+            return true;
         }
     }
-    if bye {
-        end_session(&inner, sid);
-    } else {
-        inner.sessions.detach(sid, &tx);
+}
+
+/// The request in a frame, or `None` (logged) if the connection must close.
+fn read_request(frame: Option<Result<BytesMut, std::io::Error>>, sid: u64, peer: SocketAddr) -> Option<(u64, Op)> {
+    let frame = match frame? {
+        Ok(f) => f,
+        Err(e) => {
+            tracing::warn!(%peer, session = sid, error = %e, "bad frame; closing the connection");
+            return None;
+        }
+    };
+    match proto::decode::<ClientMsg>(&frame) {
+        Ok(ClientMsg::Request { id, op }) => Some((id, op)),
+        Ok(ClientMsg::Hello { .. }) => {
+            tracing::warn!(%peer, session = sid, "second hello; closing the connection");
+            None
+        }
+        Err(e) => {
+            tracing::warn!(%peer, session = sid, error = %e, "undecodable request; closing the connection");
+            None
+        }
     }
-    drop(tx);
-    let _ = writer.await;
 }
 
 /// Serves on `config` until Ctrl-C or SIGTERM; `bound` is told the
