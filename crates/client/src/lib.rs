@@ -17,7 +17,7 @@
 //!   A non-blocking one fails at once. Unlocks are sent at once and never
 //!   wait behind lock requests.
 
-use std::collections::{HashMap, HashSet};
+use foldhash::{HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;

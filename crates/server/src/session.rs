@@ -5,7 +5,7 @@
 //! across I/O or an engine call), and the engine is always called outside
 //! it.
 
-use std::collections::{HashMap, HashSet};
+use foldhash::{HashMap, HashSet};
 use std::hash::{BuildHasher, RandomState};
 use std::time::{Duration, Instant};
 
@@ -109,8 +109,8 @@ impl Sessions {
             tx: Some(tx),
             backlog: Vec::new(),
             last_seen: Instant::now(),
-            held: HashSet::new(),
-            waits: HashMap::new(),
+            held: HashSet::default(),
+            waits: HashMap::default(),
         };
         st.sessions.insert(sid, session);
         (sid, false)

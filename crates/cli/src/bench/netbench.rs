@@ -138,7 +138,7 @@ pub fn blocking(args: BlockingArgs) -> Result<(), String> {
                 let client = clients[i % clients.len()].clone();
                 let unlocked_at = unlocked_at.clone();
                 tokio::spawn(async move {
-                    let mut gaps = hdrhistogram::Histogram::<u64>::new(3).expect("histogram");
+                    let mut gaps = micros();
                     let spec = LockSpec {
                         resource: b"bench-blocking".to_vec(),
                         kind: Kind::Posix,
@@ -164,7 +164,7 @@ pub fn blocking(args: BlockingArgs) -> Result<(), String> {
             })
             .collect();
         let mut counts = Vec::new();
-        let mut gaps = hdrhistogram::Histogram::<u64>::new(3).expect("histogram");
+        let mut gaps = micros();
         for t in tasks {
             let (n, g) = t.await.map_err(|e| e.to_string())??;
             counts.push(n);
@@ -184,6 +184,12 @@ pub fn blocking(args: BlockingArgs) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// A histogram of microseconds up to an hour, sized once: an
+/// auto-resizing one costs the run more than the requests it measures.
+fn micros() -> hdrhistogram::Histogram<u64> {
+    hdrhistogram::Histogram::new_with_bounds(1, 3_600_000_000, 3).expect("valid bounds")
 }
 
 /// Holds for `d` as exactly as the kernel anchor's `usleep`: tokio's timer
@@ -249,7 +255,7 @@ pub fn net(args: NetArgs) -> Result<(), String> {
             .map(|i| {
                 let client = clients[i % clients.len()].clone();
                 tokio::spawn(async move {
-                    let mut hist = hdrhistogram::Histogram::<u64>::new(3).expect("histogram");
+                    let mut hist = micros();
                     let mut ops = 0u64;
                     let mut n = 0u64;
                     while start.elapsed() < d {
@@ -274,7 +280,7 @@ pub fn net(args: NetArgs) -> Result<(), String> {
             })
             .collect();
         let mut total = 0;
-        let mut hist = hdrhistogram::Histogram::<u64>::new(3).expect("histogram");
+        let mut hist = micros();
         for t in tasks {
             let (o, h) = t.await.map_err(|e| e.to_string())??;
             total += o;

@@ -37,6 +37,7 @@ const COLUMNS: &[(&str, &str)] = &[
 ];
 
 pub fn run(args: Args) -> Result<(), String> {
+    crate::alloc::count();
     let mut report = Report::new(args.json, COLUMNS);
     // Measured first, while no other lock space's memory is being freed.
     let per_lock = bytes_per_lock(1_000_000);
