@@ -289,17 +289,14 @@ impl Client {
                 t.waits.insert(id, (grant_tx, op.clone()));
             }
         }
-        let mut guard = WaitGuard { inner: &self.inner, id, op: Some(op.clone()), reply_rx, grant_rx, queued: false };
+        let mut guard = WaitGuard { inner: &self.inner, id, op: Some(op.clone()), reply_rx, grant_rx };
         if !send(&self.inner, ClientMsg::Request { id, op }) {
             return Err(ClientError::ConnectionLost);
         }
         let reply = (&mut guard.reply_rx).await.map_err(|_| ClientError::ConnectionLost)?;
         let grant = match reply {
             Reply::Granted(g) => g,
-            Reply::Queued => {
-                guard.queued = true;
-                (&mut guard.grant_rx).await.map_err(|_| ClientError::ConnectionLost)?
-            }
+            Reply::Queued => (&mut guard.grant_rx).await.map_err(|_| ClientError::ConnectionLost)?,
             Reply::WouldBlock => {
                 guard.forget();
                 return Ok(None);
@@ -468,8 +465,6 @@ struct WaitGuard<'a> {
     op: Option<Op>,
     reply_rx: oneshot::Receiver<Reply>,
     grant_rx: oneshot::Receiver<GrantInfo>,
-    /// The reply was `Queued` (consumed): the grant is what may come.
-    queued: bool,
 }
 
 impl WaitGuard<'_> {
@@ -505,8 +500,11 @@ impl Drop for WaitGuard<'_> {
                 self.inner.tables.lock().abandoned.remove(&self.id);
                 return;
             }
-            Err(_) if self.queued => self.grant_rx.try_recv().ok(),
-            Err(_) => None,
+            // No reply (or `Queued`, consumed): a grant may have come
+            // first all the same (the server writes the pushes it made
+            // before a request's reply ahead of it), and with `waits` no
+            // longer listing us, what is in the receiver is all there is.
+            Err(_) => self.grant_rx.try_recv().ok(),
         };
         match grant {
             Some(g) => {

@@ -508,19 +508,20 @@ impl Resource {
         }
     }
 
-    /// Takes waiter `id` out of the queue and settles the bytes it wanted.
-    fn withdraw(&mut self, id: WaitId, ctx: &Ctx<'_>, effects: &mut Vec<Effect>) {
-        if let Some((w, range)) = self.waiters.remove(id) {
-            if w.kind == LockKind::Posix {
-                ctx.graph.lock().remove(w.owner, id);
-            }
-            let mut dirty = Dirty::of(&self.waiters, &[range]);
-            if w.kind.owner_merges() {
-                self.owner_changed(w.owner, &mut dirty);
-            }
-            self.reclassify(&w.followers, ctx, &mut dirty);
-            self.settle(dirty, ctx, effects);
+    /// Takes waiter `id` out of the queue and settles the bytes it wanted;
+    /// whether it was queued.
+    fn withdraw(&mut self, id: WaitId, ctx: &Ctx<'_>, effects: &mut Vec<Effect>) -> bool {
+        let Some((w, range)) = self.waiters.remove(id) else { return false };
+        if w.kind == LockKind::Posix {
+            ctx.graph.lock().remove(w.owner, id);
         }
+        let mut dirty = Dirty::of(&self.waiters, &[range]);
+        if w.kind.owner_merges() {
+            self.owner_changed(w.owner, &mut dirty);
+        }
+        self.reclassify(&w.followers, ctx, &mut dirty);
+        self.settle(dirty, ctx, effects);
+        true
     }
 
     /// Unlocks `range` of `owner` (POSIX, OFD, flock). Unlocking bytes not
@@ -542,12 +543,12 @@ impl Resource {
     }
 
     /// Withdraws a queued request; the waiters behind it may go. O(log n +
-    /// k). Cancelling a wait that was already granted or never existed does
-    /// nothing.
+    /// k). Cancelling a wait that was already granted or never existed
+    /// changes nothing and answers `NotQueued`.
     pub fn cancel(&mut self, wait: u64, ctx: &Ctx<'_>) -> Response {
         let mut effects = Vec::new();
-        self.withdraw(wait, ctx, &mut effects);
-        Response { outcome: Outcome::Done, effects }
+        let outcome = if self.withdraw(wait, ctx, &mut effects) { Outcome::Done } else { Outcome::NotQueued };
+        Response { outcome, effects }
     }
 
     /// The DLM lock `handle` if `owner` holds it here.
@@ -574,7 +575,7 @@ impl Resource {
         let node = self.dlm_lock(handle, owner)?;
         let mut effects = Vec::new();
         if let Some(wait) = self.waiters.conversion_of(handle) {
-            self.withdraw(wait, ctx, &mut effects);
+            let _ = self.withdraw(wait, ctx, &mut effects);
         }
         let (held, range) = self.granted.remove(node);
         self.write_lvb(held.mode, lvb);

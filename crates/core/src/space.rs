@@ -219,10 +219,11 @@ impl LockSpace {
     }
 
     /// Withdraws a queued request (the caller gave up, timed out, or its
-    /// session ended). The waiters behind it may be granted. O(log n + k).
+    /// session ended): `Done`, or `NotQueued` if it was not waiting (granted
+    /// already). The waiters behind it may be granted. O(log n + k).
     pub fn cancel(&self, resource: &[u8], kind: LockKind, wait: WaitId) -> Result<Response, LockError> {
         let out = self.with(kind.namespace(), resource, false, |r, ctx| r.cancel(wait, ctx))?;
-        Ok(out.unwrap_or_else(|| Response::new(crate::Outcome::Done)))
+        Ok(out.unwrap_or_else(|| Response::new(crate::Outcome::NotQueued)))
     }
 
     /// Releases DLM lock `lock`, storing `lvb` as the resource's value block

@@ -113,9 +113,14 @@ pub enum Outcome {
     /// Waiting would close a cycle of POSIX owners waiting for each other
     /// (`EDEADLK`). Nothing changed.
     Deadlock,
-    /// An unlock, release or cancel took effect (or had nothing to do, which
-    /// POSIX does not count as an error).
+    /// An unlock, release or cancel took effect (or, for an unlock, had
+    /// nothing to do, which POSIX does not count as an error).
     Done,
+    /// A cancel found no such wait: it was granted already (its
+    /// [`Effect::Granted`] went out with the call that granted it) or
+    /// never queued. A caller racing a grant learns from this that the
+    /// lock is the waiter's and must be given back.
+    NotQueued,
 }
 
 /// Work the caller must carry out for others.

@@ -148,8 +148,15 @@ fn cancel_lets_the_next_waiter_in() {
     let writer = queued(&lock(&s, b"f", 2, o, Mode::EX, r(0, 9), true));
     let reader = queued(&lock(&s, b"f", 3, o, Mode::PR, r(0, 9), true));
     let resp = s.cancel(b"f", o, writer).unwrap();
+    assert_eq!(resp.outcome, Outcome::Done);
     assert_eq!(grants(&resp), vec![reader]);
     assert_eq!(s.stats().waiters, 0);
+    // The reader was granted: cancelling it now (a cancel racing the grant)
+    // says so, and changes nothing.
+    let late = s.cancel(b"f", o, reader).unwrap();
+    assert_eq!(late.outcome, Outcome::NotQueued);
+    assert!(late.effects.is_empty());
+    assert_eq!(s.stats().locks, 2);
 }
 
 #[test]

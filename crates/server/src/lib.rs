@@ -32,7 +32,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 use tokio_util::codec::Framed;
 
-use session::{Sessions, Track};
+use session::{Raced, Sessions, Track};
 
 /// Per-session limits.
 #[derive(Clone, Debug)]
@@ -210,11 +210,16 @@ fn end_session(inner: &Inner, sid: u64) {
             Track::Owned { resource, kind, owner } => inner.space.release_owner(resource, *owner, *kind),
             Track::Dlm { resource, owner, handle } => inner.space.dlm_unlock(resource, *owner, *handle, None),
             Track::Wait { resource, kind, wait, owner } => {
-                let resp = inner.space.cancel(resource, *kind, *wait);
-                if let Ok(resp) = resp {
+                if let Ok(resp) = inner.space.cancel(resource, *kind, *wait) {
+                    let granted = resp.outcome == Outcome::NotQueued;
                     deliver(inner, resource, resp.effects);
+                    if granted {
+                        let r = Raced { resource: resource.clone(), kind: *kind, owner: *owner, range: None };
+                        if let Some((r, g)) = inner.sessions.raced(*wait, r) {
+                            release_raced(inner, r, g);
+                        }
+                    }
                 }
-                give_back_raced(inner, resource, *kind, *wait, *owner);
                 continue;
             }
         };
@@ -224,17 +229,16 @@ fn end_session(inner: &Inner, sid: u64) {
     }
 }
 
-/// After an ending session's wait was withdrawn: if the engine had granted
-/// it just before (the grant went to the `early` stash, since the wait was
-/// no longer indexed), release that lock too, so no grant is orphaned.
-fn give_back_raced(inner: &Inner, resource: &[u8], kind: LockKind, wait: interlock_core::WaitId, owner: u64) {
-    let Some(grant) = inner.sessions.take_early(wait) else { return };
-    let resp = match (kind, grant.handle) {
-        (LockKind::Dlm, Some(handle)) => inner.space.dlm_unlock(resource, owner, handle, None),
-        _ => inner.space.release_owner(resource, owner, kind),
+/// Releases a lock granted to a wait that was withdrawn (see [`Raced`]),
+/// so that no grant is orphaned.
+fn release_raced(inner: &Inner, r: Raced, grant: GrantInfo) {
+    let resp = match (r.kind, grant.handle, r.range) {
+        (LockKind::Dlm, Some(handle), _) => inner.space.dlm_unlock(&r.resource, r.owner, handle, None),
+        (_, _, Some(range)) => inner.space.unlock(&r.resource, r.owner, r.kind, range),
+        _ => inner.space.release_owner(&r.resource, r.owner, r.kind),
     };
     if let Ok(resp) = resp {
-        deliver(inner, resource, resp.effects);
+        deliver(inner, &r.resource, resp.effects);
     }
 }
 
@@ -284,9 +288,11 @@ impl Inner {
 fn deliver(inner: &Inner, resource: &[u8], effects: Vec<Effect>) {
     for e in effects {
         match e {
-            Effect::Granted { wait, owner, grant } => {
+            Effect::Granted { wait, grant, .. } => {
                 let info = inner.grant_info(grant);
-                inner.sessions.granted(wait, owner >> 32, info);
+                if let Some((r, g)) = inner.sessions.granted(wait, info) {
+                    release_raced(inner, r, g);
+                }
             }
             Effect::Blocking { lock, owner, held, wanted } => {
                 let msg = ServerMsg::Blocking {
@@ -347,7 +353,7 @@ fn execute(inner: &Inner, sid: u64, id: u64, op: Op) -> Result<Reply, String> {
                 }
                 Outcome::WouldBlock => Reply::WouldBlock,
                 Outcome::Deadlock => Reply::Deadlock,
-                Outcome::Done => Reply::Done,
+                Outcome::Done | Outcome::NotQueued => Reply::Done,
             };
             deliver(inner, &target.resource, resp.effects);
             Ok(reply)
@@ -381,18 +387,18 @@ fn execute(inner: &Inner, sid: u64, id: u64, op: Op) -> Result<Reply, String> {
             Ok(Reply::Done)
         }
         Op::Cancel { request } => {
-            if let Some(Track::Wait { resource, kind, wait, owner }) = inner.sessions.take_wait(sid, request) {
+            if let Some((Track::Wait { resource, kind, wait, owner }, range)) = inner.sessions.take_wait(sid, request) {
                 let resp = inner.space.cancel(&resource, kind, wait).map_err(err)?;
+                let granted = resp.outcome == Outcome::NotQueued;
                 deliver(inner, &resource, resp.effects);
-                // The grant won the race: the lock is the client's, which
-                // gives back a grant for a request it abandoned.
-                if let Some(grant) = inner.sessions.take_early(wait) {
-                    let held = match (kind, grant.handle) {
-                        (LockKind::Dlm, Some(handle)) => Track::Dlm { resource, owner, handle },
-                        _ => Track::Owned { resource, kind, owner },
-                    };
-                    inner.sessions.track(sid, held);
-                    inner.sessions.push(sid, ServerMsg::Granted { id: request, grant });
+                if granted {
+                    // The grant won the race (it was not yet reported, or
+                    // it would have been pushed ahead of this reply): the
+                    // client gave up the request, so it is given back here.
+                    let r = Raced { resource, kind, owner, range };
+                    if let Some((r, g)) = inner.sessions.raced(wait, r) {
+                        release_raced(inner, r, g);
+                    }
                 }
             }
             Ok(Reply::Done)
@@ -421,7 +427,7 @@ fn execute(inner: &Inner, sid: u64, id: u64, op: Op) -> Result<Reply, String> {
                 }
                 Outcome::WouldBlock => Reply::WouldBlock,
                 Outcome::Deadlock => Reply::Deadlock,
-                Outcome::Done => Reply::Done,
+                Outcome::Done | Outcome::NotQueued => Reply::Done,
             };
             deliver(inner, &resource, resp.effects);
             Ok(reply)

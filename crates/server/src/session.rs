@@ -9,7 +9,7 @@ use foldhash::{HashMap, HashSet};
 use std::hash::{BuildHasher, RandomState};
 use std::time::{Duration, Instant};
 
-use interlock_core::{LockKind, WaitId};
+use interlock_core::{LockKind, Range, WaitId};
 use interlock_proto::{GrantInfo, Kind, ServerMsg, Target};
 use tokio::sync::mpsc::UnboundedSender;
 
@@ -51,6 +51,20 @@ struct Waiting {
     owner: u64,
 }
 
+/// A withdrawn wait that the engine had granted just before the withdrawal
+/// (its cancel answered `NotQueued`): the lock is released as soon as its
+/// grant is reported, which may be before or after the withdrawal sees it.
+/// The server gives it back itself: the client abandoned the request, and
+/// a grant pushed after the cancel's reply would find it forgotten.
+pub(crate) struct Raced {
+    pub resource: Vec<u8>,
+    pub kind: LockKind,
+    pub owner: u64,
+    /// The bytes the request asked for; `None`: every lock of the owner
+    /// here (its session ended).
+    pub range: Option<Range>,
+}
+
 struct Session {
     tx: Option<UnboundedSender<ServerMsg>>,
     backlog: Vec<ServerMsg>,
@@ -66,8 +80,11 @@ struct State {
     /// Engine wait id -> (session, request id).
     waits: HashMap<WaitId, (u64, u64)>,
     /// Grants that the engine reported before the request's `Queued` was
-    /// recorded (another connection's unlock raced it).
+    /// recorded (another connection's unlock raced it), or before the
+    /// withdrawal of their wait claimed them.
     early: HashMap<WaitId, GrantInfo>,
+    /// Withdrawn waits whose grant has yet to be reported.
+    raced: HashMap<WaitId, Raced>,
     counter: u64,
 }
 
@@ -200,35 +217,49 @@ impl Sessions {
         None
     }
 
-    /// A queued request was granted: track it and push the grant.
-    pub fn granted(&self, wait: WaitId, _sid_hint: u64, grant: GrantInfo) {
+    /// A queued request was granted: track it and push the grant. Returns
+    /// a grant whose wait was withdrawn (see [`Raced`]), which the caller
+    /// releases.
+    pub fn granted(&self, wait: WaitId, grant: GrantInfo) -> Option<(Raced, GrantInfo)> {
         let mut st = self.state.lock();
         let Some((sid, id)) = st.waits.remove(&wait) else {
+            if let Some(r) = st.raced.remove(&wait) {
+                return Some((r, grant));
+            }
             st.early.insert(wait, grant);
-            return;
+            return None;
         };
-        let Some(s) = st.sessions.get_mut(&sid) else { return };
+        let s = st.sessions.get_mut(&sid)?;
         if let Some(w) = s.waits.remove(&id) {
             s.held.insert(Track::held(&w.target, w.owner, grant.handle));
         }
         send(s, ServerMsg::Granted { id, grant });
+        None
     }
 
-    /// A grant that raced the withdrawal of its wait (the engine granted
-    /// it just before a cancel or the session's end took it out of the
-    /// index), if there was one: the caller must give it back.
-    pub fn take_early(&self, wait: WaitId) -> Option<GrantInfo> {
-        self.state.lock().early.remove(&wait)
+    /// A withdrawn wait that the engine had granted already (its cancel
+    /// answered `NotQueued`): returns its grant to release now if it was
+    /// reported already; else `granted` returns it when it is.
+    pub fn raced(&self, wait: WaitId, r: Raced) -> Option<(Raced, GrantInfo)> {
+        let mut st = self.state.lock();
+        match st.early.remove(&wait) {
+            Some(grant) => Some((r, grant)),
+            None => {
+                st.raced.insert(wait, r);
+                None
+            }
+        }
     }
 
     /// Withdraws request `id`'s wait, if it still waits.
-    pub fn take_wait(&self, sid: u64, id: u64) -> Option<Track> {
+    /// Returns the wait and the bytes it asked for.
+    pub fn take_wait(&self, sid: u64, id: u64) -> Option<(Track, Option<Range>)> {
         let mut st = self.state.lock();
         let w = st.sessions.get_mut(&sid)?.waits.remove(&id)?;
         if let Track::Wait { wait, .. } = &w.track {
             st.waits.remove(wait);
         }
-        Some(w.track)
+        Some((w.track, Range::new(w.target.start, w.target.end).ok()))
     }
 
     /// Sends to the session's connection, or keeps it for the next one.
