@@ -370,3 +370,30 @@ fn a_client_that_does_not_read_its_replies_is_held_back() {
     stream.shutdown(std::net::Shutdown::Both).unwrap();
     sender.join().unwrap();
 }
+
+/// Locks given back by unlock no longer count against the session's
+/// limit: a long-lived session may lock and unlock any number of names.
+#[test]
+fn unlocked_locks_do_not_count_against_the_session_limit() {
+    let data = tempfile::tempdir().unwrap();
+    let server = ServerProc::start(data.path(), "127.0.0.1:0", &["--max-locks", "10"]);
+    rt().block_on(async {
+        let c = Client::connect(&server.addr, ClientOptions::default()).await.unwrap();
+        for i in 0..50 {
+            let s = LockSpec {
+                resource: format!("file-{i}").into_bytes(),
+                kind: Kind::Posix,
+                owner: 1,
+                mode: Mode::EX,
+                range: Range::new(0, 9).unwrap(),
+            };
+            c.lock(&s).await.unwrap_or_else(|e| panic!("lock {i}: {e}"));
+            c.unlock(&s).await.unwrap();
+        }
+        // The limit still holds for locks actually held.
+        for i in 0..10 {
+            c.lock(&spec(&format!("held-{i}"), 1)).await.unwrap();
+        }
+        assert!(c.lock(&spec("one-too-many", 1)).await.is_err());
+    });
+}

@@ -131,6 +131,11 @@ impl Resource {
         self.granted.is_empty() && self.waiters.is_empty()
     }
 
+    /// Whether `owner` holds any lock here. O(1).
+    pub fn owner_holds(&self, owner: Owner) -> bool {
+        self.granted.owner_holds(owner)
+    }
+
     pub fn lock_count(&self) -> usize {
         self.granted.len()
     }

@@ -192,6 +192,12 @@ impl LockSpace {
         Ok(Response { outcome: crate::Outcome::Done, effects: out.unwrap_or_default() })
     }
 
+    /// Whether `owner` holds any POSIX, OFD or flock lock on `resource`.
+    /// O(1) expected.
+    pub fn holds(&self, resource: &[u8], owner: Owner, kind: LockKind) -> Result<bool, LockError> {
+        Ok(self.with(kind.namespace(), resource, false, |r, _| r.owner_holds(owner))?.unwrap_or(false))
+    }
+
     /// `F_GETLK`: a held lock of another owner that a `mode` lock on `range`
     /// would conflict with (for DLM: any held lock, the owner's own
     /// included). Queued requests are not reported, as in POSIX. O(log n).

@@ -281,3 +281,16 @@ fn reclaim_frees_idle_resources_after_the_grace_period() {
     s.reclaim(0);
     assert_eq!(s.reclaim(10), 10);
 }
+
+#[test]
+fn holds_says_whether_an_owner_has_any_lock_left() {
+    let s = LockSpace::default();
+    let o = LockKind::Posix;
+    assert!(!s.holds(b"f", 1, o).unwrap(), "no resource yet");
+    granted(&lock(&s, b"f", 1, o, Mode::EX, r(0, 9), false));
+    s.unlock(b"f", 1, o, r(0, 4)).unwrap();
+    assert!(s.holds(b"f", 1, o).unwrap(), "bytes 5-9 are still held");
+    assert!(!s.holds(b"f", 2, o).unwrap());
+    s.unlock(b"f", 1, o, r(5, 9)).unwrap();
+    assert!(!s.holds(b"f", 1, o).unwrap());
+}

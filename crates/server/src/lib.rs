@@ -359,11 +359,14 @@ fn execute(inner: &Inner, sid: u64, id: u64, op: Op) -> Result<Reply, String> {
             Ok(reply)
         }
         Op::Unlock { target } => {
-            let resp = inner
-                .space
-                .unlock(&target.resource, owner_id(sid, target.owner), kind(target.kind), range_of(&target)?)
-                .map_err(err)?;
+            let (owner, k) = (owner_id(sid, target.owner), kind(target.kind));
+            let resp = inner.space.unlock(&target.resource, owner, k, range_of(&target)?).map_err(err)?;
             deliver(inner, &target.resource, resp.effects);
+            // Nothing left here: it no longer counts against the limit.
+            let track = Track::Owned { resource: target.resource, kind: k, owner };
+            inner
+                .sessions
+                .untrack_unless(sid, &track, || inner.space.holds(track.resource(), owner, k).unwrap_or(true));
             Ok(Reply::Done)
         }
         Op::Test { target, mode: m } => {

@@ -192,6 +192,20 @@ impl Sessions {
         }
     }
 
+    /// Forgets `t` unless `still_held()` says the engine still has it.
+    /// Asked under the table's lock, so a grant to the same owner racing
+    /// this (the engine grants, then `granted` records it, under this
+    /// lock) is either seen by `still_held` or recorded after.
+    pub fn untrack_unless(&self, sid: u64, t: &Track, still_held: impl FnOnce() -> bool) {
+        let mut st = self.state.lock();
+        if let Some(s) = st.sessions.get_mut(&sid)
+            && s.held.contains(t)
+            && !still_held()
+        {
+            s.held.remove(t);
+        }
+    }
+
     pub fn untrack(&self, sid: u64, t: &Track) {
         if let Some(s) = self.state.lock().sessions.get_mut(&sid) {
             s.held.remove(t);
