@@ -159,6 +159,16 @@ fn server_kill_9_and_restart_replays_held_locks() {
             range: Range::new(0, 99).unwrap(),
         };
         let g1 = a.lock(&rec).await.unwrap();
+        // Another owner of A locks and unlocks on the same file, and A
+        // locks and unlocks other files: A must still replay owner 1's lock.
+        let other_owner = LockSpec { owner: 2, range: Range::new(500, 599).unwrap(), ..rec.clone() };
+        a.lock(&other_owner).await.unwrap();
+        a.unlock(&other_owner).await.unwrap();
+        for i in 0..5 {
+            let scratch = LockSpec { resource: format!("scratch-{i}").into_bytes(), ..rec.clone() };
+            a.lock(&scratch).await.unwrap();
+            a.unlock(&scratch).await.unwrap();
+        }
         server.kill9();
         let mut restarted = ServerProc::start(data.path(), &addr, &["--recovery-ms", "1500", "--lease-ms", "3000"]);
         std::mem::swap(&mut server, &mut restarted);

@@ -370,7 +370,20 @@ impl Client {
         if let Ok(resp) = self.inner.local.unlock(&spec.resource, u64::from(spec.owner), spec.core_kind(), spec.range) {
             local_effects(&self.inner, resp.effects);
         }
+        self.forget_if_free(spec.kind, &spec.resource);
         reply.await.map(drop)
+    }
+
+    /// Drops `resource` from the resources to reclaim once no local owner
+    /// holds a lock there, so a long-lived client that locks many names
+    /// does not keep them all. Checked under the tables' lock, which a
+    /// new local grant takes after it is in the local table, so a racing
+    /// grant is never dropped.
+    fn forget_if_free(&self, kind: Kind, resource: &[u8]) {
+        let mut t = self.inner.tables.lock();
+        if self.inner.local.lock_count(resource, core_kind(kind).namespace()).is_ok_and(|n| n == 0) {
+            t.local_resources.remove(&(kind, resource.to_vec()));
+        }
     }
 
     /// Releases every lock of the owner on the resource (a close).
@@ -379,6 +392,7 @@ impl Client {
         if let Ok(resp) = self.inner.local.release_owner(resource, u64::from(owner), core_kind(kind)) {
             local_effects(&self.inner, resp.effects);
         }
+        self.forget_if_free(kind, resource);
         reply.await.map(drop)
     }
 

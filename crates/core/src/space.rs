@@ -271,6 +271,11 @@ impl LockSpace {
         Ok(self.with(ns, resource, false, |r, _| r.locks())?.unwrap_or_default())
     }
 
+    /// How many locks are held on `resource`. O(1) expected.
+    pub fn lock_count(&self, resource: &[u8], ns: Namespace) -> Result<usize, LockError> {
+        Ok(self.with(ns, resource, false, |r, _| r.lock_count())?.unwrap_or(0))
+    }
+
     /// Heap bytes held by one resource's lock structures (for benchmarks).
     pub fn resource_heap_bytes(&self, resource: &[u8], ns: Namespace) -> Result<usize, LockError> {
         Ok(self.with(ns, resource, false, |r, _| r.heap_bytes())?.unwrap_or(0))

@@ -291,6 +291,8 @@ fn holds_says_whether_an_owner_has_any_lock_left() {
     s.unlock(b"f", 1, o, r(0, 4)).unwrap();
     assert!(s.holds(b"f", 1, o).unwrap(), "bytes 5-9 are still held");
     assert!(!s.holds(b"f", 2, o).unwrap());
+    assert_eq!(s.lock_count(b"f", o.namespace()).unwrap(), 1);
     s.unlock(b"f", 1, o, r(5, 9)).unwrap();
     assert!(!s.holds(b"f", 1, o).unwrap());
+    assert_eq!(s.lock_count(b"f", o.namespace()).unwrap(), 0);
 }
