@@ -311,7 +311,6 @@ fn deliver(inner: &Inner, resource: &[u8], effects: Vec<Effect>) {
 /// One request, answered at once.
 fn handle(inner: &Inner, sid: u64, id: u64, op: Op) -> Reply {
     inner.requests.fetch_add(1, Ordering::Relaxed);
-    inner.sessions.touch(sid);
     match execute(inner, sid, id, op) {
         Ok(r) => r,
         Err(e) => Reply::Error(e),
@@ -565,7 +564,7 @@ async fn serve_connection(
                 None => return false,
             },
         };
-        if !inner.sessions.alive(sid) {
+        if !inner.sessions.touch(sid) {
             return false;
         }
         // After a restart, only reclaims go through until the window ends.

@@ -142,14 +142,16 @@ impl Sessions {
         }
     }
 
-    pub fn touch(&self, sid: u64) {
-        if let Some(s) = self.state.lock().sessions.get_mut(&sid) {
-            s.last_seen = Instant::now();
+    /// The client was heard from: renews its lease. Whether the session
+    /// is still alive (the reaper may have ended it).
+    pub fn touch(&self, sid: u64) -> bool {
+        match self.state.lock().sessions.get_mut(&sid) {
+            Some(s) => {
+                s.last_seen = Instant::now();
+                true
+            }
+            None => false,
         }
-    }
-
-    pub fn alive(&self, sid: u64) -> bool {
-        self.state.lock().sessions.contains_key(&sid)
     }
 
     /// Sessions not heard from for `lease`.
