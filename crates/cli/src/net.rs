@@ -59,9 +59,9 @@ pub struct ServeArgs {
     /// Requests one session may have queued.
     #[arg(long, default_value_t = 10_000)]
     max_waiters: usize,
-    /// Requests of one connection whose replies are not yet written out;
-    /// at the limit the server reads no more from it until the client
-    /// reads its replies.
+    /// Requests of one connection read ahead of writing their replies. The
+    /// server reads nothing more from a connection whose replies it cannot
+    /// write, so a client that does not read its replies is held back.
     #[arg(long, default_value_t = 4096)]
     max_in_flight: usize,
 }

@@ -41,10 +41,10 @@ pub struct Limits {
     pub max_locks: usize,
     /// Requests a session may have queued at once.
     pub max_waiters: usize,
-    /// Requests of one connection whose replies are not yet written out.
-    /// At the limit the server stops reading that connection until the
-    /// client reads its replies: a client that pipelines without reading
-    /// is slowed down, and cannot make the server buffer without bound.
+    /// Requests of one connection read ahead of writing their replies. The
+    /// server reads nothing more from a connection whose replies it cannot
+    /// write: a client that pipelines without reading is slowed down, and
+    /// cannot make the server buffer without bound.
     pub max_in_flight: usize,
 }
 
