@@ -115,7 +115,12 @@ impl Queue {
                 None => return out,
             }
         }
-        out.clear();
+        self.earlier_in_trees(range, ticket)
+    }
+
+    /// The same, from the interval trees. O(log n + k).
+    fn earlier_in_trees(&self, range: Range, ticket: u64) -> SmallVec<[NodeId; 4]> {
+        let mut out = SmallVec::new();
         for root in [self.heads, self.followers] {
             let _ = self.forest.overlaps(root, range.start(), range.end(), &mut |node, w: &Waiter| {
                 if w.ticket < ticket {
@@ -301,10 +306,73 @@ impl WaitQueue {
                 return Some((w, q.range(node)));
             }
         }
-        q.earlier_overlapping(range, ticket)
+        q.earlier_in_trees(range, ticket)
             .into_iter()
             .filter(|&n| pred(q.forest.get(n)))
             .max_by_key(|&n| q.forest.get(n).ticket)
             .map(|n| (q.forest.get(n), q.range(n)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn waiter(id: WaitId, ticket: u64, owner: Owner) -> Waiter {
+        Waiter {
+            id,
+            owner,
+            kind: LockKind::Ofd,
+            mode: Mode::EX,
+            ticket,
+            convert: None,
+            blockers: Vec::new(),
+            overtakes: false,
+            leader: None,
+            followers: SmallVec::new(),
+            notified: Vec::new(),
+        }
+    }
+
+    /// The searches agree with a scan of every waiter, both when the walk
+    /// in queue order ends within its budget and when the trees answer.
+    #[test]
+    fn earlier_searches_match_a_full_scan() {
+        let mut q = WaitQueue::default();
+        let mut all: Vec<(WaitId, u64, Range)> = Vec::new();
+        let mut seed = 0x2545_F491u64;
+        let mut next = || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        for id in 0..300u64 {
+            let ticket = q.ticket(NEW_CLASS);
+            let start = next() % 200;
+            let range = Range::new(start, start + next() % 20).unwrap();
+            // A third follow the waiter before them: both trees are searched.
+            let mut w = waiter(id, ticket, next() % 7);
+            w.leader = (id % 3 == 1).then(|| id - 1);
+            q.push(w, range);
+            all.push((id, ticket, range));
+        }
+        for &(_, ticket, _) in all.iter().step_by(7) {
+            let start = next() % 200;
+            let probe = Range::new(start, start + next() % 30).unwrap();
+            let mut want: Vec<WaitId> =
+                all.iter().filter(|(_, t, r)| *t < ticket && r.overlaps(probe)).map(|(id, _, _)| *id).collect();
+            let mut got: Vec<WaitId> = q.earlier_overlapping(probe, ticket).iter().map(|(w, _)| w.id).collect();
+            want.sort_unstable();
+            got.sort_unstable();
+            assert_eq!(got, want);
+            let owner = next() % 7;
+            let nearest = all
+                .iter()
+                .filter(|(id, t, r)| *t < ticket && r.overlaps(probe) && q.get(*id).unwrap().0.owner == owner)
+                .max_by_key(|(_, t, _)| *t)
+                .map(|(id, _, _)| *id);
+            assert_eq!(q.nearest_earlier(probe, ticket, |w| w.owner == owner).map(|(w, _)| w.id), nearest);
+        }
     }
 }
