@@ -175,10 +175,10 @@ impl Granted {
             let owners = self.by_owner.as_mut().expect("owner view has the lock");
             let locks = owners.get_mut(&held.owner).expect("owner view has the lock");
             if locks.remove(range.start()) {
+                // The emptied map is kept: the next lock on this file, the
+                // common case, would allocate it again. It goes with the
+                // resource when that is reclaimed.
                 owners.remove(&held.owner);
-                if owners.is_empty() {
-                    self.by_owner = None;
-                }
             }
         }
         (held, range)
