@@ -71,8 +71,10 @@ pub(crate) struct Waiter {
     pub notified: Vec<LockHandle>,
 }
 
-/// The queue; it allocates only while someone waits, since most resources
-/// never have a waiter.
+/// The queue. It allocates at the first wait, since most resources never
+/// have a waiter, and keeps its allocation when it empties: two owners
+/// passing a lock back and forth would otherwise allocate it at every
+/// hand-over. It goes with the resource when that is reclaimed.
 #[derive(Debug, Default)]
 pub(crate) struct WaitQueue {
     inner: Option<Box<Queue>>,
@@ -135,7 +137,7 @@ impl Queue {
 
 impl WaitQueue {
     pub fn is_empty(&self) -> bool {
-        self.inner.is_none()
+        self.inner.as_ref().is_none_or(|q| q.forest.is_empty())
     }
 
     pub fn len(&self) -> usize {
@@ -205,9 +207,6 @@ impl WaitQueue {
         }
         if let Some(h) = w.convert {
             q.conversions.remove(&h);
-        }
-        if q.forest.is_empty() {
-            self.inner = None;
         }
         Some((w, range))
     }
