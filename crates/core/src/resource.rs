@@ -110,6 +110,7 @@ impl Dirty {
         }
     }
 
+    /// Every head overlapping any of `ranges`.
     fn of(waiters: &WaitQueue, ranges: &[Range]) -> Dirty {
         let mut dirty = Dirty::default();
         for &r in ranges {
@@ -514,7 +515,7 @@ impl Resource {
     }
 
     /// Takes waiter `id` out of the queue and settles the bytes it wanted;
-    /// whether it was queued.
+    /// whether it was queued. O(log n) plus the settling.
     fn withdraw(&mut self, id: WaitId, ctx: &Ctx<'_>, effects: &mut Vec<Effect>) -> bool {
         let Some((w, range)) = self.waiters.remove(id) else { return false };
         if w.kind == LockKind::Posix {
