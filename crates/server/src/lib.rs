@@ -317,6 +317,38 @@ fn handle(inner: &Inner, sid: u64, id: u64, op: Op) -> Reply {
     }
 }
 
+/// The reply to a lock or conversion request of `owner` on `target`:
+/// `on_grant` records a grant made at once; a request that waits is
+/// recorded as the session's (or answered `Granted` if its grant came
+/// first, from another connection).
+fn lock_reply(
+    inner: &Inner,
+    sid: u64,
+    id: u64,
+    outcome: Outcome,
+    target: &Target,
+    owner: u64,
+    on_grant: impl FnOnce(&GrantInfo),
+) -> Reply {
+    match outcome {
+        Outcome::Granted(g) => {
+            let info = inner.grant_info(g);
+            on_grant(&info);
+            Reply::Granted(info)
+        }
+        Outcome::Queued(wait) => {
+            let track = Track::Wait { resource: target.resource.clone(), kind: kind(target.kind), wait, owner };
+            match inner.sessions.queued(sid, id, track, target, owner) {
+                Some(info) => Reply::Granted(info),
+                None => Reply::Queued,
+            }
+        }
+        Outcome::WouldBlock => Reply::WouldBlock,
+        Outcome::Deadlock => Reply::Deadlock,
+        Outcome::Done | Outcome::NotQueued => Reply::Done,
+    }
+}
+
 fn range_of(t: &Target) -> Result<Range, String> {
     Range::new(t.start, t.end).map_err(|e| e.to_string())
 }
@@ -337,23 +369,9 @@ fn execute(inner: &Inner, sid: u64, id: u64, op: Op) -> Result<Reply, String> {
                 wait,
             };
             let resp = inner.space.lock(&req).map_err(err)?;
-            let reply = match resp.outcome {
-                Outcome::Granted(g) => {
-                    let info = inner.grant_info(g);
-                    inner.sessions.track(sid, Track::held(&target, owner, info.handle));
-                    Reply::Granted(info)
-                }
-                Outcome::Queued(wait) => {
-                    let track = Track::Wait { resource: target.resource.clone(), kind: k, wait, owner };
-                    match inner.sessions.queued(sid, id, track, &target, owner) {
-                        Some(info) => Reply::Granted(info),
-                        None => Reply::Queued,
-                    }
-                }
-                Outcome::WouldBlock => Reply::WouldBlock,
-                Outcome::Deadlock => Reply::Deadlock,
-                Outcome::Done | Outcome::NotQueued => Reply::Done,
-            };
+            let reply = lock_reply(inner, sid, id, resp.outcome, &target, owner, |info| {
+                inner.sessions.track(sid, Track::held(&target, owner, info.handle));
+            });
             deliver(inner, &target.resource, resp.effects);
             Ok(reply)
         }
@@ -416,22 +434,11 @@ fn execute(inner: &Inner, sid: u64, id: u64, op: Op) -> Result<Reply, String> {
             let owner_full = owner_id(sid, owner);
             let resp =
                 inner.space.dlm_convert(&resource, owner_full, handle, mode(m)?, wait, lvb.as_deref()).map_err(err)?;
-            let reply = match resp.outcome {
-                Outcome::Granted(g) => Reply::Granted(inner.grant_info(g)),
-                Outcome::Queued(w) => {
-                    let target = Target { resource: resource.clone(), kind: Kind::Dlm, owner, start: 0, end: 0 };
-                    let track =
-                        Track::Wait { resource: resource.clone(), kind: LockKind::Dlm, wait: w, owner: owner_full };
-                    match inner.sessions.queued(sid, id, track, &target, owner_full) {
-                        Some(info) => Reply::Granted(info),
-                        None => Reply::Queued,
-                    }
-                }
-                Outcome::WouldBlock => Reply::WouldBlock,
-                Outcome::Deadlock => Reply::Deadlock,
-                Outcome::Done | Outcome::NotQueued => Reply::Done,
-            };
-            deliver(inner, &resource, resp.effects);
+            // The lock is tracked already: a granted conversion changes
+            // only its mode.
+            let target = Target { resource, kind: Kind::Dlm, owner, start: 0, end: 0 };
+            let reply = lock_reply(inner, sid, id, resp.outcome, &target, owner_full, |_| {});
+            deliver(inner, &target.resource, resp.effects);
             Ok(reply)
         }
         Op::Renew => Ok(Reply::Done),
