@@ -288,6 +288,28 @@ fn abandoned_waits_never_leave_orphan_locks() {
     });
 }
 
+/// Dropping a clone keeps the session; dropping the last one ends it at
+/// once (as a process's locks go when it exits), not a lease later.
+#[test]
+fn dropping_the_last_client_ends_its_session() {
+    let data = tempfile::tempdir().unwrap();
+    let server = ServerProc::start(data.path(), "127.0.0.1:0", &["--lease-ms", "60000"]);
+    rt().block_on(async {
+        let a = Client::connect(&server.addr, ClientOptions::default()).await.unwrap();
+        let b = Client::connect(&server.addr, ClientOptions::default()).await.unwrap();
+        a.lock(&spec("held", 1)).await.unwrap();
+        let clone = a.clone();
+        drop(a);
+        let still = tokio::time::timeout(Duration::from_millis(300), b.lock(&spec("held", 2))).await;
+        assert!(still.is_err(), "a clone still holds the session and its lock");
+        assert_eq!(b.status().await.unwrap().sessions, 2);
+        drop(clone);
+        let got = tokio::time::timeout(Duration::from_secs(10), b.lock(&spec("held", 2))).await;
+        assert!(got.expect("granted well before the 60 s lease").is_ok());
+        assert_eq!(b.status().await.unwrap().sessions, 1);
+    });
+}
+
 /// One length-prefixed frame of `msg`, as the codec writes it.
 fn raw_frame(msg: &interlock_proto::ClientMsg) -> Vec<u8> {
     let body = interlock_proto::encode(msg);

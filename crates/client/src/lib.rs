@@ -17,20 +17,22 @@
 //!   A non-blocking one fails at once. Unlocks are sent at once and never
 //!   wait behind lock requests.
 
+mod connection;
+mod guard;
+mod outbox;
+
 use foldhash::{HashMap, HashSet};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-use futures::{SinkExt, StreamExt};
-use interlock_core::{Effect, LockKind, LockRequest, LockSpace, Mode, Namespace, Outcome, Range};
-use interlock_proto::{
-    self as proto, ClientMsg, ConflictInfo, GrantInfo, Kind, Op, Reply, ServerMsg, StatusInfo, Target,
-};
+use interlock_core::{Effect, LockKind, LockRequest, LockSpace, Mode, Outcome, Range};
+use interlock_proto::{ClientMsgRef, ConflictInfo, GrantInfo, Kind, Op, Reply, StatusInfo, Target};
 use parking_lot::Mutex;
-use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot};
-use tokio_util::codec::Framed;
+
+use guard::{LocalWait, WaitGuard};
+use outbox::Outbox;
 
 /// What went wrong.
 #[derive(Debug, thiserror::Error)]
@@ -152,21 +154,67 @@ struct Inner {
     next_id: AtomicU64,
     session: AtomicU64,
     lease_ms: AtomicU64,
-    tx: Mutex<Option<mpsc::UnboundedSender<ClientMsg>>>,
+    outbox: Arc<Outbox>,
     tables: Mutex<Tables>,
     /// The client's own owners' locks, as granted by the server.
     local: LockSpace,
     blocking: Mutex<Option<mpsc::UnboundedSender<Blocking>>>,
+    /// Every handle is gone: the session is ended and nothing reconnects.
+    closed: AtomicBool,
+}
+
+impl Inner {
+    fn closed(&self) -> bool {
+        self.closed.load(Ordering::Relaxed)
+    }
+
+    /// Sends request `id`, first recording where its reply goes (and, for
+    /// a blocking request, its pushed grant), so neither can arrive
+    /// unseen. A blocking request is kept in `waits`, to be sent again
+    /// after a reconnect; any other is handed back.
+    fn submit(&self, id: u64, op: Op, wait: bool) -> Result<Submitted, ClientError> {
+        let (reply_tx, reply_rx) = oneshot::channel();
+        let mut t = self.tables.lock();
+        self.outbox.send(&ClientMsgRef::Request { id, op: &op })?;
+        t.pending.insert(id, reply_tx);
+        if wait {
+            let (grant_tx, grant_rx) = oneshot::channel();
+            t.waits.insert(id, (grant_tx, op));
+            Ok(Submitted { reply_rx, grant_rx: Some(grant_rx), op: None })
+        } else {
+            Ok(Submitted { reply_rx, grant_rx: None, op: Some(op) })
+        }
+    }
+}
+
+/// A request on its way: see [`Inner::submit`].
+struct Submitted {
+    reply_rx: oneshot::Receiver<Reply>,
+    grant_rx: Option<oneshot::Receiver<GrantInfo>>,
+    op: Option<Op>,
 }
 
 /// A connection to an interlock server. Cheap to clone; all clones share
-/// the session.
+/// the session. When the last clone is dropped the session ends at once,
+/// as a process's locks go when it exits: every lock it holds is released
+/// and every wait withdrawn.
 #[derive(Clone)]
 pub struct Client {
     inner: Arc<Inner>,
+    _last: Arc<LastHandle>,
 }
 
-type Conn = Framed<TcpStream, tokio_util::codec::LengthDelimitedCodec>;
+/// Dropped with the last [`Client`] clone.
+struct LastHandle(Arc<Inner>);
+
+impl Drop for LastHandle {
+    fn drop(&mut self) {
+        self.0.closed.store(true, Ordering::Relaxed);
+        // The server ends the session and closes the connection; the
+        // reader then stops, and nothing reconnects.
+        let _ = self.0.outbox.send(&ClientMsgRef::Request { id: 0, op: &Op::Bye });
+    }
+}
 
 impl Client {
     /// Connects and opens a session. Reconnects by itself afterwards.
@@ -177,13 +225,14 @@ impl Client {
             next_id: AtomicU64::new(1),
             session: AtomicU64::new(0),
             lease_ms: AtomicU64::new(0),
-            tx: Mutex::new(None),
+            outbox: Arc::default(),
             tables: Mutex::new(Tables::default()),
             local: LockSpace::default(),
             blocking: Mutex::new(None),
+            closed: AtomicBool::new(false),
         });
-        let (conn, _) = handshake(&inner).await?;
-        let client = Client { inner };
+        let (conn, _) = connection::handshake(&inner).await?;
+        let client = Client { inner: inner.clone(), _last: Arc::new(LastHandle(inner)) };
         client.start(conn);
         Ok(client)
     }
@@ -201,49 +250,46 @@ impl Client {
         rx
     }
 
-    fn start(&self, conn: Conn) {
-        let weak = Arc::downgrade(&self.inner);
+    fn start(&self, conn: connection::Conn) {
         // Requests may be sent as soon as `connect` returns.
-        let first = open_channel(&self.inner);
+        self.inner.outbox.open();
+        let inner = self.inner.clone();
         tokio::spawn(async move {
             // The first connection has nothing to reclaim (its session is
             // new, not lost), so it counts as resumed.
-            let mut conn = Some((conn, true, first));
-            loop {
-                let Some(inner) = weak.upgrade() else { return };
-                let (c, resumed, rx) = match conn.take() {
+            let mut conn = Some((conn, true));
+            while !inner.closed() {
+                let (c, resumed) = match conn.take() {
                     Some(c) => c,
-                    None => match reconnect(&inner).await {
-                        Some((c, resumed)) => (c, resumed, open_channel(&inner)),
+                    None => match connection::reconnect(&inner).await {
+                        Some(c) => {
+                            inner.outbox.open();
+                            c
+                        }
                         None => return,
                     },
                 };
-                run_connection(inner, c, resumed, rx).await;
+                connection::run(inner.clone(), c, resumed).await;
             }
         });
         let weak = Arc::downgrade(&self.inner);
         tokio::spawn(async move {
             loop {
                 let every = match weak.upgrade() {
-                    Some(i) => Duration::from_millis((i.lease_ms.load(Ordering::Relaxed) / 3).max(50)),
-                    None => return,
+                    Some(i) if !i.closed() => Duration::from_millis((i.lease_ms.load(Ordering::Relaxed) / 3).max(50)),
+                    _ => return,
                 };
                 tokio::time::sleep(every).await;
                 let Some(inner) = weak.upgrade() else { return };
-                send(&inner, ClientMsg::Request { id: 0, op: Op::Renew });
+                let _ = inner.outbox.send(&ClientMsgRef::Request { id: 0, op: &Op::Renew });
             }
         });
     }
 
     async fn request(&self, op: Op) -> Result<Reply, ClientError> {
         let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
-        let (tx, rx) = oneshot::channel();
-        self.inner.tables.lock().pending.insert(id, tx);
-        if !send(&self.inner, ClientMsg::Request { id, op }) {
-            self.inner.tables.lock().pending.remove(&id);
-            return Err(ClientError::ConnectionLost);
-        }
-        match rx.await.map_err(|_| ClientError::ConnectionLost)? {
+        let sent = self.inner.submit(id, op, false)?;
+        match sent.reply_rx.await.map_err(|_| ClientError::ConnectionLost)? {
             Reply::Error(e) => Err(ClientError::Server(e)),
             r => Ok(r),
         }
@@ -280,41 +326,30 @@ impl Client {
         }
         let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
         let op = Op::Lock { target: spec.target(), mode: spec.mode as u8, wait, reclaim: false };
-        let (reply_tx, reply_rx) = oneshot::channel();
-        let (grant_tx, grant_rx) = oneshot::channel();
-        {
-            let mut t = self.inner.tables.lock();
-            t.pending.insert(id, reply_tx);
-            if wait {
-                t.waits.insert(id, (grant_tx, op.clone()));
-            }
-        }
-        let mut guard = WaitGuard { inner: &self.inner, id, op: Some(op.clone()), reply_rx, grant_rx };
-        if !send(&self.inner, ClientMsg::Request { id, op }) {
-            return Err(ClientError::ConnectionLost);
-        }
+        let sent = self.inner.submit(id, op, wait)?;
+        let mut guard = WaitGuard {
+            inner: &self.inner,
+            id,
+            op: sent.op,
+            live: true,
+            reply_rx: sent.reply_rx,
+            grant_rx: sent.grant_rx,
+        };
         let reply = (&mut guard.reply_rx).await.map_err(|_| ClientError::ConnectionLost)?;
-        let grant = match reply {
-            Reply::Granted(g) => g,
-            Reply::Queued => (&mut guard.grant_rx).await.map_err(|_| ClientError::ConnectionLost)?,
-            Reply::WouldBlock => {
-                guard.forget();
-                return Ok(None);
-            }
-            Reply::Deadlock => {
-                guard.forget();
-                return Err(ClientError::Deadlock);
-            }
-            Reply::Error(e) => {
-                guard.forget();
-                return Err(ClientError::Server(e));
-            }
-            other => {
-                guard.forget();
-                return Err(ClientError::Server(format!("unexpected reply {other:?}")));
+        let grant = match (reply, guard.grant_rx.as_mut()) {
+            (Reply::Granted(g), _) => g,
+            (Reply::Queued, Some(grant_rx)) => grant_rx.await.map_err(|_| ClientError::ConnectionLost)?,
+            (other, _) => {
+                guard.done();
+                return match other {
+                    Reply::WouldBlock => Ok(None),
+                    Reply::Deadlock => Err(ClientError::Deadlock),
+                    Reply::Error(e) => Err(ClientError::Server(e)),
+                    other => Err(ClientError::Server(format!("unexpected reply {other:?}"))),
+                };
             }
         };
-        guard.granted();
+        guard.done();
         self.record(spec, &grant, local);
         Ok(Some(grant))
     }
@@ -433,27 +468,23 @@ impl Client {
         let handle = self.handle_of(handle);
         let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
         let op = Op::DlmConvert { resource: resource.to_vec(), owner, handle, mode: mode as u8, wait, lvb: None };
-        let (reply_tx, reply_rx) = oneshot::channel();
-        let (grant_tx, grant_rx) = oneshot::channel();
-        {
-            let mut t = self.inner.tables.lock();
-            t.pending.insert(id, reply_tx);
-            t.waits.insert(id, (grant_tx, op.clone()));
-        }
-        send(&self.inner, ClientMsg::Request { id, op });
-        let out = match reply_rx.await.map_err(|_| ClientError::ConnectionLost)? {
-            Reply::Granted(g) => Some(g),
-            Reply::Queued => Some(grant_rx.await.map_err(|_| ClientError::ConnectionLost)?),
-            Reply::WouldBlock => None,
-            Reply::Deadlock => return Err(ClientError::Deadlock),
-            Reply::Error(e) => return Err(ClientError::Server(e)),
-            other => return Err(ClientError::Server(format!("unexpected reply {other:?}"))),
+        let sent = self.inner.submit(id, op, wait)?;
+        let reply = sent.reply_rx.await.map_err(|_| ClientError::ConnectionLost);
+        let out = match (reply, sent.grant_rx) {
+            (Ok(Reply::Granted(g)), _) => Ok(Some(g)),
+            (Ok(Reply::Queued), Some(grant_rx)) => grant_rx.await.map(Some).map_err(|_| ClientError::ConnectionLost),
+            (Ok(Reply::WouldBlock), _) => Ok(None),
+            (Ok(Reply::Deadlock), _) => Err(ClientError::Deadlock),
+            (Ok(Reply::Error(e)), _) => Err(ClientError::Server(e)),
+            (Ok(other), _) => Err(ClientError::Server(format!("unexpected reply {other:?}"))),
+            (Err(e), _) => Err(e),
         };
-        self.inner.tables.lock().waits.remove(&id);
-        if let Some(d) = self.inner.tables.lock().dlm.get_mut(&handle) {
+        let mut t = self.inner.tables.lock();
+        t.waits.remove(&id);
+        if let (Ok(Some(_)), Some(d)) = (&out, t.dlm.get_mut(&handle)) {
             d.2 = mode as u8;
         }
-        Ok(out)
+        out
     }
 
     /// The server's live counters.
@@ -470,94 +501,6 @@ impl Client {
     }
 }
 
-/// Withdraws a request whose future was dropped, and gives back a grant
-/// that raced the drop: one already in a receiver, or one still to come
-/// (then the request is listed as abandoned and `dispatch` gives it back).
-struct WaitGuard<'a> {
-    inner: &'a Arc<Inner>,
-    id: u64,
-    op: Option<Op>,
-    reply_rx: oneshot::Receiver<Reply>,
-    grant_rx: oneshot::Receiver<GrantInfo>,
-}
-
-impl WaitGuard<'_> {
-    /// The request ended with no lock: nothing to withdraw.
-    fn forget(&mut self) {
-        self.inner.tables.lock().waits.remove(&self.id);
-        self.op = None;
-    }
-
-    /// The lock is ours.
-    fn granted(&mut self) {
-        self.inner.tables.lock().waits.remove(&self.id);
-        self.op = None;
-    }
-}
-
-impl Drop for WaitGuard<'_> {
-    fn drop(&mut self) {
-        let Some(op) = self.op.take() else { return };
-        {
-            // Under one lock, so `dispatch` finds the request either here
-            // (and delivers into a receiver) or abandoned.
-            let mut t = self.inner.tables.lock();
-            t.pending.remove(&self.id);
-            t.waits.remove(&self.id);
-            t.abandoned.insert(self.id, op.clone());
-        }
-        let grant = match self.reply_rx.try_recv() {
-            Ok(Reply::Granted(g)) => Some(g),
-            Ok(Reply::Queued) => self.grant_rx.try_recv().ok(),
-            Ok(_) => {
-                // Refused: nothing held, nothing to come.
-                self.inner.tables.lock().abandoned.remove(&self.id);
-                return;
-            }
-            // No reply (or `Queued`, consumed): a grant may have come
-            // first all the same (the server writes the pushes it made
-            // before a request's reply ahead of it), and with `waits` no
-            // longer listing us, what is in the receiver is all there is.
-            Err(_) => self.grant_rx.try_recv().ok(),
-        };
-        match grant {
-            Some(g) => {
-                self.inner.tables.lock().abandoned.remove(&self.id);
-                give_back(self.inner, op, g);
-            }
-            None => {
-                let cancel = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
-                self.inner.tables.lock().cancelling.insert(cancel, self.id);
-                send(self.inner, ClientMsg::Request { id: cancel, op: Op::Cancel { request: self.id } });
-            }
-        }
-    }
-}
-
-/// A local wait, withdrawn if its future is dropped; once granted
-/// (`wait: None`), the local grant, given back when dropped.
-struct LocalWait {
-    inner: Arc<Inner>,
-    spec: LockSpec,
-    wait: Option<u64>,
-}
-
-impl Drop for LocalWait {
-    fn drop(&mut self) {
-        let s = &self.spec;
-        let resp = match self.wait {
-            Some(w) => {
-                self.inner.tables.lock().local_waits.remove(&w);
-                self.inner.local.cancel(&s.resource, s.core_kind(), w)
-            }
-            None => self.inner.local.unlock(&s.resource, u64::from(s.owner), s.core_kind(), s.range),
-        };
-        if let Ok(resp) = resp {
-            local_effects(&self.inner, resp.effects);
-        }
-    }
-}
-
 /// Wakes local waiters that the local table granted.
 fn local_effects(inner: &Inner, effects: Vec<Effect>) {
     for e in effects {
@@ -567,180 +510,4 @@ fn local_effects(inner: &Inner, effects: Vec<Effect>) {
             let _ = tx.send(());
         }
     }
-}
-
-fn send(inner: &Inner, msg: ClientMsg) -> bool {
-    inner.tx.lock().as_ref().is_some_and(|tx| tx.send(msg).is_ok())
-}
-
-/// Opens a connection and says hello, resuming the session if there is
-/// one. Returns the connection and whether the session was resumed.
-async fn handshake(inner: &Inner) -> Result<(Conn, bool), ClientError> {
-    let stream = TcpStream::connect(&inner.addr)
-        .await
-        .map_err(|source| ClientError::Connect { addr: inner.addr.clone(), source })?;
-    let _ = stream.set_nodelay(true);
-    let mut conn = Framed::new(stream, proto::codec());
-    let session = Some(inner.session.load(Ordering::Relaxed)).filter(|&s| s != 0);
-    let hello = ClientMsg::Hello { version: proto::VERSION, token: inner.options.token.clone(), session };
-    conn.send(proto::frame(&hello)).await.map_err(|_| ClientError::ConnectionLost)?;
-    let frame = conn.next().await.ok_or(ClientError::ConnectionLost)?.map_err(|_| ClientError::ConnectionLost)?;
-    match proto::decode::<ServerMsg>(&frame) {
-        Ok(ServerMsg::Welcome { session, lease_ms, resumed, .. }) => {
-            inner.session.store(session, Ordering::Relaxed);
-            inner.lease_ms.store(lease_ms, Ordering::Relaxed);
-            Ok((conn, resumed))
-        }
-        Ok(ServerMsg::Refused { reason }) => Err(ClientError::Refused(reason)),
-        _ => Err(ClientError::Server("unexpected answer to hello".into())),
-    }
-}
-
-/// Reconnects with exponential backoff (50 ms to 2 s). Gives up only when
-/// the server refuses the client.
-async fn reconnect(inner: &Arc<Inner>) -> Option<(Conn, bool)> {
-    let mut delay = Duration::from_millis(50);
-    loop {
-        match handshake(inner).await {
-            Ok(c) => return Some(c),
-            Err(ClientError::Refused(why)) => {
-                tracing::error!(reason = %why, "server refused the reconnect");
-                return None;
-            }
-            Err(e) => tracing::debug!(error = %e, "reconnect failed; retrying"),
-        }
-        tokio::time::sleep(delay).await;
-        delay = (delay * 2).min(Duration::from_secs(2));
-    }
-}
-
-/// A fresh outbound channel for the next connection; requests go to it.
-fn open_channel(inner: &Inner) -> mpsc::UnboundedReceiver<ClientMsg> {
-    let (tx, rx) = mpsc::unbounded_channel::<ClientMsg>();
-    *inner.tx.lock() = Some(tx);
-    rx
-}
-
-/// Drives one connection until it drops.
-async fn run_connection(inner: Arc<Inner>, conn: Conn, resumed: bool, rx: mpsc::UnboundedReceiver<ClientMsg>) {
-    let (sink, mut source) = conn.split();
-    if !resumed {
-        reclaim(&inner);
-    }
-    let tables = inner.clone();
-    let writer = tokio::spawn(proto::pump(rx, sink, move || tables.tables.lock().pending.len() > 1));
-    while let Some(Ok(frame)) = source.next().await {
-        let Ok(msg) = proto::decode::<ServerMsg>(&frame) else {
-            tracing::warn!("undecodable message from the server");
-            break;
-        };
-        dispatch(&inner, msg);
-    }
-    *inner.tx.lock() = None;
-    writer.abort();
-    // Replies to requests in flight are lost with the connection.
-    inner.tables.lock().pending.clear();
-}
-
-/// After the server lost our session (it restarted, or our lease ran
-/// out): claim back every lock we hold and ask again for what we waited
-/// for.
-fn reclaim(inner: &Arc<Inner>) {
-    let (resources, dlm, waits) = {
-        let t = inner.tables.lock();
-        let waits: Vec<(u64, Op)> = t.waits.iter().map(|(&id, (_, op))| (id, op.clone())).collect();
-        (t.local_resources.iter().cloned().collect::<Vec<_>>(), t.dlm.clone(), waits)
-    };
-    for (kind, resource) in resources {
-        let ns = if kind == Kind::Flock { Namespace::Flock } else { Namespace::Record };
-        for l in inner.local.locks(&resource, ns).unwrap_or_default() {
-            let target = Target {
-                resource: resource.clone(),
-                kind,
-                owner: l.owner as u32,
-                start: l.range.start(),
-                end: l.range.end(),
-            };
-            let op = Op::Lock { target, mode: l.mode as u8, wait: false, reclaim: true };
-            send(inner, ClientMsg::Request { id: 0, op });
-        }
-    }
-    for (old, (resource, owner, mode, start, end)) in dlm {
-        let id = inner.next_id.fetch_add(1, Ordering::Relaxed);
-        let target = Target { resource: resource.clone(), kind: Kind::Dlm, owner, start, end };
-        let (tx, rx) = oneshot::channel();
-        inner.tables.lock().pending.insert(id, tx);
-        send(inner, ClientMsg::Request { id, op: Op::Lock { target, mode, wait: false, reclaim: true } });
-        let weak = Arc::downgrade(inner);
-        tokio::spawn(async move {
-            if let (Ok(Reply::Granted(g)), Some(inner)) = (rx.await, weak.upgrade())
-                && let Some(new) = g.handle
-            {
-                let mut t = inner.tables.lock();
-                if let Some(entry) = t.dlm.remove(&old) {
-                    t.dlm.insert(new, entry);
-                }
-                t.alias.insert(old, new);
-            }
-        });
-    }
-    for (id, op) in waits {
-        send(inner, ClientMsg::Request { id, op });
-    }
-}
-
-fn dispatch(inner: &Arc<Inner>, msg: ServerMsg) {
-    match msg {
-        ServerMsg::Reply { id: 0, .. } => {}
-        ServerMsg::Reply { id, reply } => {
-            let mut t = inner.tables.lock();
-            if let Some(tx) = t.pending.remove(&id) {
-                let _ = tx.send(reply);
-            } else if let Some(request) = t.cancelling.remove(&id) {
-                t.abandoned.remove(&request);
-            } else if t.abandoned.contains_key(&id) {
-                // The request's future is gone: a lock granted at once is
-                // given back; `Queued` leaves it to the grant or the cancel.
-                match reply {
-                    Reply::Granted(g) => {
-                        let op = t.abandoned.remove(&id).expect("listed");
-                        drop(t);
-                        give_back(inner, op, g);
-                    }
-                    Reply::Queued => {}
-                    _ => {
-                        t.abandoned.remove(&id);
-                    }
-                }
-            }
-        }
-        ServerMsg::Granted { id, grant } => {
-            let mut t = inner.tables.lock();
-            if let Some((tx, _)) = t.waits.remove(&id) {
-                let _ = tx.send(grant);
-            } else if let Some(op) = t.abandoned.remove(&id) {
-                // The wait was dropped but the grant won the race: give
-                // the lock back.
-                drop(t);
-                give_back(inner, op, grant);
-            }
-        }
-        ServerMsg::Blocking { resource, handle, owner, held, wanted } => {
-            if let Some(tx) = inner.blocking.lock().as_ref() {
-                let _ = tx.send(Blocking { resource, handle, owner, held, wanted });
-            }
-        }
-        ServerMsg::Welcome { .. } | ServerMsg::Refused { .. } => {}
-    }
-}
-
-fn give_back(inner: &Inner, op: Op, grant: GrantInfo) {
-    let undo = match (op, grant.handle) {
-        (Op::Lock { target, .. }, Some(handle)) if target.kind == Kind::Dlm => {
-            Op::DlmUnlock { resource: target.resource, owner: target.owner, handle, lvb: None }
-        }
-        (Op::Lock { target, .. }, _) => Op::Unlock { target },
-        _ => return,
-    };
-    send(inner, ClientMsg::Request { id: 0, op: undo });
 }

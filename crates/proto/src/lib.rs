@@ -14,6 +14,7 @@
 //! Every decode is of untrusted bytes: a frame over [`MAX_FRAME`] or that
 //! does not decode is an error, never a panic (fuzzed by property tests).
 
+use bytes::{BufMut, BytesMut};
 use serde::{Deserialize, Serialize};
 
 /// The protocol version this build speaks.
@@ -189,58 +190,80 @@ pub fn encode<T: Serialize>(msg: &T) -> Vec<u8> {
     postcard::to_stdvec(msg).expect("messages always serialize")
 }
 
-/// Encodes a message as a frame body ready for the codec.
-pub fn frame<T: Serialize>(msg: &T) -> bytes::Bytes {
-    bytes::Bytes::from(encode(msg))
-}
-
 /// Decodes a frame body.
 pub fn decode<'a, T: Deserialize<'a>>(bytes: &'a [u8]) -> Result<T, DecodeError> {
     Ok(postcard::from_bytes(bytes)?)
 }
 
-/// The frame codec: 4-byte big-endian length, at most [`MAX_FRAME`].
+/// A message whose frame would exceed [`MAX_FRAME`]; nothing was written.
+#[derive(Debug, thiserror::Error)]
+#[error("a message of {0} bytes exceeds the {MAX_FRAME}-byte frame limit")]
+pub struct FrameTooLarge(pub usize);
+
+/// Appends `msg` as one frame (length, then body) to `out`, encoding it in
+/// place: no buffer of its own, no copy. Many frames gathered in one
+/// buffer go out in one write. O(size of the message).
+pub fn write_frame<T: Serialize + ?Sized>(msg: &T, out: &mut BytesMut) -> Result<(), FrameTooLarge> {
+    let at = out.len();
+    out.put_u32(0);
+    postcard::serialize_with_flavor::<T, _, _>(msg, Appender(out)).expect("messages always serialize");
+    let len = out.len() - at - 4;
+    if len > MAX_FRAME {
+        out.truncate(at);
+        return Err(FrameTooLarge(len));
+    }
+    out[at..at + 4].copy_from_slice(&(len as u32).to_be_bytes());
+    Ok(())
+}
+
+/// postcard output straight into a `BytesMut`.
+struct Appender<'a>(&'a mut BytesMut);
+
+impl postcard::ser_flavors::Flavor for Appender<'_> {
+    type Output = ();
+
+    fn try_extend(&mut self, data: &[u8]) -> postcard::Result<()> {
+        self.0.extend_from_slice(data);
+        Ok(())
+    }
+
+    fn try_push(&mut self, data: u8) -> postcard::Result<()> {
+        self.0.put_u8(data);
+        Ok(())
+    }
+
+    fn finalize(self) -> postcard::Result<()> {
+        Ok(())
+    }
+}
+
+/// Writes one message as a frame, for the exchanges before a connection
+/// settles into its loop (hello, welcome, refusal).
+pub async fn send<W, T>(w: &mut W, msg: &T) -> std::io::Result<()>
+where
+    W: tokio::io::AsyncWrite + Unpin,
+    T: Serialize,
+{
+    use tokio::io::AsyncWriteExt;
+    let mut out = BytesMut::new();
+    write_frame(msg, &mut out).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+    w.write_all(&out).await
+}
+
+/// The reading side's frame codec: 4-byte big-endian length, at most
+/// [`MAX_FRAME`]; a longer length is an error (the connection closes).
+/// Frames are written with [`write_frame`].
 pub fn codec() -> tokio_util::codec::LengthDelimitedCodec {
     tokio_util::codec::LengthDelimitedCodec::builder().max_frame_length(MAX_FRAME).length_field_length(4).new_codec()
 }
 
-/// Writes the messages from `rx` to `sink` until either ends; whatever is
-/// queued goes out in one write, so pipelined requests share system calls.
-/// While `busy()` says other callers have requests outstanding (and so
-/// are about to send more), it lets them run before writing.
-pub async fn pump<T, S>(mut rx: tokio::sync::mpsc::UnboundedReceiver<T>, mut sink: S, busy: impl Fn() -> bool)
-where
-    T: Serialize,
-    S: futures::Sink<bytes::Bytes> + Unpin,
-{
-    use futures::SinkExt;
-    while let Some(msg) = rx.recv().await {
-        if sink.feed(frame(&msg)).await.is_err() {
-            return;
-        }
-        // Let the callers that are ready run before writing, and take what
-        // they queue, while they keep queueing (a few rounds at most): many
-        // then share one write. A lone caller's request goes out at once.
-        for _ in 0..3 {
-            if !busy() {
-                break;
-            }
-            tokio::task::yield_now().await;
-            let mut more_queued = false;
-            while let Ok(more) = rx.try_recv() {
-                more_queued = true;
-                if sink.feed(frame(&more)).await.is_err() {
-                    return;
-                }
-            }
-            if !more_queued {
-                break;
-            }
-        }
-        if sink.flush().await.is_err() {
-            return;
-        }
-    }
+/// [`ClientMsg::Request`] with the request borrowed: it encodes to the
+/// same bytes, so a client can send a request it keeps (to send again
+/// after a reconnect) without copying it.
+#[derive(Serialize)]
+pub enum ClientMsgRef<'a> {
+    Hello { version: u32, token: Option<&'a str>, session: Option<u64> },
+    Request { id: u64, op: &'a Op },
 }
 
 #[cfg(test)]
@@ -262,6 +285,34 @@ mod tests {
         assert_eq!(decode::<ClientMsg>(&encode(&m)).unwrap(), m);
         let s = ServerMsg::Granted { id: 7, grant: GrantInfo { fence: 3, lvb: Some(vec![1]), handle: None } };
         assert_eq!(decode::<ServerMsg>(&encode(&s)).unwrap(), s);
+    }
+
+    /// Frames written in place decode with the reading codec, in order,
+    /// and the borrowed request form encodes as the owned one.
+    #[test]
+    fn frames_written_in_place_read_back() {
+        use tokio_util::codec::Decoder;
+        let op =
+            Op::Unlock { target: Target { resource: b"abc".to_vec(), kind: Kind::Posix, owner: 1, start: 0, end: 5 } };
+        let mut out = BytesMut::new();
+        write_frame(&ClientMsgRef::Request { id: 9, op: &op }, &mut out).unwrap();
+        write_frame(&ClientMsg::Hello { version: VERSION, token: Some("t".into()), session: None }, &mut out).unwrap();
+        let hello_ref = ClientMsgRef::Hello { version: VERSION, token: Some("t"), session: None };
+        let mut codec = codec();
+        let first = codec.decode(&mut out).unwrap().unwrap();
+        assert_eq!(decode::<ClientMsg>(&first).unwrap(), ClientMsg::Request { id: 9, op });
+        let second = codec.decode(&mut out).unwrap().unwrap();
+        assert_eq!(&second[..], &encode(&hello_ref)[..]);
+        assert!(codec.decode(&mut out).unwrap().is_none());
+    }
+
+    #[test]
+    fn an_oversized_frame_is_refused_and_leaves_the_buffer_as_it_was() {
+        let big = Op::Close { resource: vec![7; MAX_FRAME], kind: Kind::Flock, owner: 0 };
+        let mut out = BytesMut::from(&b"xy"[..]);
+        let err = write_frame(&ClientMsgRef::Request { id: 1, op: &big }, &mut out).unwrap_err();
+        assert!(err.0 > MAX_FRAME);
+        assert_eq!(&out[..], b"xy");
     }
 
     proptest! {

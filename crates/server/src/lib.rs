@@ -24,13 +24,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
-use futures::{FutureExt, SinkExt, StreamExt};
+use futures::{FutureExt, StreamExt};
 use interlock_core::{Effect, LockKind, LockRequest, LockSpace, Mode, Outcome, Range};
 use interlock_proto::{self as proto, ClientMsg, GrantInfo, Kind, Op, Reply, ServerMsg, StatusInfo, Target};
 use parking_lot::Mutex;
+use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
-use tokio_util::codec::Framed;
+use tokio_util::codec::FramedRead;
 
 use session::{Raced, Sessions, Track};
 
@@ -453,9 +454,10 @@ fn same_token(a: &str, b: &str) -> bool {
 }
 
 /// One client connection.
-async fn connection(inner: Arc<Inner>, stream: TcpStream, peer: SocketAddr) {
-    let mut framed = Framed::new(stream, proto::codec());
-    let hello = match tokio::time::timeout(Duration::from_secs(10), framed.next()).await {
+async fn connection(inner: Arc<Inner>, mut stream: TcpStream, peer: SocketAddr) {
+    let (rd, mut wr) = stream.split();
+    let mut source = FramedRead::new(rd, proto::codec());
+    let hello = match tokio::time::timeout(Duration::from_secs(10), source.next()).await {
         Ok(Some(Ok(frame))) => proto::decode::<ClientMsg>(&frame),
         Ok(Some(Err(e))) => {
             tracing::warn!(%peer, error = %e, "bad frame before hello; closing");
@@ -467,7 +469,7 @@ async fn connection(inner: Arc<Inner>, stream: TcpStream, peer: SocketAddr) {
     let (version, token, session) = match hello {
         Ok(ClientMsg::Hello { version, token, session }) => (version, token, session),
         Ok(_) => {
-            let _ = framed.send(proto::frame(&refuse("the first message must be Hello".into()))).await;
+            let _ = proto::send(&mut wr, &refuse("the first message must be Hello".into())).await;
             return;
         }
         Err(e) => {
@@ -477,14 +479,14 @@ async fn connection(inner: Arc<Inner>, stream: TcpStream, peer: SocketAddr) {
     };
     if version != proto::VERSION {
         let why = format!("unsupported protocol version {version}; this server speaks {}", proto::VERSION);
-        let _ = framed.send(proto::frame(&refuse(why))).await;
+        let _ = proto::send(&mut wr, &refuse(why)).await;
         return;
     }
     if let Some(want) = &inner.config.token
         && !token.as_deref().is_some_and(|t| same_token(t, want))
     {
         tracing::warn!(%peer, "refused: wrong or missing token");
-        let _ = framed.send(proto::frame(&refuse("authentication failed: wrong or missing token".into()))).await;
+        let _ = proto::send(&mut wr, &refuse("authentication failed: wrong or missing token".into())).await;
         return;
     }
     let (tx, mut rx) = mpsc::unbounded_channel::<ServerMsg>();
@@ -496,12 +498,11 @@ async fn connection(inner: Arc<Inner>, stream: TcpStream, peer: SocketAddr) {
         resumed,
         recovering_ms: inner.recovering().map_or(0, |d| d.as_millis() as u64),
     };
-    let (mut sink, mut source) = framed.split();
-    if sink.send(proto::frame(&welcome)).await.is_err() {
+    if proto::send(&mut wr, &welcome).await.is_err() {
         return;
     }
     inner.sessions.flush_backlog(sid);
-    let bye = serve_connection(&inner, sid, peer, &mut source, &mut sink, &mut rx).await;
+    let bye = serve_connection(&inner, sid, peer, &mut source, &mut wr, &mut rx).await;
     if bye {
         end_session(&inner, sid);
     } else {
@@ -517,21 +518,23 @@ enum Next {
 }
 
 /// Serves one connection's requests, answering each at once, and writes
-/// its pushed messages. One task does both, so a burst of pipelined
-/// requests is read, answered and written back in one write, without a
-/// hand-off to another task per reply. It reads ahead at most
-/// `max_in_flight` requests before writing their replies, and reads
-/// nothing while it cannot write: a client that does not read its
-/// replies is held back. Returns whether the client said `Bye`.
+/// its pushed messages. One task does both: a burst of pipelined requests
+/// is read, answered into one buffer (each reply encoded in place) and
+/// written back in one write, without a hand-off to another task per
+/// reply. It reads ahead at most `max_in_flight` requests before writing
+/// their replies, and reads nothing while it cannot write: a client that
+/// does not read its replies is held back. Returns whether the client
+/// said `Bye`.
 async fn serve_connection(
     inner: &Inner,
     sid: u64,
     peer: SocketAddr,
     source: &mut (impl futures::Stream<Item = Result<BytesMut, std::io::Error>> + Unpin),
-    sink: &mut (impl futures::Sink<bytes::Bytes, Error = std::io::Error> + Unpin),
+    wr: &mut (impl tokio::io::AsyncWrite + Unpin),
     rx: &mut mpsc::UnboundedReceiver<ServerMsg>,
 ) -> bool {
     let limit = inner.config.limits.max_in_flight.max(1);
+    let mut out = BytesMut::with_capacity(8 << 10);
     let mut unflushed = 0usize;
     loop {
         let next = if unflushed == 0 {
@@ -553,16 +556,15 @@ async fn serve_connection(
         };
         let (id, op) = match next {
             Next::Push(m) => {
-                if sink.feed(proto::frame(&m)).await.is_err() {
-                    return false;
-                }
+                put(&mut out, &m);
                 unflushed += 1;
                 continue;
             }
             Next::Flush => {
-                if sink.flush().await.is_err() {
+                if wr.write_all(&out).await.is_err() {
                     return false;
                 }
+                out.clear();
                 unflushed = 0;
                 continue;
             }
@@ -584,18 +586,23 @@ async fn serve_connection(
         // Pushes first: a grant that raced a cancel must reach the client
         // before the cancel's reply does.
         while let Ok(m) = rx.try_recv() {
-            if sink.feed(proto::frame(&m)).await.is_err() {
-                return false;
-            }
+            put(&mut out, &m);
         }
-        if sink.feed(proto::frame(&ServerMsg::Reply { id, reply })).await.is_err() {
-            return false;
-        }
+        put(&mut out, &ServerMsg::Reply { id, reply });
         unflushed += 1;
         if bye {
-            let _ = sink.flush().await;
+            let _ = wr.write_all(&out).await;
             return true;
         }
+    }
+}
+
+/// Appends a message to the connection's output. Every server message is
+/// far below the frame limit (names, values and error texts are bounded),
+/// so one over it is a bug; it is logged and left out rather than sent.
+fn put(out: &mut BytesMut, msg: &ServerMsg) {
+    if let Err(e) = proto::write_frame(msg, out) {
+        tracing::error!(error = %e, "server message not sent");
     }
 }
 

@@ -1,0 +1,195 @@
+//! The connection's life: hello, the reader that dispatches replies and
+//! pushes, reconnection with backoff, and reclaim after the server lost
+//! the session.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use futures::StreamExt;
+use interlock_core::Namespace;
+use interlock_proto::{self as proto, ClientMsgRef, GrantInfo, Kind, Op, Reply, ServerMsg, Target};
+use tokio::net::TcpStream;
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::sync::oneshot;
+use tokio_util::codec::{FramedRead, LengthDelimitedCodec};
+
+use crate::{Blocking, ClientError, Inner};
+
+/// A connection that said hello: its frames in, its bytes out.
+pub(crate) struct Conn {
+    frames: FramedRead<OwnedReadHalf, LengthDelimitedCodec>,
+    wr: OwnedWriteHalf,
+}
+
+/// Opens a connection and says hello, resuming the session if there is
+/// one. Returns the connection and whether the session was resumed.
+pub(crate) async fn handshake(inner: &Inner) -> Result<(Conn, bool), ClientError> {
+    let stream = TcpStream::connect(&inner.addr)
+        .await
+        .map_err(|source| ClientError::Connect { addr: inner.addr.clone(), source })?;
+    let _ = stream.set_nodelay(true);
+    let (rd, mut wr) = stream.into_split();
+    let session = Some(inner.session.load(Ordering::Relaxed)).filter(|&s| s != 0);
+    let hello = ClientMsgRef::Hello { version: proto::VERSION, token: inner.options.token.as_deref(), session };
+    proto::send(&mut wr, &hello).await.map_err(|_| ClientError::ConnectionLost)?;
+    // The reader is kept: pushes may follow the welcome in the same read.
+    let mut frames = FramedRead::new(rd, proto::codec());
+    let frame = frames.next().await.ok_or(ClientError::ConnectionLost)?.map_err(|_| ClientError::ConnectionLost)?;
+    match proto::decode::<ServerMsg>(&frame) {
+        Ok(ServerMsg::Welcome { session, lease_ms, resumed, .. }) => {
+            inner.session.store(session, Ordering::Relaxed);
+            inner.lease_ms.store(lease_ms, Ordering::Relaxed);
+            Ok((Conn { frames, wr }, resumed))
+        }
+        Ok(ServerMsg::Refused { reason }) => Err(ClientError::Refused(reason)),
+        _ => Err(ClientError::Server("unexpected answer to hello".into())),
+    }
+}
+
+/// Reconnects with exponential backoff (50 ms to 2 s). Gives up when the
+/// server refuses the client or the client is dropped.
+pub(crate) async fn reconnect(inner: &Arc<Inner>) -> Option<(Conn, bool)> {
+    let mut delay = Duration::from_millis(50);
+    while !inner.closed() {
+        match handshake(inner).await {
+            Ok(c) => return Some(c),
+            Err(ClientError::Refused(why)) => {
+                tracing::error!(reason = %why, "server refused the reconnect");
+                return None;
+            }
+            Err(e) => tracing::debug!(error = %e, "reconnect failed; retrying"),
+        }
+        tokio::time::sleep(delay).await;
+        delay = (delay * 2).min(Duration::from_secs(2));
+    }
+    None
+}
+
+/// Drives one connection until it drops. The outbox is open already.
+pub(crate) async fn run(inner: Arc<Inner>, conn: Conn, resumed: bool) {
+    let Conn { mut frames, wr } = conn;
+    let outbox = inner.outbox.clone();
+    let tables = inner.clone();
+    let writer = tokio::spawn(outbox.write_to(wr, move || tables.tables.lock().pending.len() > 1));
+    if !resumed {
+        reclaim(&inner);
+    }
+    while let Some(Ok(frame)) = frames.next().await {
+        let Ok(msg) = proto::decode::<ServerMsg>(&frame) else {
+            tracing::warn!("undecodable message from the server");
+            break;
+        };
+        dispatch(&inner, msg);
+    }
+    inner.outbox.close();
+    writer.abort();
+    // Replies to requests in flight are lost with the connection.
+    inner.tables.lock().pending.clear();
+}
+
+/// After the server lost our session (it restarted, or our lease ran
+/// out): claim back every lock we hold, then ask again for what we waited
+/// for. In that order: during the recovery window the server holds back
+/// a connection's new requests, and the reclaims behind them with them.
+fn reclaim(inner: &Arc<Inner>) {
+    let (resources, dlm) = {
+        let t = inner.tables.lock();
+        (t.local_resources.iter().cloned().collect::<Vec<_>>(), t.dlm.clone())
+    };
+    for (kind, resource) in resources {
+        let ns = if kind == Kind::Flock { Namespace::Flock } else { Namespace::Record };
+        for l in inner.local.locks(&resource, ns).unwrap_or_default() {
+            let target = Target {
+                resource: resource.clone(),
+                kind,
+                owner: l.owner as u32,
+                start: l.range.start(),
+                end: l.range.end(),
+            };
+            let op = Op::Lock { target, mode: l.mode as u8, wait: false, reclaim: true };
+            let _ = inner.outbox.send(&ClientMsgRef::Request { id: 0, op: &op });
+        }
+    }
+    for (old, (resource, owner, mode, start, end)) in dlm {
+        let id = inner.next_id.fetch_add(1, Ordering::Relaxed);
+        let target = Target { resource, kind: Kind::Dlm, owner, start, end };
+        let (tx, rx) = oneshot::channel();
+        inner.tables.lock().pending.insert(id, tx);
+        let op = Op::Lock { target, mode, wait: false, reclaim: true };
+        let _ = inner.outbox.send(&ClientMsgRef::Request { id, op: &op });
+        let weak = Arc::downgrade(inner);
+        tokio::spawn(async move {
+            if let (Ok(Reply::Granted(g)), Some(inner)) = (rx.await, weak.upgrade())
+                && let Some(new) = g.handle
+            {
+                let mut t = inner.tables.lock();
+                if let Some(entry) = t.dlm.remove(&old) {
+                    t.dlm.insert(new, entry);
+                }
+                t.alias.insert(old, new);
+            }
+        });
+    }
+    for (&id, (_, op)) in &inner.tables.lock().waits {
+        let _ = inner.outbox.send(&ClientMsgRef::Request { id, op });
+    }
+}
+
+/// Routes a message from the server to whoever waits for it.
+fn dispatch(inner: &Arc<Inner>, msg: ServerMsg) {
+    match msg {
+        ServerMsg::Reply { id: 0, .. } => {}
+        ServerMsg::Reply { id, reply } => {
+            let mut t = inner.tables.lock();
+            if let Some(tx) = t.pending.remove(&id) {
+                let _ = tx.send(reply);
+            } else if let Some(request) = t.cancelling.remove(&id) {
+                t.abandoned.remove(&request);
+            } else if t.abandoned.contains_key(&id) {
+                // The request's future is gone: a lock granted at once is
+                // given back; `Queued` leaves it to the grant or the cancel.
+                match reply {
+                    Reply::Granted(g) => {
+                        let op = t.abandoned.remove(&id).expect("listed");
+                        drop(t);
+                        give_back(inner, op, g);
+                    }
+                    Reply::Queued => {}
+                    _ => {
+                        t.abandoned.remove(&id);
+                    }
+                }
+            }
+        }
+        ServerMsg::Granted { id, grant } => {
+            let mut t = inner.tables.lock();
+            if let Some((tx, _)) = t.waits.remove(&id) {
+                let _ = tx.send(grant);
+            } else if let Some(op) = t.abandoned.remove(&id) {
+                // The wait was dropped but the grant won the race: give
+                // the lock back.
+                drop(t);
+                give_back(inner, op, grant);
+            }
+        }
+        ServerMsg::Blocking { resource, handle, owner, held, wanted } => {
+            if let Some(tx) = inner.blocking.lock().as_ref() {
+                let _ = tx.send(Blocking { resource, handle, owner, held, wanted });
+            }
+        }
+        ServerMsg::Welcome { .. } | ServerMsg::Refused { .. } => {}
+    }
+}
+
+/// Releases a lock granted to a request whose caller is gone.
+pub(crate) fn give_back(inner: &Inner, op: Op, grant: GrantInfo) {
+    let undo = match (op, grant.handle) {
+        (Op::Lock { target, .. }, Some(handle)) if target.kind == Kind::Dlm => {
+            Op::DlmUnlock { resource: target.resource, owner: target.owner, handle, lvb: None }
+        }
+        (Op::Lock { target, .. }, _) => Op::Unlock { target },
+        _ => return,
+    };
+    let _ = inner.outbox.send(&ClientMsgRef::Request { id: 0, op: &undo });
+}
