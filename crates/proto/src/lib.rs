@@ -206,7 +206,13 @@ pub struct FrameTooLarge(pub usize);
 pub fn write_frame<T: Serialize + ?Sized>(msg: &T, out: &mut BytesMut) -> Result<(), FrameTooLarge> {
     let at = out.len();
     out.put_u32(0);
-    postcard::serialize_with_flavor::<T, _, _>(msg, Appender(out)).expect("messages always serialize");
+    // Most messages are small: encoded on the stack and copied once, they
+    // cost a fraction of growing the buffer a field at a time.
+    let mut small = [0u8; 512];
+    match postcard::to_slice(msg, &mut small) {
+        Ok(body) => out.extend_from_slice(body),
+        Err(_) => postcard::serialize_with_flavor::<T, _, _>(msg, Appender(out)).expect("messages always serialize"),
+    }
     let len = out.len() - at - 4;
     if len > MAX_FRAME {
         out.truncate(at);
@@ -297,12 +303,17 @@ mod tests {
         let mut out = BytesMut::new();
         write_frame(&ClientMsgRef::Request { id: 9, op: &op }, &mut out).unwrap();
         write_frame(&ClientMsg::Hello { version: VERSION, token: Some("t".into()), session: None }, &mut out).unwrap();
+        // Larger than the stack buffer of the fast path.
+        let big = ClientMsg::Request { id: 10, op: Op::Close { resource: vec![3; 2000], kind: Kind::Ofd, owner: 2 } };
+        write_frame(&big, &mut out).unwrap();
         let hello_ref = ClientMsgRef::Hello { version: VERSION, token: Some("t"), session: None };
         let mut codec = codec();
         let first = codec.decode(&mut out).unwrap().unwrap();
         assert_eq!(decode::<ClientMsg>(&first).unwrap(), ClientMsg::Request { id: 9, op });
         let second = codec.decode(&mut out).unwrap().unwrap();
         assert_eq!(&second[..], &encode(&hello_ref)[..]);
+        let third = codec.decode(&mut out).unwrap().unwrap();
+        assert_eq!(decode::<ClientMsg>(&third).unwrap(), big);
         assert!(codec.decode(&mut out).unwrap().is_none());
     }
 
