@@ -131,12 +131,19 @@ fn blocking_grants_are_pushed_in_fifo_order() {
 fn lease_expiry_frees_a_killed_clients_locks() {
     let data = tempfile::tempdir().unwrap();
     let server = ServerProc::start(data.path(), "127.0.0.1:0", &["--lease-ms", "500"]);
-    let mut victim = lock_cmd(&server.addr, &["held", "--", "sleep", "60"]).spawn().unwrap();
+    // In a process group of its own, so the kill takes the command it
+    // runs too (an orphaned `sleep` would hold the test's output open).
+    let mut victim = std::os::unix::process::CommandExt::process_group(
+        &mut lock_cmd(&server.addr, &["held", "--", "sleep", "60"]),
+        0,
+    )
+    .spawn()
+    .unwrap();
     std::thread::sleep(Duration::from_millis(400));
     assert_eq!(lock_cmd(&server.addr, &["held", "--nowait", "--", "true"]).status().unwrap().code(), Some(1));
     let t = Instant::now();
     // kill -9 the client: no unlock, no bye; only the lease can free it.
-    unsafe { libc::kill(victim.id() as i32, libc::SIGKILL) };
+    unsafe { libc::kill(-(victim.id() as i32), libc::SIGKILL) };
     victim.wait().unwrap();
     let code = lock_cmd(&server.addr, &["held", "--timeout", "10", "--", "true"]).status().unwrap().code();
     assert_eq!(code, Some(0));

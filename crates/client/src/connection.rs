@@ -131,8 +131,10 @@ fn reclaim(inner: &Arc<Inner>) {
             }
         });
     }
-    for (&id, (_, op)) in &inner.tables.lock().waits {
-        let _ = inner.outbox.send(&ClientMsgRef::Request { id, op });
+    for (&id, w) in &inner.tables.lock().waits {
+        if w.grant_tx.is_some() {
+            let _ = inner.outbox.send(&ClientMsgRef::Request { id, op: &w.op });
+        }
     }
 }
 
@@ -164,7 +166,7 @@ fn dispatch(inner: &Arc<Inner>, msg: ServerMsg) {
         }
         ServerMsg::Granted { id, grant } => {
             let mut t = inner.tables.lock();
-            if let Some((tx, _)) = t.waits.remove(&id) {
+            if let Some(tx) = t.waits.get_mut(&id).and_then(|w| w.grant_tx.take()) {
                 let _ = tx.send(grant);
             } else if let Some(op) = t.abandoned.remove(&id) {
                 // The wait was dropped but the grant won the race: give

@@ -49,7 +49,7 @@ impl Drop for WaitGuard<'_> {
             // (and delivers into a receiver) or abandoned.
             let mut t = self.inner.tables.lock();
             t.pending.remove(&self.id);
-            let Some(op) = t.waits.remove(&self.id).map(|(_, op)| op).or_else(|| self.op.take()) else { return };
+            let Some(op) = t.waits.remove(&self.id).map(|w| w.op).or_else(|| self.op.take()) else { return };
             t.abandoned.insert(self.id, op);
         }
         let mut pushed = || self.grant_rx.as_mut().and_then(|rx| rx.try_recv().ok());
@@ -63,8 +63,9 @@ impl Drop for WaitGuard<'_> {
             }
             // No reply (or `Queued`, consumed): a grant may have come
             // first all the same (the server writes the pushes it made
-            // before a request's reply ahead of it), and with `waits` no
-            // longer listing us, what is in the receiver is all there is.
+            // before a request's reply ahead of it), and with the request
+            // moved to `abandoned`, what is in the receiver is all there
+            // is.
             Err(_) => pushed(),
         };
         let blocking = self.grant_rx.is_some();

@@ -128,9 +128,10 @@ pub struct Blocking {
 struct Tables {
     /// Request id -> where its reply goes.
     pending: HashMap<u64, oneshot::Sender<Reply>>,
-    /// Request id of a queued lock -> where its grant goes, and the request
-    /// to send again if the server restarted.
-    waits: HashMap<u64, (oneshot::Sender<GrantInfo>, Op)>,
+    /// Blocking requests, from sending until their future is done with
+    /// them: the request, to send again if the server restarted, or to
+    /// give back a grant that races a drop.
+    waits: HashMap<u64, Waiting>,
     /// Queued requests whose future was dropped: a grant that still comes
     /// is given back.
     abandoned: HashMap<u64, Op>,
@@ -179,12 +180,20 @@ impl Inner {
         t.pending.insert(id, reply_tx);
         if wait {
             let (grant_tx, grant_rx) = oneshot::channel();
-            t.waits.insert(id, (grant_tx, op));
+            t.waits.insert(id, Waiting { grant_tx: Some(grant_tx), op });
             Ok(Submitted { reply_rx, grant_rx: Some(grant_rx), op: None })
         } else {
             Ok(Submitted { reply_rx, grant_rx: None, op: Some(op) })
         }
     }
+}
+
+/// A blocking request in `Tables::waits`.
+struct Waiting {
+    /// Where its pushed grant goes; taken when the grant is delivered
+    /// (the request stays listed until its future is done with it).
+    grant_tx: Option<oneshot::Sender<GrantInfo>>,
+    op: Op,
 }
 
 /// A request on its way: see [`Inner::submit`].

@@ -207,26 +207,32 @@ async fn reap(inner: Arc<Inner>) {
 fn end_session(inner: &Inner, sid: u64) {
     let Some(tracked) = inner.sessions.remove(sid) else { return };
     for t in tracked {
-        let resp = match &t {
-            Track::Owned { resource, kind, owner } => inner.space.release_owner(resource, *owner, *kind),
-            Track::Dlm { resource, owner, handle } => inner.space.dlm_unlock(resource, *owner, *handle, None),
-            Track::Wait { resource, kind, wait, owner } => {
-                if let Ok(resp) = inner.space.cancel(resource, *kind, *wait) {
-                    let granted = resp.outcome == Outcome::NotQueued;
-                    deliver(inner, resource, resp.effects);
-                    if granted {
-                        let r = Raced { resource: resource.clone(), kind: *kind, owner: *owner, range: None };
-                        if let Some((r, g)) = inner.sessions.raced(*wait, r) {
-                            release_raced(inner, r, g);
-                        }
+        release_track(inner, t);
+    }
+}
+
+/// Gives back one thing a session held or waited for: releases the locks,
+/// withdraws the wait (releasing its grant if the grant won the race).
+fn release_track(inner: &Inner, t: Track) {
+    let resp = match &t {
+        Track::Owned { resource, kind, owner } => inner.space.release_owner(resource, *owner, *kind),
+        Track::Dlm { resource, owner, handle } => inner.space.dlm_unlock(resource, *owner, *handle, None),
+        Track::Wait { resource, kind, wait, owner } => {
+            if let Ok(resp) = inner.space.cancel(resource, *kind, *wait) {
+                let granted = resp.outcome == Outcome::NotQueued;
+                deliver(inner, resource, resp.effects);
+                if granted {
+                    let r = Raced { resource: resource.clone(), kind: *kind, owner: *owner, range: None };
+                    if let Some((r, g)) = inner.sessions.raced(*wait, r) {
+                        release_raced(inner, r, g);
                     }
                 }
-                continue;
             }
-        };
-        if let Ok(resp) = resp {
-            deliver(inner, t.resource(), resp.effects);
+            return;
         }
+    };
+    if let Ok(resp) = resp {
+        deliver(inner, t.resource(), resp.effects);
     }
 }
 
@@ -329,25 +335,35 @@ fn lock_reply(
     outcome: Outcome,
     target: &Target,
     owner: u64,
-    on_grant: impl FnOnce(&GrantInfo),
+    on_grant: impl FnOnce(&GrantInfo) -> Result<(), Reply>,
 ) -> Reply {
     match outcome {
         Outcome::Granted(g) => {
             let info = inner.grant_info(g);
-            on_grant(&info);
-            Reply::Granted(info)
+            match on_grant(&info) {
+                Ok(()) => Reply::Granted(info),
+                Err(reply) => reply,
+            }
         }
         Outcome::Queued(wait) => {
             let track = Track::Wait { resource: target.resource.clone(), kind: kind(target.kind), wait, owner };
             match inner.sessions.queued(sid, id, track, target, owner) {
-                Some(info) => Reply::Granted(info),
-                None => Reply::Queued,
+                Ok(Some(info)) => Reply::Granted(info),
+                Ok(None) => Reply::Queued,
+                Err(gone) => session_gone(inner, gone),
             }
         }
         Outcome::WouldBlock => Reply::WouldBlock,
         Outcome::Deadlock => Reply::Deadlock,
         Outcome::Done | Outcome::NotQueued => Reply::Done,
     }
+}
+
+/// A request raced the end of its session (the lease ran out while it
+/// was read): what it just got is given back at once, or no one would.
+fn session_gone(inner: &Inner, t: Track) -> Reply {
+    release_track(inner, t);
+    Reply::Error("session ended".into())
 }
 
 fn range_of(t: &Target) -> Result<Range, String> {
@@ -371,7 +387,10 @@ fn execute(inner: &Inner, sid: u64, id: u64, op: Op) -> Result<Reply, String> {
             };
             let resp = inner.space.lock(&req).map_err(err)?;
             let reply = lock_reply(inner, sid, id, resp.outcome, &target, owner, |info| {
-                inner.sessions.track(sid, Track::held(&target, owner, info.handle));
+                inner
+                    .sessions
+                    .track(sid, Track::held(&target, owner, info.handle))
+                    .map_err(|gone| session_gone(inner, gone))
             });
             deliver(inner, &target.resource, resp.effects);
             Ok(reply)
@@ -438,7 +457,7 @@ fn execute(inner: &Inner, sid: u64, id: u64, op: Op) -> Result<Reply, String> {
             // The lock is tracked already: a granted conversion changes
             // only its mode.
             let target = Target { resource, kind: Kind::Dlm, owner, start: 0, end: 0 };
-            let reply = lock_reply(inner, sid, id, resp.outcome, &target, owner_full, |_| {});
+            let reply = lock_reply(inner, sid, id, resp.outcome, &target, owner_full, |_| Ok(()));
             deliver(inner, &target.resource, resp.effects);
             Ok(reply)
         }
@@ -536,6 +555,7 @@ async fn serve_connection(
     let limit = inner.config.limits.max_in_flight.max(1);
     let mut out = BytesMut::with_capacity(8 << 10);
     let mut unflushed = 0usize;
+    let mut touched = false;
     loop {
         let next = if unflushed == 0 {
             tokio::select! {
@@ -566,6 +586,7 @@ async fn serve_connection(
                 }
                 out.clear();
                 unflushed = 0;
+                touched = false;
                 continue;
             }
             Next::Frame(f) => match read_request(f, sid, peer) {
@@ -573,8 +594,15 @@ async fn serve_connection(
                 None => return false,
             },
         };
-        if !inner.sessions.touch(sid) {
-            return false;
+        // Once per batch of requests read together: it renews the lease
+        // and checks that the session has not ended. (A session that ends
+        // while a request runs gets back what that request obtained: see
+        // `session_gone`.)
+        if !touched {
+            if !inner.sessions.touch(sid) {
+                return false;
+            }
+            touched = true;
         }
         // After a restart, only reclaims go through until the window ends.
         let reclaim = matches!(op, Op::Lock { reclaim: true, .. });

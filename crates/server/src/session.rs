@@ -188,9 +188,15 @@ impl Sessions {
         Ok(())
     }
 
-    pub fn track(&self, sid: u64, t: Track) {
-        if let Some(s) = self.state.lock().sessions.get_mut(&sid) {
-            s.held.insert(t);
+    /// Records what a grant left to give back; hands it back if the
+    /// session has ended meanwhile (then the caller gives it back).
+    pub fn track(&self, sid: u64, t: Track) -> Result<(), Track> {
+        match self.state.lock().sessions.get_mut(&sid) {
+            Some(s) => {
+                s.held.insert(t);
+                Ok(())
+            }
+            None => Err(t),
         }
     }
 
@@ -215,22 +221,37 @@ impl Sessions {
     }
 
     /// Records request `id` as queued; if its grant already came (a race
-    /// with another connection), returns it instead.
-    pub fn queued(&self, sid: u64, id: u64, track: Track, target: &Target, owner: u64) -> Option<GrantInfo> {
+    /// with another connection), returns it instead. If the session has
+    /// ended meanwhile, hands back what the caller must give back: the
+    /// wait, or the lock its early grant left.
+    pub fn queued(
+        &self,
+        sid: u64,
+        id: u64,
+        track: Track,
+        target: &Target,
+        owner: u64,
+    ) -> Result<Option<GrantInfo>, Track> {
         let mut st = self.state.lock();
         let Track::Wait { wait, .. } = &track else { unreachable!("queued takes a wait") };
         let wait = *wait;
+        if !st.sessions.contains_key(&sid) {
+            return Err(match st.early.remove(&wait) {
+                Some(g) => Track::held(target, owner, g.handle),
+                None => track,
+            });
+        }
         if let Some(g) = st.early.remove(&wait) {
             if let Some(s) = st.sessions.get_mut(&sid) {
                 s.held.insert(Track::held(target, owner, g.handle));
             }
-            return Some(g);
+            return Ok(Some(g));
         }
         st.waits.insert(wait, (sid, id));
         if let Some(s) = st.sessions.get_mut(&sid) {
             s.waits.insert(id, Waiting { track, target: target.clone(), owner });
         }
-        None
+        Ok(None)
     }
 
     /// A queued request was granted: track it and push the grant. Returns
