@@ -315,8 +315,13 @@ impl Client {
         self.acquire(spec, false).await
     }
 
+    /// Whether the local table mirrors this client's locks.
+    fn local_table(&self) -> bool {
+        !self.inner.options.no_local
+    }
+
     async fn acquire(&self, spec: &LockSpec, wait: bool) -> Result<Option<GrantInfo>, ClientError> {
-        let local = spec.local() && !self.inner.options.no_local;
+        let local = spec.local() && self.local_table();
         if local {
             let range = spec.range;
             let conflict = self
@@ -411,10 +416,13 @@ impl Client {
             return Err(ClientError::Invalid("DLM locks are released with dlm_unlock".into()));
         }
         let reply = self.request(Op::Unlock { target: spec.target() });
-        if let Ok(resp) = self.inner.local.unlock(&spec.resource, u64::from(spec.owner), spec.core_kind(), spec.range) {
-            local_effects(&self.inner, resp.effects);
+        if self.local_table() {
+            let (owner, kind) = (u64::from(spec.owner), spec.core_kind());
+            if let Ok(resp) = self.inner.local.unlock(&spec.resource, owner, kind, spec.range) {
+                local_effects(&self.inner, resp.effects);
+            }
+            self.forget_if_free(spec.kind, &spec.resource);
         }
-        self.forget_if_free(spec.kind, &spec.resource);
         reply.await.map(drop)
     }
 
@@ -433,10 +441,12 @@ impl Client {
     /// Releases every lock of the owner on the resource (a close).
     pub async fn close(&self, resource: &[u8], kind: Kind, owner: u32) -> Result<(), ClientError> {
         let reply = self.request(Op::Close { resource: resource.to_vec(), kind, owner });
-        if let Ok(resp) = self.inner.local.release_owner(resource, u64::from(owner), core_kind(kind)) {
-            local_effects(&self.inner, resp.effects);
+        if self.local_table() {
+            if let Ok(resp) = self.inner.local.release_owner(resource, u64::from(owner), core_kind(kind)) {
+                local_effects(&self.inner, resp.effects);
+            }
+            self.forget_if_free(kind, resource);
         }
-        self.forget_if_free(kind, resource);
         reply.await.map(drop)
     }
 
