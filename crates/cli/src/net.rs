@@ -37,59 +37,112 @@ fn token(file: Option<&PathBuf>) -> Result<Option<String>, String> {
 
 #[derive(clap::Args)]
 pub struct ServeArgs {
-    /// Address to listen on. Off loopback, --token-file is required.
-    #[arg(long, default_value = "127.0.0.1:7420")]
-    listen: std::net::SocketAddr,
-    /// Directory for the server's state.
-    #[arg(long, default_value = "./interlock-data")]
-    data: PathBuf,
+    /// A TOML file of settings: the options below, by the same names
+    /// (`listen = "0.0.0.0:7420"`, `lease-ms = 3000`, ...; paths relative
+    /// to the file). Options given on the command line override it.
+    #[arg(long, env = "INTERLOCK_CONFIG")]
+    config: Option<PathBuf>,
+    #[command(flatten)]
+    settings: ServeSettings,
+}
+
+/// The server's settings, from the command line or the config file (the
+/// command line wins); unset ones take the defaults shown.
+#[derive(clap::Args, serde::Deserialize, Default)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+struct ServeSettings {
+    /// Address to listen on. Off loopback, --token-file is required
+    /// [default: 127.0.0.1:7420].
+    #[arg(long)]
+    listen: Option<std::net::SocketAddr>,
+    /// Directory for the server's state [default: ./interlock-data].
+    #[arg(long)]
+    data: Option<PathBuf>,
     /// File holding the shared-secret token clients must present.
     #[arg(long)]
     token_file: Option<PathBuf>,
-    /// Milliseconds a silent client keeps its session (and locks).
-    #[arg(long, default_value_t = 5000)]
-    lease_ms: u64,
+    /// Milliseconds a silent client keeps its session (and locks)
+    /// [default: 5000].
+    #[arg(long)]
+    lease_ms: Option<u64>,
     /// Milliseconds after a restart during which clients reclaim their
-    /// locks (new requests wait until it ends). 0: none.
-    #[arg(long, default_value_t = 10_000)]
-    recovery_ms: u64,
-    /// Locks one session may hold.
-    #[arg(long, default_value_t = 100_000)]
-    max_locks: usize,
-    /// Requests one session may have queued.
-    #[arg(long, default_value_t = 10_000)]
-    max_waiters: usize,
+    /// locks (new requests wait until it ends). 0: none [default: 10000].
+    #[arg(long)]
+    recovery_ms: Option<u64>,
+    /// Locks one session may hold [default: 100000].
+    #[arg(long)]
+    max_locks: Option<usize>,
+    /// Requests one session may have queued [default: 10000].
+    #[arg(long)]
+    max_waiters: Option<usize>,
     /// Requests of one connection read ahead of writing their replies. The
     /// server reads nothing more from a connection whose replies it cannot
-    /// write, so a client that does not read its replies is held back.
-    #[arg(long, default_value_t = 4096)]
-    max_in_flight: usize,
+    /// write, so a client that does not read its replies is held back
+    /// [default: 4096].
+    #[arg(long)]
+    max_in_flight: Option<usize>,
+}
+
+impl ServeSettings {
+    /// Each setting from `self`, else from `file`.
+    fn or(self, file: ServeSettings) -> ServeSettings {
+        ServeSettings {
+            listen: self.listen.or(file.listen),
+            data: self.data.or(file.data),
+            token_file: self.token_file.or(file.token_file),
+            lease_ms: self.lease_ms.or(file.lease_ms),
+            recovery_ms: self.recovery_ms.or(file.recovery_ms),
+            max_locks: self.max_locks.or(file.max_locks),
+            max_waiters: self.max_waiters.or(file.max_waiters),
+            max_in_flight: self.max_in_flight.or(file.max_in_flight),
+        }
+    }
+
+    /// The settings in a config file. Relative paths in it are relative
+    /// to the file's directory, so it means the same from anywhere.
+    fn read(path: &std::path::Path) -> Result<ServeSettings, String> {
+        let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read config {}: {e}", path.display()))?;
+        let mut s: ServeSettings = toml::from_str(&text).map_err(|e| format!("config {}: {e}", path.display()))?;
+        let dir = path.parent().unwrap_or(std::path::Path::new("."));
+        s.data = s.data.map(|d| dir.join(d));
+        s.token_file = s.token_file.map(|t| dir.join(t));
+        Ok(s)
+    }
+
+    /// The server's configuration, defaults filled in.
+    fn config(self) -> Result<interlock_server::Config, String> {
+        let token = self.token_file.as_ref().map(|f| token(Some(f))).transpose()?.flatten();
+        if token.as_deref() == Some("") {
+            return Err("the token file is empty".into());
+        }
+        let defaults = interlock_server::Limits::default();
+        Ok(interlock_server::Config {
+            listen: self.listen.unwrap_or_else(|| "127.0.0.1:7420".parse().expect("valid address")),
+            data: self.data.unwrap_or_else(|| "./interlock-data".into()),
+            token,
+            lease: Duration::from_millis(self.lease_ms.unwrap_or(5000).max(100)),
+            recovery: Duration::from_millis(self.recovery_ms.unwrap_or(10_000)),
+            limits: interlock_server::Limits {
+                max_locks: self.max_locks.unwrap_or(defaults.max_locks),
+                max_waiters: self.max_waiters.unwrap_or(defaults.max_waiters),
+                max_in_flight: self.max_in_flight.unwrap_or(defaults.max_in_flight),
+            },
+        })
+    }
 }
 
 pub fn serve(args: ServeArgs) -> ExitCode {
     init_logging();
-    let token = match args.token_file.as_ref().map(|f| token(Some(f))).transpose() {
-        Ok(t) => t.flatten(),
+    let file = match &args.config {
+        Some(path) => ServeSettings::read(path),
+        None => Ok(ServeSettings::default()),
+    };
+    let config = match file.and_then(|file| args.settings.or(file).config()) {
+        Ok(c) => c,
         Err(e) => {
             eprintln!("interlock serve: {e}");
             return ExitCode::from(2);
         }
-    };
-    if token.as_deref() == Some("") {
-        eprintln!("interlock serve: the token file is empty");
-        return ExitCode::from(2);
-    }
-    let config = interlock_server::Config {
-        listen: args.listen,
-        data: args.data,
-        token,
-        lease: Duration::from_millis(args.lease_ms.max(100)),
-        recovery: Duration::from_millis(args.recovery_ms),
-        limits: interlock_server::Limits {
-            max_locks: args.max_locks,
-            max_waiters: args.max_waiters,
-            max_in_flight: args.max_in_flight,
-        },
     };
     match runtime().block_on(interlock_server::run(config, |addr| println!("interlock: listening on {addr}"))) {
         Ok(()) => ExitCode::SUCCESS,

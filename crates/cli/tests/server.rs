@@ -18,9 +18,16 @@ struct ServerProc {
 
 impl ServerProc {
     fn start(data: &std::path::Path, listen: &str, extra: &[&str]) -> ServerProc {
+        let mut args = vec!["--data", data.to_str().unwrap(), "--listen", listen];
+        args.extend(extra);
+        ServerProc::spawn(&args)
+    }
+
+    /// `interlock serve ARGS`, once it listens.
+    fn spawn(args: &[&str]) -> ServerProc {
         let mut child = Command::new(BIN)
-            .args(["serve", "--data", data.to_str().unwrap(), "--listen", listen])
-            .args(extra)
+            .arg("serve")
+            .args(args)
             .env("INTERLOCK_LOG", "warn")
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
@@ -292,6 +299,56 @@ fn abandoned_waits_never_leave_orphan_locks() {
         }
         let got = probe.try_lock(&spec("hot", 99)).await.unwrap();
         assert!(got.is_some(), "the lock is free");
+    });
+}
+
+/// `serve --config FILE`: its settings apply, the command line overrides
+/// them, and a bad file is refused with the reason.
+#[test]
+fn serve_reads_a_config_file_and_flags_override_it() {
+    let data = tempfile::tempdir().unwrap();
+    let config = data.path().join("interlock.toml");
+    std::fs::write(&config, "data = \"state\"\nlisten = \"127.0.0.1:0\"\nmax-locks = 1\n").unwrap();
+    let config = config.to_str().unwrap();
+    let two_locks = |server: &ServerProc| {
+        rt().block_on(async {
+            let c = Client::connect(&server.addr, ClientOptions::default()).await.unwrap();
+            c.lock(&spec("one", 1)).await.unwrap();
+            c.try_lock(&spec("two", 1)).await.map(|g| g.is_some())
+        })
+    };
+    let from_file = ServerProc::spawn(&["--config", config]);
+    let err = two_locks(&from_file).unwrap_err().to_string();
+    assert!(err.contains("max_locks"), "the file's max-locks = 1 applies: {err}");
+    drop(from_file);
+    // A restart on the same data: clients that come during the recovery
+    // window wait for it to end (1 s here), with their sessions kept.
+    let overridden = ServerProc::spawn(&["--config", config, "--max-locks", "5", "--recovery-ms", "1000"]);
+    assert!(two_locks(&overridden).unwrap(), "--max-locks 5 wins over the file");
+    assert!(data.path().join("state").is_dir(), "the file's relative data path is the file's directory's");
+    std::fs::write(data.path().join("bad.toml"), "max-lock = 3\n").unwrap();
+    let out =
+        Command::new(BIN).args(["serve", "--config", data.path().join("bad.toml").to_str().unwrap()]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("unknown field `max-lock`"), "{stderr}");
+}
+
+/// After a restart, a new request waits for the recovery window to end,
+/// and the renewals behind it with it: a window longer than the lease
+/// must not cost the waiting client its session.
+#[test]
+fn a_client_held_back_by_the_recovery_window_keeps_its_session() {
+    let data = tempfile::tempdir().unwrap();
+    let args = ["--lease-ms", "300", "--recovery-ms", "1500"];
+    drop(ServerProc::start(data.path(), "127.0.0.1:0", &args));
+    let server = ServerProc::start(data.path(), "127.0.0.1:0", &args);
+    rt().block_on(async {
+        let c = Client::connect(&server.addr, ClientOptions::default()).await.unwrap();
+        let t = Instant::now();
+        c.lock(&spec("after-restart", 1)).await.expect("granted once the window ends");
+        assert!(t.elapsed() >= Duration::from_millis(1000), "held back by the window: {:?}", t.elapsed());
+        assert_eq!(c.status().await.unwrap().locks, 1);
     });
 }
 

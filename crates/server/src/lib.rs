@@ -192,7 +192,10 @@ async fn reap(inner: Arc<Inner>) {
     let mut epochs = 0u64;
     loop {
         tick.tick().await;
-        for sid in inner.sessions.expired(inner.config.lease) {
+        // A request held back by the recovery window holds back the
+        // renewals behind it: no lease runs out before the window ends.
+        let since = inner.recovery_until.unwrap_or(inner.started);
+        for sid in inner.sessions.expired(inner.config.lease, since) {
             tracing::info!(session = sid, "lease expired; releasing its locks");
             end_session(&inner, sid);
         }

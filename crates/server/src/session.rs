@@ -154,11 +154,14 @@ impl Sessions {
         }
     }
 
-    /// Sessions not heard from for `lease`.
-    pub fn expired(&self, lease: Duration) -> Vec<u64> {
+    /// Sessions not heard from for `lease`, counting silence from
+    /// `since` at the earliest (the end of the recovery window, during
+    /// which the server holds their requests back).
+    pub fn expired(&self, lease: Duration, since: Instant) -> Vec<u64> {
         let now = Instant::now();
         let st = self.state.lock();
-        st.sessions.iter().filter(|(_, s)| now.duration_since(s.last_seen) > lease).map(|(&id, _)| id).collect()
+        let silent = |s: &Session| now.saturating_duration_since(s.last_seen.max(since)) > lease;
+        st.sessions.iter().filter(|(_, s)| silent(s)).map(|(&id, _)| id).collect()
     }
 
     /// Forgets a session; returns everything it must give back.
