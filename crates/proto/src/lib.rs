@@ -36,6 +36,7 @@ pub enum Kind {
 /// (0 = NL … 5 = EX; POSIX read = 3, write = 5).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Target {
+    #[serde(with = "serde_bytes")]
     pub resource: Vec<u8>,
     pub kind: Kind,
     /// The client's own name for the owner (a process, an open file):
@@ -58,13 +59,34 @@ pub enum Op {
     /// `F_GETLK`.
     Test { target: Target, mode: u8 },
     /// Release everything the owner holds on the resource (close).
-    Close { resource: Vec<u8>, kind: Kind, owner: u32 },
+    Close {
+        #[serde(with = "serde_bytes")]
+        resource: Vec<u8>,
+        kind: Kind,
+        owner: u32,
+    },
     /// Withdraw the queued request that had id `request`.
     Cancel { request: u64 },
     /// Release a DLM lock by handle, writing the value block from PW/EX.
-    DlmUnlock { resource: Vec<u8>, owner: u32, handle: u64, lvb: Option<Vec<u8>> },
+    DlmUnlock {
+        #[serde(with = "serde_bytes")]
+        resource: Vec<u8>,
+        owner: u32,
+        handle: u64,
+        #[serde(with = "serde_bytes")]
+        lvb: Option<Vec<u8>>,
+    },
     /// Convert a DLM lock.
-    DlmConvert { resource: Vec<u8>, owner: u32, handle: u64, mode: u8, wait: bool, lvb: Option<Vec<u8>> },
+    DlmConvert {
+        #[serde(with = "serde_bytes")]
+        resource: Vec<u8>,
+        owner: u32,
+        handle: u64,
+        mode: u8,
+        wait: bool,
+        #[serde(with = "serde_bytes")]
+        lvb: Option<Vec<u8>>,
+    },
     /// Keep the session's lease alive (any request does too).
     Renew,
     /// Live counters.
@@ -97,6 +119,7 @@ pub struct GrantInfo {
     /// Fencing token: grows with every write grant on the resource, also
     /// across server restarts.
     pub fence: u64,
+    #[serde(with = "serde_bytes")]
     pub lvb: Option<Vec<u8>>,
     /// DLM lock handle.
     pub handle: Option<u64>,
@@ -170,6 +193,7 @@ pub enum ServerMsg {
     /// A DLM lock of this client blocks another request: release or
     /// convert it down.
     Blocking {
+        #[serde(with = "serde_bytes")]
         resource: Vec<u8>,
         handle: u64,
         owner: u32,
@@ -291,6 +315,27 @@ mod tests {
         assert_eq!(decode::<ClientMsg>(&encode(&m)).unwrap(), m);
         let s = ServerMsg::Granted { id: 7, grant: GrantInfo { fence: 3, lvb: Some(vec![1]), handle: None } };
         assert_eq!(decode::<ServerMsg>(&encode(&s)).unwrap(), s);
+    }
+
+    /// The bytes of version 1, spelled out: postcard varints, enum
+    /// variants by index, byte strings as length then bytes. A change
+    /// here is a new protocol version.
+    #[test]
+    fn version_1_bytes() {
+        let lock = ClientMsg::Request {
+            id: 7,
+            op: Op::Lock {
+                target: Target { resource: b"ab".to_vec(), kind: Kind::Ofd, owner: 3, start: 0, end: 9 },
+                mode: 5,
+                wait: true,
+                reclaim: false,
+            },
+        };
+        assert_eq!(encode(&lock), [1, 7, 0, 2, b'a', b'b', 1, 3, 0, 9, 5, 1, 0]);
+        let unlock = Op::DlmUnlock { resource: b"r".to_vec(), owner: 1, handle: 300, lvb: Some(vec![9]) };
+        assert_eq!(encode(&unlock), [5, 1, b'r', 1, 0xac, 0x02, 1, 1, 9]);
+        let grant = ServerMsg::Granted { id: 2, grant: GrantInfo { fence: 1, lvb: None, handle: Some(4) } };
+        assert_eq!(encode(&grant), [3, 2, 1, 0, 1, 4]);
     }
 
     /// Frames written in place decode with the reading codec, in order,
