@@ -229,6 +229,26 @@ fn garbage_on_the_socket_leaves_the_server_serving() {
     assert_eq!(lock_cmd(&server.addr, &["alive", "--", "true"]).status().unwrap().code(), Some(0));
 }
 
+/// A client of another protocol version is refused with a reason that
+/// names both versions, and the connection closes.
+#[test]
+fn an_unknown_protocol_version_is_refused_clearly() {
+    use interlock_proto::{ClientMsg, ServerMsg};
+    let data = tempfile::tempdir().unwrap();
+    let server = ServerProc::start(data.path(), "127.0.0.1:0", &[]);
+    let mut s = std::net::TcpStream::connect(&server.addr).unwrap();
+    s.write_all(&raw_frame(&ClientMsg::Hello { version: 99, token: None, session: None })).unwrap();
+    match interlock_proto::decode(&read_raw_frame(&mut s)).unwrap() {
+        ServerMsg::Refused { reason } => {
+            let want = format!("unsupported protocol version 99; this server speaks {}", interlock_proto::VERSION);
+            assert_eq!(reason, want);
+        }
+        other => panic!("unexpected {other:?}"),
+    }
+    let mut rest = Vec::new();
+    assert_eq!(std::io::Read::read_to_end(&mut s, &mut rest).unwrap(), 0, "closed after the refusal");
+}
+
 #[test]
 fn a_token_is_required_off_loopback_and_checked() {
     let data = tempfile::tempdir().unwrap();
