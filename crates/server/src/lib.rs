@@ -16,6 +16,7 @@
 //!   so they grow across restarts.
 
 mod session;
+mod wire;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -28,12 +29,11 @@ use futures::{FutureExt, StreamExt};
 use interlock_core::{Effect, LockKind, LockRequest, LockSpace, Mode, Outcome, Range};
 use interlock_proto::{self as proto, ClientMsg, GrantInfo, Kind, Op, Reply, ServerMsg, StatusInfo, Target};
 use parking_lot::Mutex;
-use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::mpsc;
 use tokio_util::codec::FramedRead;
 
-use session::{Raced, Sessions, Track};
+use session::{Delivered, Raced, Sessions, Track};
+use wire::Wire;
 
 /// Per-session limits.
 #[derive(Clone, Debug)]
@@ -300,8 +300,10 @@ fn deliver(inner: &Inner, resource: &[u8], effects: Vec<Effect>) {
         match e {
             Effect::Granted { wait, grant, .. } => {
                 let info = inner.grant_info(grant);
-                if let Some((r, g)) = inner.sessions.granted(wait, info) {
-                    release_raced(inner, r, g);
+                match inner.sessions.granted(wait, info) {
+                    Delivered::Kick(wire) => wire.kick(),
+                    Delivered::Release(r, g) => release_raced(inner, r, g),
+                    Delivered::Kept => {}
                 }
             }
             Effect::Blocking { lock, owner, held, wanted } => {
@@ -312,7 +314,9 @@ fn deliver(inner: &Inner, resource: &[u8], effects: Vec<Effect>) {
                     held: held as u8,
                     wanted: wanted as u8,
                 };
-                inner.sessions.push(owner >> 32, msg);
+                if let Delivered::Kick(wire) = inner.sessions.push(owner >> 32, msg) {
+                    wire.kick();
+                }
             }
         }
     }
@@ -476,8 +480,8 @@ fn same_token(a: &str, b: &str) -> bool {
 }
 
 /// One client connection.
-async fn connection(inner: Arc<Inner>, mut stream: TcpStream, peer: SocketAddr) {
-    let (rd, mut wr) = stream.split();
+async fn connection(inner: Arc<Inner>, stream: TcpStream, peer: SocketAddr) {
+    let (rd, mut wr) = stream.into_split();
     let mut source = FramedRead::new(rd, proto::codec());
     let hello = match tokio::time::timeout(Duration::from_secs(10), source.next()).await {
         Ok(Some(Ok(frame))) => proto::decode::<ClientMsg>(&frame),
@@ -511,65 +515,58 @@ async fn connection(inner: Arc<Inner>, mut stream: TcpStream, peer: SocketAddr) 
         let _ = proto::send(&mut wr, &refuse("authentication failed: wrong or missing token".into())).await;
         return;
     }
-    let (tx, mut rx) = mpsc::unbounded_channel::<ServerMsg>();
-    let (sid, resumed) = inner.sessions.attach(session, tx.clone());
-    let welcome = ServerMsg::Welcome {
+    // Held back until the welcome is ahead of everything pushed to it.
+    let wire = Arc::new(Wire::new(wr));
+    let (sid, resumed) = inner.sessions.attach(session, wire.clone());
+    wire.open(&ServerMsg::Welcome {
         version: proto::VERSION,
         session: sid,
         lease_ms: inner.config.lease.as_millis() as u64,
         resumed,
         recovering_ms: inner.recovering().map_or(0, |d| d.as_millis() as u64),
-    };
-    if proto::send(&mut wr, &welcome).await.is_err() {
-        return;
-    }
-    inner.sessions.flush_backlog(sid);
-    let bye = serve_connection(&inner, sid, peer, &mut source, &mut wr, &mut rx).await;
+    });
+    let bye = serve_connection(&inner, sid, peer, &mut source, &wire).await;
+    wire.close();
     if bye {
         end_session(&inner, sid);
     } else {
-        inner.sessions.detach(sid, &tx);
+        inner.sessions.detach(sid, &wire);
     }
 }
 
 /// What the connection does next.
 enum Next {
-    Push(ServerMsg),
     Frame(Option<Result<BytesMut, std::io::Error>>),
     Flush,
 }
 
-/// Serves one connection's requests, answering each at once, and writes
-/// its pushed messages. One task does both: a burst of pipelined requests
-/// is read, answered into one buffer (each reply encoded in place) and
-/// written back in one write, without a hand-off to another task per
-/// reply. It reads ahead at most `max_in_flight` requests before writing
-/// their replies, and reads nothing while it cannot write: a client that
-/// does not read its replies is held back. Returns whether the client
-/// said `Bye`.
+/// Serves one connection's requests, answering each at once. A burst of
+/// pipelined requests is read, answered into the connection's output (see
+/// [`Wire`]) and written back in one write. It reads ahead at most
+/// `max_in_flight` requests before writing their replies, and reads
+/// nothing while it cannot write: a client that does not read its
+/// replies is held back. Between bursts it writes what other tasks pushed
+/// and could not write themselves. Returns whether the client said `Bye`.
 async fn serve_connection(
     inner: &Inner,
     sid: u64,
     peer: SocketAddr,
     source: &mut (impl futures::Stream<Item = Result<BytesMut, std::io::Error>> + Unpin),
-    wr: &mut (impl tokio::io::AsyncWrite + Unpin),
-    rx: &mut mpsc::UnboundedReceiver<ServerMsg>,
+    wire: &Wire,
 ) -> bool {
     let limit = inner.config.limits.max_in_flight.max(1);
-    let mut out = BytesMut::with_capacity(8 << 10);
+    let mut spare = BytesMut::with_capacity(8 << 10);
     let mut unflushed = 0usize;
     let mut touched = false;
+    if wire.flush(&mut spare).await.is_err() {
+        return false;
+    }
     loop {
         let next = if unflushed == 0 {
             tokio::select! {
-                m = rx.recv() => match m {
-                    Some(m) => Next::Push(m),
-                    None => return false,
-                },
+                () = wire.ready() => Next::Flush,
                 f = source.next() => Next::Frame(f),
             }
-        } else if let Ok(m) = rx.try_recv() {
-            Next::Push(m)
         } else if unflushed < limit
             && let Some(f) = source.next().now_or_never()
         {
@@ -578,16 +575,10 @@ async fn serve_connection(
             Next::Flush
         };
         let (id, op) = match next {
-            Next::Push(m) => {
-                put(&mut out, &m);
-                unflushed += 1;
-                continue;
-            }
             Next::Flush => {
-                if wr.write_all(&out).await.is_err() {
+                if wire.flush(&mut spare).await.is_err() {
                     return false;
                 }
-                out.clear();
                 unflushed = 0;
                 touched = false;
                 continue;
@@ -614,26 +605,14 @@ async fn serve_connection(
         }
         let bye = matches!(op, Op::Bye);
         let reply = handle(inner, sid, id, op);
-        // Pushes first: a grant that raced a cancel must reach the client
-        // before the cancel's reply does.
-        while let Ok(m) = rx.try_recv() {
-            put(&mut out, &m);
-        }
-        put(&mut out, &ServerMsg::Reply { id, reply });
+        // Behind any push this request made: a grant that raced a cancel
+        // reaches the client before the cancel's reply.
+        wire.append(&ServerMsg::Reply { id, reply });
         unflushed += 1;
         if bye {
-            let _ = wr.write_all(&out).await;
+            let _ = wire.flush(&mut spare).await;
             return true;
         }
-    }
-}
-
-/// Appends a message to the connection's output. Every server message is
-/// far below the frame limit (names, values and error texts are bounded),
-/// so one over it is a bug; it is logged and left out rather than sent.
-fn put(out: &mut BytesMut, msg: &ServerMsg) {
-    if let Err(e) = proto::write_frame(msg, out) {
-        tracing::error!(error = %e, "server message not sent");
     }
 }
 

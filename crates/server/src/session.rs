@@ -11,8 +11,9 @@ use std::time::{Duration, Instant};
 
 use interlock_core::{LockKind, Range, WaitId};
 use interlock_proto::{GrantInfo, Kind, ServerMsg, Target};
-use tokio::sync::mpsc::UnboundedSender;
+use std::sync::Arc;
 
+use crate::wire::Wire;
 use crate::{Limits, Shared};
 
 /// Messages kept for a session while it has no connection.
@@ -66,7 +67,7 @@ pub(crate) struct Raced {
 }
 
 struct Session {
-    tx: Option<UnboundedSender<ServerMsg>>,
+    wire: Option<Arc<Wire>>,
     backlog: Vec<ServerMsg>,
     last_seen: Instant,
     held: HashSet<Track>,
@@ -101,13 +102,17 @@ impl Sessions {
 
     /// Attaches a connection: to session `want` if it is alive (resumed),
     /// else to a new session (with id `want` if it is free, so a client
-    /// reclaiming after a restart keeps its owner ids).
-    pub fn attach(&self, want: Option<u64>, tx: UnboundedSender<ServerMsg>) -> (u64, bool) {
+    /// reclaiming after a restart keeps its owner ids). What the session
+    /// kept while it had no connection is appended to `wire`.
+    pub fn attach(&self, want: Option<u64>, wire: Arc<Wire>) -> (u64, bool) {
         let mut st = self.state.lock();
         if let Some(sid) = want
             && let Some(s) = st.sessions.get_mut(&sid)
         {
-            s.tx = Some(tx);
+            for msg in std::mem::take(&mut s.backlog) {
+                wire.append(&msg);
+            }
+            s.wire = Some(wire);
             s.last_seen = Instant::now();
             return (sid, true);
         }
@@ -123,7 +128,7 @@ impl Sessions {
             },
         };
         let session = Session {
-            tx: Some(tx),
+            wire: Some(wire),
             backlog: Vec::new(),
             last_seen: Instant::now(),
             held: HashSet::default(),
@@ -133,12 +138,13 @@ impl Sessions {
         (sid, false)
     }
 
-    /// The connection `tx` is gone; the session lives on for its lease.
-    pub fn detach(&self, sid: u64, tx: &UnboundedSender<ServerMsg>) {
+    /// The connection of `wire` is gone; the session lives on for its
+    /// lease.
+    pub fn detach(&self, sid: u64, wire: &Arc<Wire>) {
         if let Some(s) = self.state.lock().sessions.get_mut(&sid)
-            && s.tx.as_ref().is_some_and(|t| t.same_channel(tx))
+            && s.wire.as_ref().is_some_and(|w| Arc::ptr_eq(w, wire))
         {
-            s.tx = None;
+            s.wire = None;
         }
     }
 
@@ -257,24 +263,21 @@ impl Sessions {
         Ok(None)
     }
 
-    /// A queued request was granted: track it and push the grant. Returns
-    /// a grant whose wait was withdrawn (see [`Raced`]), which the caller
-    /// releases.
-    pub fn granted(&self, wait: WaitId, grant: GrantInfo) -> Option<(Raced, GrantInfo)> {
+    /// A queued request was granted: track it and push the grant.
+    pub fn granted(&self, wait: WaitId, grant: GrantInfo) -> Delivered {
         let mut st = self.state.lock();
         let Some((sid, id)) = st.waits.remove(&wait) else {
             if let Some(r) = st.raced.remove(&wait) {
-                return Some((r, grant));
+                return Delivered::Release(r, grant);
             }
             st.early.insert(wait, grant);
-            return None;
+            return Delivered::Kept;
         };
-        let s = st.sessions.get_mut(&sid)?;
+        let Some(s) = st.sessions.get_mut(&sid) else { return Delivered::Kept };
         if let Some(w) = s.waits.remove(&id) {
             s.held.insert(Track::held(&w.target, w.owner, grant.handle));
         }
-        send(s, ServerMsg::Granted { id, grant });
-        None
+        send(s, ServerMsg::Granted { id, grant })
     }
 
     /// A withdrawn wait that the engine had granted already (its cancel
@@ -303,33 +306,38 @@ impl Sessions {
     }
 
     /// Sends to the session's connection, or keeps it for the next one.
-    pub fn push(&self, sid: u64, msg: ServerMsg) {
-        if let Some(s) = self.state.lock().sessions.get_mut(&sid) {
-            send(s, msg);
-        }
-    }
-
-    /// Sends what was kept while the session had no connection.
-    pub fn flush_backlog(&self, sid: u64) {
-        if let Some(s) = self.state.lock().sessions.get_mut(&sid) {
-            for msg in std::mem::take(&mut s.backlog) {
-                send(s, msg);
-            }
+    pub fn push(&self, sid: u64, msg: ServerMsg) -> Delivered {
+        match self.state.lock().sessions.get_mut(&sid) {
+            Some(s) => send(s, msg),
+            None => Delivered::Kept,
         }
     }
 }
 
-fn send(s: &mut Session, msg: ServerMsg) {
-    let msg = match &s.tx {
-        Some(tx) => match tx.send(msg) {
-            Ok(()) => return,
-            Err(e) => e.0,
-        },
-        None => msg,
-    };
+/// What became of a grant or a pushed message.
+pub(crate) enum Delivered {
+    /// Appended to this connection's output: the caller writes it
+    /// ([`Wire::kick`]) once the table's lock is released.
+    Kick(Arc<Wire>),
+    /// Kept for later: in the backlog, or as an early grant.
+    Kept,
+    /// The grant of a withdrawn wait (see [`Raced`]): the caller releases
+    /// it.
+    Release(Raced, GrantInfo),
+}
+
+/// Appends to the session's connection, or keeps the message for the next
+/// one. No I/O here: the caller kicks the wire after the table's lock.
+fn send(s: &mut Session, msg: ServerMsg) -> Delivered {
+    if let Some(w) = &s.wire
+        && w.append(&msg)
+    {
+        return Delivered::Kick(w.clone());
+    }
     if s.backlog.len() < MAX_BACKLOG {
         s.backlog.push(msg);
     } else {
         tracing::warn!("session backlog full; dropping a pushed message");
     }
+    Delivered::Kept
 }
