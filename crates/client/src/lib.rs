@@ -16,6 +16,30 @@
 //!   trip, until that lock is unlocked; then it joins the server's queue.
 //!   A non-blocking one fails at once. Unlocks are sent at once and never
 //!   wait behind lock requests.
+//! - Dropping the last clone of a [`Client`] ends its session at once:
+//!   everything it holds is released, as when a process exits.
+//!
+//! ```no_run
+//! use interlock_client::{Client, ClientOptions, LockSpec};
+//! use interlock_core::{Mode, Range};
+//! use interlock_proto::Kind;
+//!
+//! # async fn run() -> Result<(), interlock_client::ClientError> {
+//! let client = Client::connect("127.0.0.1:7420", ClientOptions::default()).await?;
+//! // Owner 1 (say, a process) takes a write lock on bytes 0..=99 of a file.
+//! let spec = LockSpec {
+//!     resource: b"/fs/data/file-17".to_vec(),
+//!     kind: Kind::Posix,
+//!     owner: 1,
+//!     mode: Mode::EX,
+//!     range: Range::new(0, 99).expect("start <= end"),
+//! };
+//! let grant = client.lock(&spec).await?; // waits at the server, FIFO
+//! println!("fencing token {}", grant.fence);
+//! client.unlock(&spec).await?;
+//! # Ok(())
+//! # }
+//! ```
 
 mod connection;
 mod guard;
