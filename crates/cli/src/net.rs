@@ -276,54 +276,95 @@ pub fn lock(args: LockArgs) -> ExitCode {
 
 #[derive(clap::Args)]
 pub struct StatusArgs {
-    /// One JSON object instead of text.
+    /// One JSON object instead of text (with --watch: one per line).
     #[arg(long)]
     json: bool,
+    /// Print a line every SECS seconds (default 1) with the counters and
+    /// the request rate over that interval, until interrupted.
+    #[arg(long, value_name = "SECS", num_args = 0..=1, default_missing_value = "1", value_parser = parse_interval)]
+    watch: Option<Duration>,
     #[command(flatten)]
     server: ServerArgs,
 }
 
+fn parse_interval(s: &str) -> Result<Duration, String> {
+    match s.parse::<f64>() {
+        Ok(secs) if secs >= 0.05 && secs.is_finite() => Ok(Duration::from_secs_f64(secs)),
+        _ => Err(format!("{s:?}: an interval in seconds, at least 0.05")),
+    }
+}
+
 pub fn status(args: StatusArgs) -> ExitCode {
     runtime().block_on(async move {
-        let result = async {
-            let client =
-                Client::connect(&args.server.server, args.server.options()?).await.map_err(|e| e.to_string())?;
-            let s = client.status().await.map_err(|e| e.to_string())?;
-            let _ = client.bye().await;
-            Ok::<_, String>(s)
-        }
-        .await;
-        match result {
-            Ok(s) => {
-                if args.json {
-                    let v = serde_json::json!({
-                        "sessions": s.sessions, "resources": s.resources, "locks": s.locks,
-                        "waiters": s.waiters, "requests": s.requests, "uptime_ms": s.uptime_ms,
-                        "requests_per_sec": s.requests as f64 * 1000.0 / s.uptime_ms.max(1) as f64,
-                        "recovering_ms": s.recovering_ms,
-                    });
-                    println!("{v}");
-                } else {
-                    println!("sessions   {}", s.sessions);
-                    println!("resources  {}", s.resources);
-                    println!("locks      {}", s.locks);
-                    println!("waiters    {}", s.waiters);
-                    println!(
-                        "requests   {} ({:.0}/s over {:.1}s up)",
-                        s.requests,
-                        s.requests as f64 * 1000.0 / s.uptime_ms.max(1) as f64,
-                        s.uptime_ms as f64 / 1000.0
-                    );
-                    if s.recovering_ms > 0 {
-                        println!("recovering {} ms left", s.recovering_ms);
-                    }
-                }
-                ExitCode::SUCCESS
+        let connected = match args.server.options() {
+            Ok(options) => Client::connect(&args.server.server, options).await.map_err(|e| e.to_string()),
+            Err(e) => Err(e),
+        };
+        let client = match connected {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("interlock status: {e}");
+                return ExitCode::from(EX_UNAVAILABLE);
             }
+        };
+        let result = match args.watch {
+            None => client.status().await.map(|s| print_status(&s, args.json)),
+            Some(every) => watch(&client, every, args.json).await,
+        };
+        let _ = client.bye().await;
+        match result {
+            Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("interlock status: {e}");
                 ExitCode::from(EX_UNAVAILABLE)
             }
         }
     })
+}
+
+fn print_status(s: &interlock_proto::StatusInfo, json: bool) {
+    let rate = s.requests as f64 * 1000.0 / s.uptime_ms.max(1) as f64;
+    if json {
+        println!("{}", status_json(s, rate));
+        return;
+    }
+    println!("sessions   {}", s.sessions);
+    println!("resources  {}", s.resources);
+    println!("locks      {}", s.locks);
+    println!("waiters    {}", s.waiters);
+    println!("requests   {} ({rate:.0}/s over {:.1}s up)", s.requests, s.uptime_ms as f64 / 1000.0);
+    if s.recovering_ms > 0 {
+        println!("recovering {} ms left", s.recovering_ms);
+    }
+}
+
+/// The counters as one JSON object; `rate` in requests per second.
+fn status_json(s: &interlock_proto::StatusInfo, rate: f64) -> serde_json::Value {
+    serde_json::json!({
+        "sessions": s.sessions, "resources": s.resources, "locks": s.locks,
+        "waiters": s.waiters, "requests": s.requests, "uptime_ms": s.uptime_ms,
+        "requests_per_sec": rate, "recovering_ms": s.recovering_ms,
+    })
+}
+
+/// A line per interval: the counters, and requests per second over the
+/// interval (from the server's own uptime clock; the watcher's own status
+/// requests not counted).
+async fn watch(client: &Client, every: Duration, json: bool) -> Result<(), ClientError> {
+    let mut last = client.status().await?;
+    if !json {
+        println!("{:>10} {:>10} {:>10} {:>10} {:>12}", "sessions", "resources", "locks", "waiters", "requests/s");
+    }
+    loop {
+        tokio::time::sleep(every).await;
+        let now = client.status().await?;
+        let secs = now.uptime_ms.saturating_sub(last.uptime_ms).max(1) as f64 / 1000.0;
+        let rate = now.requests.saturating_sub(last.requests + 1) as f64 / secs;
+        if json {
+            println!("{}", status_json(&now, rate));
+        } else {
+            println!("{:>10} {:>10} {:>10} {:>10} {:>12.0}", now.sessions, now.resources, now.locks, now.waiters, rate);
+        }
+        last = now;
+    }
 }

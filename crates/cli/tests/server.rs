@@ -372,6 +372,41 @@ fn a_client_held_back_by_the_recovery_window_keeps_its_session() {
     });
 }
 
+/// `interlock status --watch --json`: a line per interval whose counts
+/// follow the traffic (the watcher's own status requests left out).
+#[test]
+fn status_watch_follows_the_request_rate() {
+    let data = tempfile::tempdir().unwrap();
+    // A long lease: no renewal (a request too) lands inside the count.
+    let server = ServerProc::start(data.path(), "127.0.0.1:0", &["--lease-ms", "60000"]);
+    let mut watcher = Command::new(BIN)
+        .args(["status", "--json", "--watch", "0.2", "--server", &server.addr])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(watcher.stdout.take().unwrap()).lines();
+    let mut next = || -> serde_json::Value { serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap() };
+    let first = next();
+    rt().block_on(async {
+        let c = Client::connect(&server.addr, ClientOptions::default()).await.unwrap();
+        for i in 0..500 {
+            let s = LockSpec { kind: Kind::Ofd, ..spec(&format!("w{i}"), 1) };
+            c.try_lock(&s).await.unwrap().expect("free");
+            c.unlock(&s).await.unwrap();
+        }
+        c.bye().await.unwrap();
+    });
+    let rest: Vec<serde_json::Value> = (0..3).map(|_| next()).collect();
+    let _ = watcher.kill();
+    let _ = watcher.wait();
+    let count = |v: &serde_json::Value| v["requests"].as_u64().unwrap();
+    // 1,000 locks and unlocks and a bye, and the watcher's three status
+    // requests.
+    assert_eq!(count(&rest[2]) - count(&first), 1001 + 3);
+    assert!(rest.iter().any(|v| v["requests_per_sec"].as_f64().unwrap() > 0.0), "{rest:?}");
+    assert_eq!(rest[2]["locks"], 0);
+}
+
 /// Dropping a clone keeps the session; dropping the last one ends it at
 /// once (as a process's locks go when it exits), not a lease later.
 #[test]
