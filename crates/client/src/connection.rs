@@ -12,13 +12,13 @@ use interlock_proto::{self as proto, ClientMsgRef, GrantInfo, Kind, Op, Reply, S
 use tokio::net::TcpStream;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::sync::oneshot;
-use tokio_util::codec::{FramedRead, LengthDelimitedCodec};
+use tokio_util::codec::FramedRead;
 
 use crate::{Blocking, ClientError, Inner};
 
 /// A connection that said hello: its frames in, its bytes out.
 pub(crate) struct Conn {
-    frames: FramedRead<OwnedReadHalf, LengthDelimitedCodec>,
+    frames: FramedRead<OwnedReadHalf, proto::Reader<ServerMsg>>,
     wr: OwnedWriteHalf,
 }
 
@@ -34,16 +34,16 @@ pub(crate) async fn handshake(inner: &Inner) -> Result<(Conn, bool), ClientError
     let hello = ClientMsgRef::Hello { version: proto::VERSION, token: inner.options.token.as_deref(), session };
     proto::send(&mut wr, &hello).await.map_err(|_| ClientError::ConnectionLost)?;
     // The reader is kept: pushes may follow the welcome in the same read.
-    let mut frames = FramedRead::new(rd, proto::codec());
-    let frame = frames.next().await.ok_or(ClientError::ConnectionLost)?.map_err(|_| ClientError::ConnectionLost)?;
-    match proto::decode::<ServerMsg>(&frame) {
+    let mut frames = proto::reader(rd);
+    match frames.next().await.ok_or(ClientError::ConnectionLost)? {
         Ok(ServerMsg::Welcome { session, lease_ms, resumed, .. }) => {
             inner.session.store(session, Ordering::Relaxed);
             inner.lease_ms.store(lease_ms, Ordering::Relaxed);
             Ok((Conn { frames, wr }, resumed))
         }
         Ok(ServerMsg::Refused { reason }) => Err(ClientError::Refused(reason)),
-        _ => Err(ClientError::Server("unexpected answer to hello".into())),
+        Ok(_) => Err(ClientError::Server("unexpected answer to hello".into())),
+        Err(_) => Err(ClientError::ConnectionLost),
     }
 }
 
@@ -75,12 +75,15 @@ pub(crate) async fn run(inner: Arc<Inner>, conn: Conn, resumed: bool) {
     if !resumed {
         reclaim(&inner);
     }
-    while let Some(Ok(frame)) = frames.next().await {
-        let Ok(msg) = proto::decode::<ServerMsg>(&frame) else {
-            tracing::warn!("undecodable message from the server");
-            break;
-        };
-        dispatch(&inner, msg);
+    while let Some(read) = frames.next().await {
+        match read {
+            Ok(msg) => dispatch(&inner, msg),
+            Err(proto::ReadError::Io(_)) => break,
+            Err(e) => {
+                tracing::warn!(error = %e, "bad message from the server; reconnecting");
+                break;
+            }
+        }
     }
     inner.outbox.close();
     writer.abort();

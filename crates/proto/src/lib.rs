@@ -280,11 +280,54 @@ where
     w.write_all(&out).await
 }
 
-/// The reading side's frame codec: 4-byte big-endian length, at most
-/// [`MAX_FRAME`]; a longer length is an error (the connection closes).
-/// Frames are written with [`write_frame`].
-pub fn codec() -> tokio_util::codec::LengthDelimitedCodec {
-    tokio_util::codec::LengthDelimitedCodec::builder().max_frame_length(MAX_FRAME).length_field_length(4).new_codec()
+/// Why a connection's bytes could not be read as messages. Every one
+/// closes the connection.
+#[derive(Debug, thiserror::Error)]
+pub enum ReadError {
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    #[error("a frame of {0} bytes exceeds the {MAX_FRAME}-byte limit")]
+    TooLarge(usize),
+    #[error(transparent)]
+    Undecodable(#[from] DecodeError),
+}
+
+/// The reading side: frames (4-byte big-endian length, at most
+/// [`MAX_FRAME`]) decoded into messages straight from the read buffer,
+/// with no buffer split off per frame. Frames are written with
+/// [`write_frame`].
+pub struct Reader<T>(std::marker::PhantomData<fn() -> T>);
+
+impl<T> Default for Reader<T> {
+    fn default() -> Self {
+        Reader(std::marker::PhantomData)
+    }
+}
+
+impl<T: serde::de::DeserializeOwned> tokio_util::codec::Decoder for Reader<T> {
+    type Item = T;
+    type Error = ReadError;
+
+    /// O(size of the frame).
+    fn decode(&mut self, src: &mut BytesMut) -> Result<Option<T>, ReadError> {
+        let Some(head) = src.first_chunk::<4>() else { return Ok(None) };
+        let len = u32::from_be_bytes(*head) as usize;
+        if len > MAX_FRAME {
+            return Err(ReadError::TooLarge(len));
+        }
+        let Some(body) = src.get(4..4 + len) else {
+            src.reserve(4 + len - src.len());
+            return Ok(None);
+        };
+        let msg = decode(body)?;
+        bytes::Buf::advance(src, 4 + len);
+        Ok(Some(msg))
+    }
+}
+
+/// Reads messages of type `T` from `io`.
+pub fn reader<T, R: tokio::io::AsyncRead>(io: R) -> tokio_util::codec::FramedRead<R, Reader<T>> {
+    tokio_util::codec::FramedRead::new(io, Reader::default())
 }
 
 /// [`ClientMsg::Request`] with the request borrowed: it encodes to the
@@ -352,14 +395,22 @@ mod tests {
         let big = ClientMsg::Request { id: 10, op: Op::Close { resource: vec![3; 2000], kind: Kind::Ofd, owner: 2 } };
         write_frame(&big, &mut out).unwrap();
         let hello_ref = ClientMsgRef::Hello { version: VERSION, token: Some("t"), session: None };
-        let mut codec = codec();
-        let first = codec.decode(&mut out).unwrap().unwrap();
-        assert_eq!(decode::<ClientMsg>(&first).unwrap(), ClientMsg::Request { id: 9, op });
-        let second = codec.decode(&mut out).unwrap().unwrap();
-        assert_eq!(&second[..], &encode(&hello_ref)[..]);
-        let third = codec.decode(&mut out).unwrap().unwrap();
-        assert_eq!(decode::<ClientMsg>(&third).unwrap(), big);
-        assert!(codec.decode(&mut out).unwrap().is_none());
+        let mut reader = Reader::<ClientMsg>::default();
+        assert_eq!(reader.decode(&mut out).unwrap().unwrap(), ClientMsg::Request { id: 9, op });
+        let hello = reader.decode(&mut out).unwrap().unwrap();
+        assert_eq!(encode(&hello), encode(&hello_ref));
+        assert_eq!(reader.decode(&mut out).unwrap().unwrap(), big);
+        assert!(reader.decode(&mut out).unwrap().is_none());
+    }
+
+    #[test]
+    fn the_reader_refuses_oversized_and_undecodable_frames() {
+        use tokio_util::codec::Decoder;
+        let mut reader = Reader::<ClientMsg>::default();
+        let mut big = BytesMut::from(&((MAX_FRAME + 1) as u32).to_be_bytes()[..]);
+        assert!(matches!(reader.decode(&mut big), Err(ReadError::TooLarge(n)) if n == MAX_FRAME + 1));
+        let mut garbage = BytesMut::from(&[0, 0, 0, 2, 0xff, 0xff][..]);
+        assert!(matches!(reader.decode(&mut garbage), Err(ReadError::Undecodable(_))));
     }
 
     #[test]
@@ -377,6 +428,36 @@ mod tests {
         fn garbage_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..200)) {
             let _ = decode::<ClientMsg>(&bytes);
             let _ = decode::<ServerMsg>(&bytes);
+        }
+
+        /// Frames arriving in pieces of any sizes read back whole, in order.
+        #[test]
+        fn frames_read_back_however_they_arrive(names in proptest::collection::vec(0usize..300, 1..6), cuts in proptest::collection::vec(1usize..64, 1..40)) {
+            use tokio_util::codec::Decoder;
+            let msgs: Vec<ClientMsg> = names
+                .iter()
+                .enumerate()
+                .map(|(i, &n)| ClientMsg::Request { id: i as u64, op: Op::Close { resource: vec![i as u8; n], kind: Kind::Flock, owner: 1 } })
+                .collect();
+            let mut wire = BytesMut::new();
+            for m in &msgs {
+                write_frame(m, &mut wire).unwrap();
+            }
+            let (mut reader, mut buf, mut got) = (Reader::<ClientMsg>::default(), BytesMut::new(), Vec::new());
+            let mut at = 0;
+            for cut in cuts.iter().cycle() {
+                if at == wire.len() {
+                    break;
+                }
+                let end = (at + cut).min(wire.len());
+                buf.extend_from_slice(&wire[at..end]);
+                at = end;
+                while let Some(m) = reader.decode(&mut buf).unwrap() {
+                    got.push(m);
+                }
+            }
+            prop_assert_eq!(got, msgs);
+            prop_assert!(buf.is_empty());
         }
 
         /// Every truncation of a valid message is an error or a message.

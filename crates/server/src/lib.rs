@@ -30,7 +30,6 @@ use interlock_core::{Effect, LockKind, LockRequest, LockSpace, Mode, Outcome, Ra
 use interlock_proto::{self as proto, ClientMsg, GrantInfo, Kind, Op, Reply, ServerMsg, StatusInfo, Target};
 use parking_lot::Mutex;
 use tokio::net::{TcpListener, TcpStream};
-use tokio_util::codec::FramedRead;
 
 use session::{Delivered, Raced, Sessions, Track};
 use wire::Wire;
@@ -482,26 +481,19 @@ fn same_token(a: &str, b: &str) -> bool {
 /// One client connection.
 async fn connection(inner: Arc<Inner>, stream: TcpStream, peer: SocketAddr) {
     let (rd, mut wr) = stream.into_split();
-    let mut source = FramedRead::new(rd, proto::codec());
+    let mut source = proto::reader::<ClientMsg, _>(rd);
     let hello = match tokio::time::timeout(Duration::from_secs(10), source.next()).await {
-        Ok(Some(Ok(frame))) => proto::decode::<ClientMsg>(&frame),
+        Ok(Some(Ok(msg))) => msg,
         Ok(Some(Err(e))) => {
-            tracing::warn!(%peer, error = %e, "bad frame before hello; closing");
+            tracing::warn!(%peer, error = %e, "garbage instead of hello; closing");
             return;
         }
         _ => return,
     };
     let refuse = |reason: String| ServerMsg::Refused { reason };
-    let (version, token, session) = match hello {
-        Ok(ClientMsg::Hello { version, token, session }) => (version, token, session),
-        Ok(_) => {
-            let _ = proto::send(&mut wr, &refuse("the first message must be Hello".into())).await;
-            return;
-        }
-        Err(e) => {
-            tracing::warn!(%peer, error = %e, "garbage instead of hello; closing");
-            return;
-        }
+    let ClientMsg::Hello { version, token, session } = hello else {
+        let _ = proto::send(&mut wr, &refuse("the first message must be Hello".into())).await;
+        return;
     };
     if version != proto::VERSION {
         let why = format!("unsupported protocol version {version}; this server speaks {}", proto::VERSION);
@@ -536,7 +528,7 @@ async fn connection(inner: Arc<Inner>, stream: TcpStream, peer: SocketAddr) {
 
 /// What the connection does next.
 enum Next {
-    Frame(Option<Result<BytesMut, std::io::Error>>),
+    Frame(Option<Result<ClientMsg, proto::ReadError>>),
     Flush,
 }
 
@@ -551,7 +543,7 @@ async fn serve_connection(
     inner: &Inner,
     sid: u64,
     peer: SocketAddr,
-    source: &mut (impl futures::Stream<Item = Result<BytesMut, std::io::Error>> + Unpin),
+    source: &mut (impl futures::Stream<Item = Result<ClientMsg, proto::ReadError>> + Unpin),
     wire: &Wire,
 ) -> bool {
     let limit = inner.config.limits.max_in_flight.max(1);
@@ -616,23 +608,16 @@ async fn serve_connection(
     }
 }
 
-/// The request in a frame, or `None` (logged) if the connection must close.
-fn read_request(frame: Option<Result<BytesMut, std::io::Error>>, sid: u64, peer: SocketAddr) -> Option<(u64, Op)> {
-    let frame = match frame? {
-        Ok(f) => f,
-        Err(e) => {
-            tracing::warn!(%peer, session = sid, error = %e, "bad frame; closing the connection");
-            return None;
-        }
-    };
-    match proto::decode::<ClientMsg>(&frame) {
+/// The request read, or `None` (logged) if the connection must close.
+fn read_request(read: Option<Result<ClientMsg, proto::ReadError>>, sid: u64, peer: SocketAddr) -> Option<(u64, Op)> {
+    match read? {
         Ok(ClientMsg::Request { id, op }) => Some((id, op)),
         Ok(ClientMsg::Hello { .. }) => {
             tracing::warn!(%peer, session = sid, "second hello; closing the connection");
             None
         }
         Err(e) => {
-            tracing::warn!(%peer, session = sid, error = %e, "undecodable request; closing the connection");
+            tracing::warn!(%peer, session = sid, error = %e, "bad request; closing the connection");
             None
         }
     }
