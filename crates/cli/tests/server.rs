@@ -407,6 +407,27 @@ fn status_watch_follows_the_request_rate() {
     assert_eq!(rest[2]["locks"], 0);
 }
 
+/// After `bye` the session is over for good: the client does not
+/// reconnect when the server closes the connection, and so does not
+/// reclaim the locks the bye released.
+#[test]
+fn bye_ends_the_session_for_good() {
+    let data = tempfile::tempdir().unwrap();
+    let server = ServerProc::start(data.path(), "127.0.0.1:0", &["--lease-ms", "60000"]);
+    rt().block_on(async {
+        let a = Client::connect(&server.addr, ClientOptions::default()).await.unwrap();
+        a.lock(&spec("x", 1)).await.unwrap();
+        a.bye().await.unwrap();
+        // Reconnects start after 50 ms; give them time to happen.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let b = Client::connect(&server.addr, ClientOptions::default()).await.unwrap();
+        assert!(b.try_lock(&spec("x", 2)).await.unwrap().is_some(), "x is free");
+        assert_eq!(b.status().await.unwrap().sessions, 1, "only b's session");
+        assert!(a.status().await.is_err(), "a is done");
+        drop(a);
+    });
+}
+
 /// Dropping a clone keeps the session; dropping the last one ends it at
 /// once (as a process's locks go when it exits), not a lease later.
 #[test]

@@ -539,7 +539,10 @@ impl Client {
     }
 
     /// Ends the session now: the server releases everything it holds.
+    /// For good: the client does not reconnect afterwards (a reconnect
+    /// would reclaim what the bye released), and later requests fail.
     pub async fn bye(&self) -> Result<(), ClientError> {
+        self.inner.closed.store(true, Ordering::Relaxed);
         self.request(Op::Bye).await.map(drop)
     }
 }
