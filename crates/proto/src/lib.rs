@@ -344,17 +344,22 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    #[test]
-    fn round_trip() {
-        let m = ClientMsg::Request {
+    /// A blocking OFD write lock on bytes 0..=9 of "ab", request 7.
+    fn lock_request() -> ClientMsg {
+        ClientMsg::Request {
             id: 7,
             op: Op::Lock {
-                target: Target { resource: b"r".to_vec(), kind: Kind::Ofd, owner: 3, start: 0, end: 9 },
+                target: Target { resource: b"ab".to_vec(), kind: Kind::Ofd, owner: 3, start: 0, end: 9 },
                 mode: 5,
                 wait: true,
                 reclaim: false,
             },
-        };
+        }
+    }
+
+    #[test]
+    fn round_trip() {
+        let m = lock_request();
         assert_eq!(decode::<ClientMsg>(&encode(&m)).unwrap(), m);
         let s = ServerMsg::Granted { id: 7, grant: GrantInfo { fence: 3, lvb: Some(vec![1]), handle: None } };
         assert_eq!(decode::<ServerMsg>(&encode(&s)).unwrap(), s);
@@ -365,16 +370,7 @@ mod tests {
     /// here is a new protocol version.
     #[test]
     fn version_1_bytes() {
-        let lock = ClientMsg::Request {
-            id: 7,
-            op: Op::Lock {
-                target: Target { resource: b"ab".to_vec(), kind: Kind::Ofd, owner: 3, start: 0, end: 9 },
-                mode: 5,
-                wait: true,
-                reclaim: false,
-            },
-        };
-        assert_eq!(encode(&lock), [1, 7, 0, 2, b'a', b'b', 1, 3, 0, 9, 5, 1, 0]);
+        assert_eq!(encode(&lock_request()), [1, 7, 0, 2, b'a', b'b', 1, 3, 0, 9, 5, 1, 0]);
         let unlock = Op::DlmUnlock { resource: b"r".to_vec(), owner: 1, handle: 300, lvb: Some(vec![9]) };
         assert_eq!(encode(&unlock), [5, 1, b'r', 1, 0xac, 0x02, 1, 1, 9]);
         let grant = ServerMsg::Granted { id: 2, grant: GrantInfo { fence: 1, lvb: None, handle: Some(4) } };
