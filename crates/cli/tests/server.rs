@@ -428,6 +428,31 @@ fn bye_ends_the_session_for_good() {
     });
 }
 
+/// A POSIX owner and an OFD owner with the same number are different
+/// owners (a process and an open file), so their write locks conflict,
+/// in the client's local table and at the server alike.
+#[test]
+fn owners_of_different_kinds_never_share_locks() {
+    let data = tempfile::tempdir().unwrap();
+    let server = ServerProc::start(data.path(), "127.0.0.1:0", &[]);
+    rt().block_on(async {
+        for no_local in [false, true] {
+            let c =
+                Client::connect(&server.addr, ClientOptions { no_local, ..ClientOptions::default() }).await.unwrap();
+            let name = format!("f{no_local}");
+            let range = Range::new(0, 9).unwrap();
+            let posix = LockSpec { kind: Kind::Posix, range, ..spec(&name, 1) };
+            let ofd = LockSpec { kind: Kind::Ofd, range, ..spec(&name, 1) };
+            c.lock(&posix).await.unwrap();
+            assert_eq!(c.try_lock(&ofd).await.unwrap(), None, "no_local {no_local}: the OFD owner 1 must wait");
+            let conflict = c.test(&ofd).await.unwrap().expect("the POSIX lock conflicts");
+            assert_eq!((conflict.start, conflict.end), (0, 9));
+            c.unlock(&posix).await.unwrap();
+            assert!(c.try_lock(&ofd).await.unwrap().is_some(), "free once the POSIX owner unlocks");
+        }
+    });
+}
+
 /// Dropping a clone keeps the session; dropping the last one ends it at
 /// once (as a process's locks go when it exits), not a lease later.
 #[test]

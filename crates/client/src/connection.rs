@@ -102,7 +102,9 @@ fn reclaim(inner: &Arc<Inner>) {
     };
     for (kind, resource) in resources {
         let ns = if kind == Kind::Flock { Namespace::Flock } else { Namespace::Record };
-        for l in inner.local.locks(&resource, ns).unwrap_or_default() {
+        // POSIX and OFD locks share a namespace: each kind replays its own.
+        let mine = inner.local.locks(&resource, ns).unwrap_or_default();
+        for l in mine.into_iter().filter(|l| l.owner & (3 << 62) == kind.owner_tag()) {
             let target = Target {
                 resource: resource.clone(),
                 kind,

@@ -105,7 +105,7 @@ impl Drop for LocalWait {
                 self.inner.tables.lock().local_waits.remove(&w);
                 self.inner.local.cancel(&s.resource, s.core_kind(), w)
             }
-            None => self.inner.local.unlock(&s.resource, u64::from(s.owner), s.core_kind(), s.range),
+            None => self.inner.local.unlock(&s.resource, s.local_owner(), s.core_kind(), s.range),
         };
         if let Ok(resp) = resp {
             local_effects(&self.inner, resp.effects);

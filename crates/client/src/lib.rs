@@ -112,6 +112,11 @@ impl LockSpec {
         core_kind(self.kind)
     }
 
+    /// The owner's id in the local table (kinds apart, as at the server).
+    fn local_owner(&self) -> u64 {
+        local_owner(self.kind, self.owner)
+    }
+
     fn local(&self) -> bool {
         self.kind != Kind::Dlm
     }
@@ -120,13 +125,19 @@ impl LockSpec {
     fn local_request(&self, wait: bool) -> LockRequest<'_> {
         LockRequest {
             resource: &self.resource,
-            owner: u64::from(self.owner),
+            owner: self.local_owner(),
             kind: self.core_kind(),
             mode: self.mode,
             range: self.range,
             wait,
         }
     }
+}
+
+/// A local owner id: a POSIX owner and an OFD owner with the same number
+/// are different owners.
+fn local_owner(kind: Kind, owner: u32) -> u64 {
+    kind.owner_tag() | u64::from(owner)
 }
 
 fn core_kind(k: Kind) -> LockKind {
@@ -351,7 +362,7 @@ impl Client {
             let conflict = self
                 .inner
                 .local
-                .test(&spec.resource, u64::from(spec.owner), spec.core_kind(), spec.mode, range)
+                .test(&spec.resource, spec.local_owner(), spec.core_kind(), spec.mode, range)
                 .map_err(|e| ClientError::Invalid(e.to_string()))?;
             if conflict.is_some() {
                 if !wait {
@@ -441,7 +452,7 @@ impl Client {
         }
         let reply = self.request(Op::Unlock { target: spec.target() });
         if self.local_table() {
-            let (owner, kind) = (u64::from(spec.owner), spec.core_kind());
+            let (owner, kind) = (spec.local_owner(), spec.core_kind());
             if let Ok(resp) = self.inner.local.unlock(&spec.resource, owner, kind, spec.range) {
                 local_effects(&self.inner, resp.effects);
             }
@@ -466,7 +477,7 @@ impl Client {
     pub async fn close(&self, resource: &[u8], kind: Kind, owner: u32) -> Result<(), ClientError> {
         let reply = self.request(Op::Close { resource: resource.to_vec(), kind, owner });
         if self.local_table() {
-            if let Ok(resp) = self.inner.local.release_owner(resource, u64::from(owner), core_kind(kind)) {
+            if let Ok(resp) = self.inner.local.release_owner(resource, local_owner(kind, owner), core_kind(kind)) {
                 local_effects(&self.inner, resp.effects);
             }
             self.forget_if_free(kind, resource);

@@ -31,6 +31,15 @@ pub enum Kind {
     Dlm,
 }
 
+impl Kind {
+    /// The top two bits of an engine owner id: owners of different kinds
+    /// (a process, an open file) with the same number are different
+    /// owners, and the engine tells owners apart by id alone.
+    pub fn owner_tag(self) -> u64 {
+        (self as u64) << 62
+    }
+}
+
 /// A request's lock: which resource, which of the client's owners, which
 /// bytes (inclusive; `end = i64::MAX` for "to end of file") and mode
 /// (0 = NL … 5 = EX; POSIX read = 3, write = 5).
@@ -126,7 +135,8 @@ pub struct GrantInfo {
 }
 
 /// A conflicting lock, as `F_GETLK` reports it. `owner` is the server's
-/// id for the owner: (session << 32) | the client's owner number.
+/// id for the owner: its kind in the top two bits ([`Kind::owner_tag`]),
+/// then the session (30 bits), then the client's owner number (32 bits).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ConflictInfo {
     pub owner: u64,

@@ -264,9 +264,15 @@ fn mode(m: u8) -> Result<Mode, String> {
     Mode::ALL.get(m as usize).copied().ok_or_else(|| format!("invalid mode {m}: modes are 0 (NL) to 5 (EX)"))
 }
 
-/// The engine's owner id for a client's owner: session in the high bits.
-fn owner_id(sid: u64, owner: u32) -> u64 {
-    (sid << 32) | u64::from(owner)
+/// The engine's owner id for a client's owner: its kind, its session
+/// (30 bits: see [`session::SESSION_BITS`]), the client's number for it.
+fn owner_id(sid: u64, kind: Kind, owner: u32) -> u64 {
+    kind.owner_tag() | (sid << 32) | u64::from(owner)
+}
+
+/// The session of an engine owner id.
+fn session_of(owner: u64) -> u64 {
+    (owner >> 32) & ((1 << session::SESSION_BITS) - 1)
 }
 
 impl Inner {
@@ -313,7 +319,7 @@ fn deliver(inner: &Inner, resource: &[u8], effects: Vec<Effect>) {
                     held: held as u8,
                     wanted: wanted as u8,
                 };
-                if let Delivered::Kick(wire) = inner.sessions.push(owner >> 32, msg) {
+                if let Delivered::Kick(wire) = inner.sessions.push(session_of(owner), msg) {
                     wire.kick();
                 }
             }
@@ -381,7 +387,7 @@ fn execute(inner: &Inner, sid: u64, id: u64, op: Op) -> Result<Reply, String> {
     match op {
         Op::Lock { target, mode: m, wait, reclaim: _ } => {
             let k = kind(target.kind);
-            let owner = owner_id(sid, target.owner);
+            let owner = owner_id(sid, target.kind, target.owner);
             inner.sessions.check_limits(sid, &inner.config.limits, wait)?;
             let req = LockRequest {
                 resource: &target.resource,
@@ -402,7 +408,7 @@ fn execute(inner: &Inner, sid: u64, id: u64, op: Op) -> Result<Reply, String> {
             Ok(reply)
         }
         Op::Unlock { target } => {
-            let (owner, k) = (owner_id(sid, target.owner), kind(target.kind));
+            let (owner, k) = (owner_id(sid, target.kind, target.owner), kind(target.kind));
             let resp = inner.space.unlock(&target.resource, owner, k, range_of(&target)?).map_err(err)?;
             deliver(inner, &target.resource, resp.effects);
             // Nothing left here: it no longer counts against the limit.
@@ -415,7 +421,13 @@ fn execute(inner: &Inner, sid: u64, id: u64, op: Op) -> Result<Reply, String> {
         Op::Test { target, mode: m } => {
             let c = inner
                 .space
-                .test(&target.resource, owner_id(sid, target.owner), kind(target.kind), mode(m)?, range_of(&target)?)
+                .test(
+                    &target.resource,
+                    owner_id(sid, target.kind, target.owner),
+                    kind(target.kind),
+                    mode(m)?,
+                    range_of(&target)?,
+                )
                 .map_err(err)?;
             Ok(Reply::Conflict(c.map(|c| proto::ConflictInfo {
                 owner: c.owner,
@@ -425,10 +437,11 @@ fn execute(inner: &Inner, sid: u64, id: u64, op: Op) -> Result<Reply, String> {
             })))
         }
         Op::Close { resource, kind: k, owner } => {
-            let resp = inner.space.release_owner(&resource, owner_id(sid, owner), kind(k)).map_err(err)?;
-            inner
-                .sessions
-                .untrack(sid, &Track::Owned { resource: resource.clone(), kind: kind(k), owner: owner_id(sid, owner) });
+            let resp = inner.space.release_owner(&resource, owner_id(sid, k, owner), kind(k)).map_err(err)?;
+            inner.sessions.untrack(
+                sid,
+                &Track::Owned { resource: resource.clone(), kind: kind(k), owner: owner_id(sid, k, owner) },
+            );
             deliver(inner, &resource, resp.effects);
             Ok(Reply::Done)
         }
@@ -450,14 +463,14 @@ fn execute(inner: &Inner, sid: u64, id: u64, op: Op) -> Result<Reply, String> {
             Ok(Reply::Done)
         }
         Op::DlmUnlock { resource, owner, handle, lvb } => {
-            let owner = owner_id(sid, owner);
+            let owner = owner_id(sid, Kind::Dlm, owner);
             let resp = inner.space.dlm_unlock(&resource, owner, handle, lvb.as_deref()).map_err(err)?;
             inner.sessions.untrack(sid, &Track::Dlm { resource: resource.clone(), owner, handle });
             deliver(inner, &resource, resp.effects);
             Ok(Reply::Done)
         }
         Op::DlmConvert { resource, owner, handle, mode: m, wait, lvb } => {
-            let owner_full = owner_id(sid, owner);
+            let owner_full = owner_id(sid, Kind::Dlm, owner);
             let resp =
                 inner.space.dlm_convert(&resource, owner_full, handle, mode(m)?, wait, lvb.as_deref()).map_err(err)?;
             // The lock is tracked already: a granted conversion changes

@@ -16,6 +16,10 @@ use std::sync::Arc;
 use crate::wire::Wire;
 use crate::{Limits, Shared};
 
+/// Session ids fit in 30 bits, below the two kind bits of an engine owner
+/// id (`owner_id` in the crate root).
+pub(crate) const SESSION_BITS: u32 = 30;
+
 /// Messages kept for a session while it has no connection.
 const MAX_BACKLOG: usize = 10_000;
 
@@ -116,12 +120,12 @@ impl Sessions {
             s.last_seen = Instant::now();
             return (sid, true);
         }
-        let sid = match want.filter(|&w| w != 0 && w <= u64::from(u32::MAX)) {
+        let sid = match want.filter(|&w| w != 0 && w < 1 << SESSION_BITS) {
             Some(w) => w,
             None => loop {
                 st.counter += 1;
                 let c = st.counter;
-                let sid = self.ids.hash_one(c) & u64::from(u32::MAX);
+                let sid = self.ids.hash_one(c) & ((1 << SESSION_BITS) - 1);
                 if sid != 0 && !st.sessions.contains_key(&sid) {
                     break sid;
                 }
