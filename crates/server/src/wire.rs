@@ -130,3 +130,55 @@ pub(crate) fn put(out: &mut BytesMut, msg: &ServerMsg) {
         tracing::error!(error = %e, "server message not sent");
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures::StreamExt;
+    use interlock_proto::{GrantInfo, Reply};
+
+    fn granted(id: u64) -> ServerMsg {
+        ServerMsg::Granted { id, grant: GrantInfo { fence: id, lvb: None, handle: None } }
+    }
+
+    fn reply(id: u64) -> ServerMsg {
+        ServerMsg::Reply { id, reply: Reply::Done }
+    }
+
+    /// Frames leave in the order they were made, whoever writes them: the
+    /// welcome ahead of what was pushed before it, and a push behind the
+    /// replies made before it.
+    #[tokio::test]
+    async fn frames_leave_in_the_order_they_were_made() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let client = tokio::net::TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
+        let (server, _) = listener.accept().await.unwrap();
+        let (_rd, wr) = server.into_split();
+        let wire = Wire::new(wr);
+        let mut spare = BytesMut::new();
+
+        // Held until opened: a push made now is not written, even kicked.
+        assert!(wire.append(&granted(1)));
+        wire.kick();
+        let welcome = ServerMsg::Refused { reason: "first".into() };
+        wire.open(&welcome);
+        wire.flush(&mut spare).await.unwrap();
+
+        // A reply not yet flushed, then a push from elsewhere, kicked: it
+        // goes out behind the reply, in the pushing task's write.
+        assert!(wire.append(&reply(2)));
+        assert!(wire.append(&granted(3)));
+        wire.kick();
+
+        let mut frames = interlock_proto::reader::<ServerMsg, _>(client);
+        let mut got = Vec::new();
+        for _ in 0..4 {
+            got.push(frames.next().await.unwrap().unwrap());
+        }
+        assert_eq!(got, [welcome, granted(1), reply(2), granted(3)]);
+
+        // Once closed, nothing more is taken: pushes go to the backlog.
+        wire.close();
+        assert!(!wire.append(&granted(4)));
+    }
+}
