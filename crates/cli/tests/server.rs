@@ -62,6 +62,11 @@ fn rt() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap()
 }
 
+/// A client with default options, connected to `addr`.
+async fn client(addr: &str) -> Client {
+    Client::connect(addr, ClientOptions::default()).await.unwrap()
+}
+
 fn spec(name: &str, owner: u32) -> LockSpec {
     LockSpec { resource: name.as_bytes().to_vec(), kind: Kind::Dlm, owner, mode: Mode::EX, range: Range::WHOLE }
 }
@@ -108,11 +113,11 @@ fn blocking_grants_are_pushed_in_fifo_order() {
     let data = tempfile::tempdir().unwrap();
     let server = ServerProc::start(data.path(), "127.0.0.1:0", &[]);
     rt().block_on(async {
-        let holder = Client::connect(&server.addr, ClientOptions::default()).await.unwrap();
+        let holder = client(&server.addr).await;
         holder.lock(&spec("q", 1)).await.unwrap();
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
         for i in 0..5u32 {
-            let c = Client::connect(&server.addr, ClientOptions::default()).await.unwrap();
+            let c = client(&server.addr).await;
             let tx = tx.clone();
             tokio::spawn(async move {
                 let g = c.lock(&spec("q", 1)).await.unwrap();
@@ -288,7 +293,7 @@ fn abandoned_waits_never_leave_orphan_locks() {
     rt().block_on(async {
         let mut tasks = Vec::new();
         for i in 0..6u32 {
-            let c = Client::connect(&server.addr, ClientOptions::default()).await.unwrap();
+            let c = client(&server.addr).await;
             tasks.push(tokio::spawn(async move {
                 let s = spec("hot", i);
                 for n in 0..150u64 {
@@ -307,7 +312,7 @@ fn abandoned_waits_never_leave_orphan_locks() {
             clients.push(t.await.unwrap());
         }
         // Give back-givings in flight time to land, then nothing is held.
-        let probe = Client::connect(&server.addr, ClientOptions::default()).await.unwrap();
+        let probe = client(&server.addr).await;
         let deadline = Instant::now() + Duration::from_secs(5);
         loop {
             let st = probe.status().await.unwrap();
@@ -332,7 +337,7 @@ fn serve_reads_a_config_file_and_flags_override_it() {
     let config = config.to_str().unwrap();
     let two_locks = |server: &ServerProc| {
         rt().block_on(async {
-            let c = Client::connect(&server.addr, ClientOptions::default()).await.unwrap();
+            let c = client(&server.addr).await;
             c.lock(&spec("one", 1)).await.unwrap();
             c.try_lock(&spec("two", 1)).await.map(|g| g.is_some())
         })
@@ -364,7 +369,7 @@ fn a_client_held_back_by_the_recovery_window_keeps_its_session() {
     drop(ServerProc::start(data.path(), "127.0.0.1:0", &args));
     let server = ServerProc::start(data.path(), "127.0.0.1:0", &args);
     rt().block_on(async {
-        let c = Client::connect(&server.addr, ClientOptions::default()).await.unwrap();
+        let c = client(&server.addr).await;
         let t = Instant::now();
         c.lock(&spec("after-restart", 1)).await.expect("granted once the window ends");
         assert!(t.elapsed() >= Duration::from_millis(1000), "held back by the window: {:?}", t.elapsed());
@@ -388,7 +393,7 @@ fn status_watch_follows_the_request_rate() {
     let mut next = || -> serde_json::Value { serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap() };
     let first = next();
     rt().block_on(async {
-        let c = Client::connect(&server.addr, ClientOptions::default()).await.unwrap();
+        let c = client(&server.addr).await;
         for i in 0..500 {
             let s = LockSpec { kind: Kind::Ofd, ..spec(&format!("w{i}"), 1) };
             c.try_lock(&s).await.unwrap().expect("free");
@@ -415,12 +420,12 @@ fn bye_ends_the_session_for_good() {
     let data = tempfile::tempdir().unwrap();
     let server = ServerProc::start(data.path(), "127.0.0.1:0", &["--lease-ms", "60000"]);
     rt().block_on(async {
-        let a = Client::connect(&server.addr, ClientOptions::default()).await.unwrap();
+        let a = client(&server.addr).await;
         a.lock(&spec("x", 1)).await.unwrap();
         a.bye().await.unwrap();
         // Reconnects start after 50 ms; give them time to happen.
         tokio::time::sleep(Duration::from_millis(500)).await;
-        let b = Client::connect(&server.addr, ClientOptions::default()).await.unwrap();
+        let b = client(&server.addr).await;
         assert!(b.try_lock(&spec("x", 2)).await.unwrap().is_some(), "x is free");
         assert_eq!(b.status().await.unwrap().sessions, 1, "only b's session");
         assert!(a.status().await.is_err(), "a is done");
@@ -460,8 +465,8 @@ fn dropping_the_last_client_ends_its_session() {
     let data = tempfile::tempdir().unwrap();
     let server = ServerProc::start(data.path(), "127.0.0.1:0", &["--lease-ms", "60000"]);
     rt().block_on(async {
-        let a = Client::connect(&server.addr, ClientOptions::default()).await.unwrap();
-        let b = Client::connect(&server.addr, ClientOptions::default()).await.unwrap();
+        let a = client(&server.addr).await;
+        let b = client(&server.addr).await;
         a.lock(&spec("held", 1)).await.unwrap();
         let clone = a.clone();
         drop(a);
@@ -575,7 +580,7 @@ fn unlocked_locks_do_not_count_against_the_session_limit() {
     let data = tempfile::tempdir().unwrap();
     let server = ServerProc::start(data.path(), "127.0.0.1:0", &["--max-locks", "10"]);
     rt().block_on(async {
-        let c = Client::connect(&server.addr, ClientOptions::default()).await.unwrap();
+        let c = client(&server.addr).await;
         for i in 0..50 {
             let s = LockSpec {
                 resource: format!("file-{i}").into_bytes(),
