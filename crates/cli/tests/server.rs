@@ -1,75 +1,15 @@
 //! The server, client and `interlock lock` on loopback, as processes.
 
+mod common;
+
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::*;
 use interlock_client::{Client, ClientOptions, LockSpec};
 use interlock_core::{Mode, Range};
 use interlock_proto::Kind;
-
-const BIN: &str = env!("CARGO_BIN_EXE_interlock");
-
-/// A server process, killed on drop.
-struct ServerProc {
-    child: Child,
-    addr: String,
-}
-
-impl ServerProc {
-    fn start(data: &std::path::Path, listen: &str, extra: &[&str]) -> ServerProc {
-        let mut args = vec!["--data", data.to_str().unwrap(), "--listen", listen];
-        args.extend(extra);
-        ServerProc::spawn(&args)
-    }
-
-    /// `interlock serve ARGS`, once it listens.
-    fn spawn(args: &[&str]) -> ServerProc {
-        let mut child = Command::new(BIN)
-            .arg("serve")
-            .args(args)
-            .env("INTERLOCK_LOG", "warn")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        BufReader::new(child.stdout.as_mut().unwrap()).read_line(&mut line).unwrap();
-        let addr = line.trim().strip_prefix("interlock: listening on ").expect("listening line").to_string();
-        ServerProc { child, addr }
-    }
-
-    fn kill9(&mut self) {
-        self.child.kill().unwrap();
-        self.child.wait().unwrap();
-    }
-}
-
-impl Drop for ServerProc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn lock_cmd(addr: &str, args: &[&str]) -> Command {
-    let mut c = Command::new(BIN);
-    c.arg("lock").args(args).env("INTERLOCK_SERVER", addr).stderr(Stdio::null());
-    c
-}
-
-fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap()
-}
-
-/// A client with default options, connected to `addr`.
-async fn client(addr: &str) -> Client {
-    Client::connect(addr, ClientOptions::default()).await.unwrap()
-}
-
-fn spec(name: &str, owner: u32) -> LockSpec {
-    LockSpec { resource: name.as_bytes().to_vec(), kind: Kind::Dlm, owner, mode: Mode::EX, range: Range::WHOLE }
-}
 
 #[test]
 fn exclusion_across_two_client_processes() {

@@ -1,0 +1,75 @@
+//! What the tests of server and client processes share: a server process,
+//! `interlock lock`, a runtime, a client, a lock.
+//!
+//! Each test binary uses a part of it.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+
+use interlock_client::{Client, ClientOptions, LockSpec};
+use interlock_core::{Mode, Range};
+use interlock_proto::Kind;
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_interlock");
+
+/// A server process, killed on drop.
+pub struct ServerProc {
+    pub child: Child,
+    pub addr: String,
+}
+
+impl ServerProc {
+    pub fn start(data: &std::path::Path, listen: &str, extra: &[&str]) -> ServerProc {
+        let mut args = vec!["--data", data.to_str().unwrap(), "--listen", listen];
+        args.extend(extra);
+        ServerProc::spawn(&args)
+    }
+
+    /// `interlock serve ARGS`, once it listens.
+    pub fn spawn(args: &[&str]) -> ServerProc {
+        let mut child = Command::new(BIN)
+            .arg("serve")
+            .args(args)
+            .env("INTERLOCK_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.as_mut().unwrap()).read_line(&mut line).unwrap();
+        let addr = line.trim().strip_prefix("interlock: listening on ").expect("listening line").to_string();
+        ServerProc { child, addr }
+    }
+
+    pub fn kill9(&mut self) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+    }
+}
+
+impl Drop for ServerProc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub fn lock_cmd(addr: &str, args: &[&str]) -> Command {
+    let mut c = Command::new(BIN);
+    c.arg("lock").args(args).env("INTERLOCK_SERVER", addr).stderr(Stdio::null());
+    c
+}
+
+pub fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap()
+}
+
+/// A client with default options, connected to `addr`.
+pub async fn client(addr: &str) -> Client {
+    Client::connect(addr, ClientOptions::default()).await.unwrap()
+}
+
+pub fn spec(name: &str, owner: u32) -> LockSpec {
+    LockSpec { resource: name.as_bytes().to_vec(), kind: Kind::Dlm, owner, mode: Mode::EX, range: Range::WHOLE }
+}
