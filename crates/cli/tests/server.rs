@@ -182,7 +182,7 @@ fn an_unknown_protocol_version_is_refused_clearly() {
     let data = tempfile::tempdir().unwrap();
     let server = ServerProc::start(data.path(), "127.0.0.1:0", &[]);
     let mut s = std::net::TcpStream::connect(&server.addr).unwrap();
-    s.write_all(&raw_frame(&ClientMsg::Hello { version: 99, token: None, session: None })).unwrap();
+    s.write_all(&raw_frame(&ClientMsg::Hello { version: 99, token: None, session: None, received: 0 })).unwrap();
     match interlock_proto::decode(&read_raw_frame(&mut s)).unwrap() {
         ServerMsg::Refused { reason } => {
             let want = format!("unsupported protocol version 99; this server speaks {}", interlock_proto::VERSION);
@@ -460,7 +460,7 @@ fn a_client_that_does_not_read_its_replies_is_held_back() {
     stream.set_nonblocking(false).unwrap();
     let mut reader = BufReader::new(stream.try_clone().unwrap());
     let mut writer = stream.try_clone().unwrap();
-    let hello = ClientMsg::Hello { version: interlock_proto::VERSION, token: None, session: None };
+    let hello = ClientMsg::Hello { version: interlock_proto::VERSION, token: None, session: None, received: 0 };
     writer.write_all(&raw_frame(&hello)).unwrap();
     assert!(matches!(interlock_proto::decode(&read_raw_frame(&mut reader)).unwrap(), ServerMsg::Welcome { .. }));
 

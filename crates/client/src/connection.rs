@@ -22,24 +22,38 @@ pub(crate) struct Conn {
     wr: OwnedWriteHalf,
 }
 
+/// A connection's session, as the welcome gave it.
+pub(crate) struct Welcomed {
+    pub conn: Conn,
+    /// The session asked for was resumed; then `received` is how much of
+    /// our stream its server took in.
+    pub resumed: bool,
+    pub received: u64,
+}
+
 /// Opens a connection and says hello, resuming the session if there is
-/// one. Returns the connection and whether the session was resumed.
-pub(crate) async fn handshake(inner: &Inner) -> Result<(Conn, bool), ClientError> {
+/// one.
+pub(crate) async fn handshake(inner: &Inner) -> Result<Welcomed, ClientError> {
     let stream = TcpStream::connect(&inner.addr)
         .await
         .map_err(|source| ClientError::Connect { addr: inner.addr.clone(), source })?;
     let _ = stream.set_nodelay(true);
     let (rd, mut wr) = stream.into_split();
     let session = Some(inner.session.load(Ordering::Relaxed)).filter(|&s| s != 0);
-    let hello = ClientMsgRef::Hello { version: proto::VERSION, token: inner.options.token.as_deref(), session };
+    let hello = ClientMsgRef::Hello {
+        version: proto::VERSION,
+        token: inner.options.token.as_deref(),
+        session,
+        received: inner.received.load(Ordering::Relaxed),
+    };
     proto::send(&mut wr, &hello).await.map_err(|_| ClientError::ConnectionLost)?;
     // The reader is kept: pushes may follow the welcome in the same read.
     let mut frames = proto::reader(rd);
     match frames.next().await.ok_or(ClientError::ConnectionLost)? {
-        Ok(ServerMsg::Welcome { session, lease_ms, resumed, .. }) => {
+        Ok(ServerMsg::Welcome { session, lease_ms, resumed, received, .. }) => {
             inner.session.store(session, Ordering::Relaxed);
             inner.lease_ms.store(lease_ms, Ordering::Relaxed);
-            Ok((Conn { frames, wr }, resumed))
+            Ok(Welcomed { conn: Conn { frames, wr }, resumed, received })
         }
         Ok(ServerMsg::Refused { reason }) => Err(ClientError::Refused(reason)),
         Ok(_) => Err(ClientError::Server("unexpected answer to hello".into())),
@@ -49,7 +63,7 @@ pub(crate) async fn handshake(inner: &Inner) -> Result<(Conn, bool), ClientError
 
 /// Reconnects with exponential backoff (50 ms to 2 s). Gives up when the
 /// server refuses the client or the client is dropped.
-pub(crate) async fn reconnect(inner: &Arc<Inner>) -> Option<(Conn, bool)> {
+pub(crate) async fn reconnect(inner: &Arc<Inner>) -> Option<Welcomed> {
     let mut delay = Duration::from_millis(50);
     while !inner.closed() {
         match handshake(inner).await {
@@ -66,7 +80,35 @@ pub(crate) async fn reconnect(inner: &Arc<Inner>) -> Option<(Conn, bool)> {
     None
 }
 
-/// Drives one connection until it drops. The outbox is open already.
+/// Sets up the session's streams on a new connection: a resumed session
+/// goes on where the server stopped taking in our stream; a new one
+/// (the server restarted, or our lease ran out) starts both streams
+/// afresh, and what was in flight is lost. `false` if the server's count
+/// is impossible (nothing is sent; the caller reconnects).
+pub(crate) fn settle(inner: &Inner, w: &Welcomed) -> bool {
+    if w.resumed {
+        if inner.outbox.resume(w.received) {
+            return true;
+        }
+        tracing::error!(received = w.received, "the server's count of our stream is impossible; reconnecting");
+        return false;
+    }
+    // Under the tables' lock, which a request holds from its sending to
+    // its listing: none is dropped from the stream yet left listed, or
+    // sent in the new stream yet forgotten.
+    let mut t = inner.tables.lock();
+    inner.outbox.open();
+    t.pending.clear();
+    inner.received.store(0, Ordering::Relaxed);
+    true
+}
+
+/// Bytes of the server's stream taken in between acknowledgements (the
+/// server keeps what is unacknowledged, to send again after a reconnect).
+const ACK_EVERY: u64 = 16 << 10;
+
+/// Drives one connection until it drops; [`settle`] has set its streams
+/// up.
 pub(crate) async fn run(inner: Arc<Inner>, conn: Conn, resumed: bool) {
     let Conn { mut frames, wr } = conn;
     let outbox = inner.outbox.clone();
@@ -75,9 +117,21 @@ pub(crate) async fn run(inner: Arc<Inner>, conn: Conn, resumed: bool) {
     if !resumed {
         reclaim(&inner);
     }
+    // Where the server's stream stood when this connection began (modulo
+    // 2^64: the welcome counts in `consumed` but not in the stream).
+    let mut acked = inner.received.load(Ordering::Relaxed);
+    let origin = acked.wrapping_sub(frames.decoder().consumed());
     while let Some(read) = frames.next().await {
         match read {
-            Ok(msg) => dispatch(&inner, msg),
+            Ok(msg) => {
+                dispatch(&inner, msg);
+                let received = origin.wrapping_add(frames.decoder().consumed());
+                inner.received.store(received, Ordering::Relaxed);
+                if received - acked >= ACK_EVERY {
+                    let _ = inner.outbox.send(&ClientMsgRef::Request { id: 0, op: &Op::Renew { received } });
+                    acked = received;
+                }
+            }
             Err(proto::ReadError::Io(_)) => break,
             Err(e) => {
                 tracing::warn!(error = %e, "bad message from the server; reconnecting");
@@ -85,10 +139,8 @@ pub(crate) async fn run(inner: Arc<Inner>, conn: Conn, resumed: bool) {
             }
         }
     }
-    inner.outbox.close();
+    // Requests sent from now on wait for the next connection.
     writer.abort();
-    // Replies to requests in flight are lost with the connection.
-    inner.tables.lock().pending.clear();
 }
 
 /// After the server lost our session (it restarted, or our lease ran
@@ -145,6 +197,9 @@ fn reclaim(inner: &Arc<Inner>) {
 
 /// Routes a message from the server to whoever waits for it.
 fn dispatch(inner: &Arc<Inner>, msg: ServerMsg) {
+    if matches!(msg, ServerMsg::Reply { .. }) {
+        inner.outbox.replied();
+    }
     match msg {
         ServerMsg::Reply { id: 0, .. } => {}
         ServerMsg::Reply { id, reply } => {

@@ -189,6 +189,8 @@ struct Inner {
     options: ClientOptions,
     next_id: AtomicU64,
     session: AtomicU64,
+    /// Bytes of the session's stream from the server taken in so far.
+    received: AtomicU64,
     lease_ms: AtomicU64,
     outbox: Arc<Outbox>,
     tables: Mutex<Tables>,
@@ -268,6 +270,7 @@ impl Client {
             options,
             next_id: AtomicU64::new(1),
             session: AtomicU64::new(0),
+            received: AtomicU64::new(0),
             lease_ms: AtomicU64::new(0),
             outbox: Arc::default(),
             tables: Mutex::new(Tables::default()),
@@ -275,9 +278,9 @@ impl Client {
             blocking: Mutex::new(None),
             closed: AtomicBool::new(false),
         });
-        let (conn, _) = connection::handshake(&inner).await?;
+        let welcomed = connection::handshake(&inner).await?;
         let client = Client { inner: inner.clone(), _last: Arc::new(LastHandle(inner)) };
-        client.start(conn);
+        client.start(welcomed.conn);
         Ok(client)
     }
 
@@ -306,15 +309,21 @@ impl Client {
                 let (c, resumed) = match conn.take() {
                     Some(c) => c,
                     None => match connection::reconnect(&inner).await {
-                        Some(c) => {
-                            inner.outbox.open();
-                            c
+                        Some(w) if connection::settle(&inner, &w) => (w.conn, w.resumed),
+                        // Cannot happen with a sound server; not in a hot loop.
+                        Some(_) => {
+                            tokio::time::sleep(Duration::from_secs(1)).await;
+                            continue;
                         }
-                        None => return,
+                        None => break,
                     },
                 };
                 connection::run(inner.clone(), c, resumed).await;
             }
+            // For good: what is in flight or sent later will not be
+            // answered.
+            inner.outbox.close();
+            inner.tables.lock().pending.clear();
         });
         let weak = Arc::downgrade(&self.inner);
         tokio::spawn(async move {
@@ -325,7 +334,8 @@ impl Client {
                 };
                 tokio::time::sleep(every).await;
                 let Some(inner) = weak.upgrade() else { return };
-                let _ = inner.outbox.send(&ClientMsgRef::Request { id: 0, op: &Op::Renew });
+                let received = inner.received.load(Ordering::Relaxed);
+                let _ = inner.outbox.send(&ClientMsgRef::Request { id: 0, op: &Op::Renew { received } });
             }
         });
     }

@@ -1,15 +1,22 @@
-//! The way out to the server: callers encode their requests straight into
-//! one shared buffer, and the connection's writer takes the whole buffer
-//! and writes it in one system call.
+//! The way out to the server: the session's stream of requests. Callers
+//! encode their requests straight into one shared buffer, and the
+//! connection's writer takes the whole buffer and writes it in one system
+//! call. What was written stays until its reply comes (which says the
+//! server took it in), so that after a lost connection the next one sends
+//! again what the server never got.
 //!
 //! No request is copied, boxed or queued on its own: `send` appends a
 //! frame under a short lock and wakes the writer. Requests sent while the
 //! writer is busy writing simply gather for the next write, so pipelined
 //! callers share system calls without anyone waiting for a batch to fill.
+//!
+//! The stream is counted in bytes from the session's start: `acked` is
+//! where `sent` starts, and `sent` then `buf` run without a gap to `end`.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 
-use bytes::BytesMut;
+use bytes::{Buf, Bytes, BytesMut};
 use interlock_proto::{self as proto, ClientMsgRef};
 use parking_lot::Mutex;
 use tokio::io::{AsyncWrite, AsyncWriteExt};
@@ -19,8 +26,20 @@ use crate::ClientError;
 
 #[derive(Default)]
 struct Out {
+    /// Sent by callers, not yet taken by the writer.
     buf: BytesMut,
-    /// A connection is up to take what is sent.
+    /// Taken by the writer, not yet known to have reached the server.
+    sent: VecDeque<Bytes>,
+    sent_len: usize,
+    /// The stream offset where `sent` starts.
+    acked: u64,
+    /// The stream offset after the last request.
+    end: u64,
+    /// Where each request still waiting for its reply ends, oldest
+    /// first: replies come in request order.
+    replies: VecDeque<u64>,
+    /// The client still has a server: it is connected, or reconnecting
+    /// (then requests wait here for the next connection).
     open: bool,
 }
 
@@ -32,34 +51,86 @@ pub(crate) struct Outbox {
 }
 
 impl Outbox {
-    /// Appends a request for the writer; fails when no connection is up
-    /// (its reply would never come) or the request is over the frame
-    /// limit. O(size of the request).
+    /// Appends a request for the writer (or for the next connection, while
+    /// the client reconnects); fails when the client gave up its server
+    /// or the request is over the frame limit. O(size of the request).
     pub fn send(&self, msg: &ClientMsgRef<'_>) -> Result<(), ClientError> {
         let mut out = self.out.lock();
         if !out.open {
             return Err(ClientError::ConnectionLost);
         }
+        let before = out.buf.len();
         proto::write_frame(msg, &mut out.buf).map_err(|e| ClientError::Invalid(e.to_string()))?;
+        out.end += (out.buf.len() - before) as u64;
+        let end = out.end;
+        out.replies.push_back(end);
         drop(out);
         self.ready.notify_one();
         Ok(())
     }
 
-    /// A new connection is up: what is sent from now on goes to it.
-    pub fn open(&self) {
+    /// The oldest request's reply came: the server has it and all before
+    /// it, which need not be kept. O(1) amortized.
+    pub fn replied(&self) {
         let mut out = self.out.lock();
-        out.buf.clear();
-        out.open = true;
+        let Some(end) = out.replies.pop_front() else { return };
+        // At most what was written: a reply to more would be the
+        // server's mistake, not a reason to fail here.
+        let mut drop_n = (end.saturating_sub(out.acked) as usize).min(out.sent_len);
+        out.acked += drop_n as u64;
+        out.sent_len -= drop_n;
+        while drop_n > 0 {
+            let front = out.sent.front_mut().expect("sent_len counts these bytes");
+            if front.len() <= drop_n {
+                drop_n -= front.len();
+                out.sent.pop_front();
+            } else {
+                front.advance(drop_n);
+                drop_n = 0;
+            }
+        }
     }
 
-    /// The connection is gone: requests fail until the next one is up.
-    /// Whatever was not written is dropped with it (its callers learn of
-    /// the loss as their replies are cleared).
-    pub fn close(&self) {
+    /// A new session: its stream starts empty, and what the last one did
+    /// not send is dropped (its callers learn of the loss as their
+    /// replies are cleared).
+    pub fn open(&self) {
+        *self.out.lock() = Out { open: true, ..Out::default() };
+    }
+
+    /// The session was resumed on a new connection whose server took in
+    /// the stream up to `received`: the rest goes again, ahead of what is
+    /// sent from now on. `false` if the server claims bytes never written
+    /// (or dropped already). O(bytes sent again).
+    pub fn resume(&self, received: u64) -> bool {
         let mut out = self.out.lock();
-        out.buf.clear();
-        out.open = false;
+        if received < out.acked || received > out.acked + out.sent_len as u64 {
+            return false;
+        }
+        let mut skip = (received - out.acked) as usize;
+        let mut again = BytesMut::with_capacity(out.sent_len - skip + out.buf.len());
+        for chunk in std::mem::take(&mut out.sent) {
+            let n = skip.min(chunk.len());
+            skip -= n;
+            again.extend_from_slice(&chunk[n..]);
+        }
+        again.extend_from_slice(&out.buf);
+        out.buf = again;
+        out.sent_len = 0;
+        out.acked = received;
+        out.open = true;
+        let waiting = !out.buf.is_empty();
+        drop(out);
+        if waiting {
+            self.ready.notify_one();
+        }
+        true
+    }
+
+    /// The client gave up its server (it was refused, or closed): requests
+    /// fail from now on.
+    pub fn close(&self) {
+        self.out.lock().open = false;
     }
 
     /// Writes what callers send to `wr`, until a write fails or the task
@@ -68,7 +139,6 @@ impl Outbox {
     /// run first, a few rounds at most, while they keep adding: many then
     /// share one write. A lone request goes out at once.
     pub async fn write_to(self: Arc<Self>, mut wr: impl AsyncWrite + Unpin, busy: impl Fn() -> bool) {
-        let mut batch = BytesMut::with_capacity(8 << 10);
         loop {
             self.ready.notified().await;
             for _ in 0..3 {
@@ -81,14 +151,67 @@ impl Outbox {
                     break;
                 }
             }
-            std::mem::swap(&mut self.out.lock().buf, &mut batch);
-            if batch.is_empty() {
-                continue;
-            }
+            let batch = {
+                let mut out = self.out.lock();
+                if out.buf.is_empty() {
+                    continue;
+                }
+                let batch = out.buf.split().freeze();
+                out.sent_len += batch.len();
+                out.sent.push_back(batch.clone());
+                batch
+            };
             if wr.write_all(&batch).await.is_err() {
                 return;
             }
-            batch.clear();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use interlock_proto::{ClientMsg, Op};
+
+    fn request(id: u64) -> ClientMsgRef<'static> {
+        ClientMsgRef::Request { id, op: &Op::Status }
+    }
+
+    /// What a resumed session sends again: every request after what the
+    /// server took in, in order, ahead of new ones; and what was replied
+    /// to is not kept.
+    #[tokio::test]
+    async fn a_resumed_stream_sends_again_what_the_server_missed() {
+        let outbox = Arc::new(Outbox::default());
+        outbox.open();
+        let (mut theirs, ours) = tokio::io::duplex(1 << 16);
+        let writer = tokio::spawn(outbox.clone().write_to(ours, || false));
+        let mut frame = BytesMut::new();
+        proto::write_frame(&request(1), &mut frame).unwrap();
+        let len = frame.len() as u64;
+        for id in 1..=4 {
+            outbox.send(&request(id)).unwrap();
+            // One write each, so each is its own chunk.
+            let mut got = vec![0u8; len as usize];
+            tokio::io::AsyncReadExt::read_exact(&mut theirs, &mut got).await.unwrap();
+        }
+        outbox.replied();
+        writer.abort();
+        assert!(!outbox.resume(0), "request 1 was replied to: dropped");
+        assert!(!outbox.resume(5 * len), "never written");
+        // The server took in requests 1 and 2 (of which 1 was replied).
+        assert!(outbox.resume(2 * len));
+        outbox.send(&request(5)).unwrap();
+        let (mut theirs, ours) = tokio::io::duplex(1 << 16);
+        tokio::spawn(outbox.clone().write_to(ours, || false));
+        let mut frames = proto::reader::<ClientMsg, _>(&mut theirs);
+        let mut ids = Vec::new();
+        for _ in 0..3 {
+            match futures::StreamExt::next(&mut frames).await.unwrap().unwrap() {
+                ClientMsg::Request { id, .. } => ids.push(id),
+                other => panic!("{other:?}"),
+            }
+        }
+        assert_eq!(ids, [3, 4, 5]);
     }
 }

@@ -1,4 +1,4 @@
-//! interlock's wire protocol, version 1.
+//! interlock's wire protocol, version 2.
 //!
 //! A connection carries frames both ways: a 4-byte big-endian length, then
 //! that many bytes of a [postcard](https://docs.rs/postcard)-encoded
@@ -11,6 +11,13 @@
 //! ([`ServerMsg::Granted`]) and blocking callbacks to holders of DLM locks
 //! ([`ServerMsg::Blocking`]). `docs/protocol.md` describes the exchange.
 //!
+//! Everything after the handshake is a session's stream, one each way,
+//! counted in bytes across the session's connections: after a lost
+//! connection, [`ClientMsg::Hello`] and [`ServerMsg::Welcome`] tell each
+//! other how much of the other's stream they took in, and each sends the
+//! rest again. So no request, reply or push is lost or doubled when a
+//! connection drops (version 2; version 1 lost them).
+//!
 //! Every decode is of untrusted bytes: a frame over [`MAX_FRAME`] or that
 //! does not decode is an error, never a panic (fuzzed by property tests).
 
@@ -18,7 +25,7 @@ use bytes::{BufMut, BytesMut};
 use serde::{Deserialize, Serialize};
 
 /// The protocol version this build speaks.
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
 /// The largest frame either side accepts, in bytes.
 pub const MAX_FRAME: usize = 64 << 10;
 
@@ -96,8 +103,11 @@ pub enum Op {
         #[serde(with = "serde_bytes")]
         lvb: Option<Vec<u8>>,
     },
-    /// Keep the session's lease alive (any request does too).
-    Renew,
+    /// Keep the session's lease alive (any request does too), and
+    /// acknowledge the first `received` bytes of the session's stream from
+    /// the server: it keeps what is not acknowledged, to send again after
+    /// a reconnect.
+    Renew { received: u64 },
     /// Live counters.
     Status,
     /// End the session now, releasing everything it holds (instead of at
@@ -110,11 +120,15 @@ pub enum Op {
 pub enum ClientMsg {
     /// The first message. `session`: resume that session (after a
     /// reconnect within the lease, or to reclaim locks after a server
-    /// restart).
+    /// restart); `received`: the bytes of its stream from the server taken
+    /// in so far (the server sends the rest again). Later versions only
+    /// add fields at the end, so any version's hello decodes far enough
+    /// to be refused by its version.
     Hello {
         version: u32,
         token: Option<String>,
         session: Option<u64>,
+        received: u64,
     },
     Request {
         id: u64,
@@ -179,14 +193,16 @@ pub enum Reply {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum ServerMsg {
     /// `resumed`: the session asked for in Hello was found (locks kept);
-    /// `recovering`: the server restarted and accepts reclaims for this
-    /// long.
+    /// then `received` is the bytes of the client's stream the server
+    /// took in, and the client sends the rest again. `recovering`: the
+    /// server restarted and accepts reclaims for this long.
     Welcome {
         version: u32,
         session: u64,
         lease_ms: u64,
         resumed: bool,
         recovering_ms: u64,
+        received: u64,
     },
     Refused {
         reason: String,
@@ -306,11 +322,21 @@ pub enum ReadError {
 /// [`MAX_FRAME`]) decoded into messages straight from the read buffer,
 /// with no buffer split off per frame. Frames are written with
 /// [`write_frame`].
-pub struct Reader<T>(std::marker::PhantomData<fn() -> T>);
+pub struct Reader<T> {
+    consumed: u64,
+    _msg: std::marker::PhantomData<fn() -> T>,
+}
 
 impl<T> Default for Reader<T> {
     fn default() -> Self {
-        Reader(std::marker::PhantomData)
+        Reader { consumed: 0, _msg: std::marker::PhantomData }
+    }
+}
+
+impl<T> Reader<T> {
+    /// Bytes of the frames decoded so far: where a stream stands.
+    pub fn consumed(&self) -> u64 {
+        self.consumed
     }
 }
 
@@ -331,6 +357,7 @@ impl<T: serde::de::DeserializeOwned> tokio_util::codec::Decoder for Reader<T> {
         };
         let msg = decode(body)?;
         bytes::Buf::advance(src, 4 + len);
+        self.consumed += 4 + len as u64;
         Ok(Some(msg))
     }
 }
@@ -345,7 +372,7 @@ pub fn reader<T, R: tokio::io::AsyncRead>(io: R) -> tokio_util::codec::FramedRea
 /// after a reconnect) without copying it.
 #[derive(Serialize)]
 pub enum ClientMsgRef<'a> {
-    Hello { version: u32, token: Option<&'a str>, session: Option<u64> },
+    Hello { version: u32, token: Option<&'a str>, session: Option<u64>, received: u64 },
     Request { id: u64, op: &'a Op },
 }
 
@@ -375,16 +402,31 @@ mod tests {
         assert_eq!(decode::<ServerMsg>(&encode(&s)).unwrap(), s);
     }
 
-    /// The bytes of version 1, spelled out: postcard varints, enum
+    /// The bytes of version 2, spelled out: postcard varints, enum
     /// variants by index, byte strings as length then bytes. A change
     /// here is a new protocol version.
     #[test]
-    fn version_1_bytes() {
+    fn version_2_bytes() {
         assert_eq!(encode(&lock_request()), [1, 7, 0, 2, b'a', b'b', 1, 3, 0, 9, 5, 1, 0]);
         let unlock = Op::DlmUnlock { resource: b"r".to_vec(), owner: 1, handle: 300, lvb: Some(vec![9]) };
         assert_eq!(encode(&unlock), [5, 1, b'r', 1, 0xac, 0x02, 1, 1, 9]);
         let grant = ServerMsg::Granted { id: 2, grant: GrantInfo { fence: 1, lvb: None, handle: Some(4) } };
         assert_eq!(encode(&grant), [3, 2, 1, 0, 1, 4]);
+        let hello = ClientMsg::Hello { version: 2, token: None, session: Some(5), received: 130 };
+        assert_eq!(encode(&hello), [0, 2, 0, 1, 5, 0x82, 0x01]);
+        let welcome =
+            ServerMsg::Welcome { version: 2, session: 5, lease_ms: 1, resumed: true, recovering_ms: 0, received: 3 };
+        assert_eq!(encode(&welcome), [0, 2, 5, 1, 1, 0, 3]);
+        assert_eq!(encode(&Op::Renew { received: 1 }), [7, 1]);
+    }
+
+    /// A hello of any later version (fields added at its end) decodes
+    /// far enough to read its version.
+    #[test]
+    fn a_later_hello_decodes_to_its_version() {
+        let mut bytes = encode(&ClientMsg::Hello { version: 3, token: None, session: None, received: 0 });
+        bytes.extend_from_slice(&[9, 9, 9]);
+        assert!(matches!(decode::<ClientMsg>(&bytes).unwrap(), ClientMsg::Hello { version: 3, .. }));
     }
 
     /// Frames written in place decode with the reading codec, in order,
@@ -396,17 +438,20 @@ mod tests {
             Op::Unlock { target: Target { resource: b"abc".to_vec(), kind: Kind::Posix, owner: 1, start: 0, end: 5 } };
         let mut out = BytesMut::new();
         write_frame(&ClientMsgRef::Request { id: 9, op: &op }, &mut out).unwrap();
-        write_frame(&ClientMsg::Hello { version: VERSION, token: Some("t".into()), session: None }, &mut out).unwrap();
+        let hello = ClientMsg::Hello { version: VERSION, token: Some("t".into()), session: None, received: 4 };
+        write_frame(&hello, &mut out).unwrap();
         // Larger than the stack buffer of the fast path.
         let big = ClientMsg::Request { id: 10, op: Op::Close { resource: vec![3; 2000], kind: Kind::Ofd, owner: 2 } };
         write_frame(&big, &mut out).unwrap();
-        let hello_ref = ClientMsgRef::Hello { version: VERSION, token: Some("t"), session: None };
+        let hello_ref = ClientMsgRef::Hello { version: VERSION, token: Some("t"), session: None, received: 4 };
+        let total = out.len() as u64;
         let mut reader = Reader::<ClientMsg>::default();
         assert_eq!(reader.decode(&mut out).unwrap().unwrap(), ClientMsg::Request { id: 9, op });
         let hello = reader.decode(&mut out).unwrap().unwrap();
         assert_eq!(encode(&hello), encode(&hello_ref));
         assert_eq!(reader.decode(&mut out).unwrap().unwrap(), big);
         assert!(reader.decode(&mut out).unwrap().is_none());
+        assert_eq!(reader.consumed(), total, "every byte of the three frames counted");
     }
 
     #[test]

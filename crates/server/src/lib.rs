@@ -480,7 +480,7 @@ fn execute(inner: &Inner, sid: u64, id: u64, op: Op) -> Result<Reply, String> {
             deliver(inner, &target.resource, resp.effects);
             Ok(reply)
         }
-        Op::Renew => Ok(Reply::Done),
+        Op::Renew { received } => inner.sessions.ack(sid, received).map(|()| Reply::Done),
         Op::Status => Ok(Reply::Status(inner.status())),
         Op::Bye => Ok(Reply::Done),
     }
@@ -504,7 +504,7 @@ async fn connection(inner: Arc<Inner>, stream: TcpStream, peer: SocketAddr) {
         _ => return,
     };
     let refuse = |reason: String| ServerMsg::Refused { reason };
-    let ClientMsg::Hello { version, token, session } = hello else {
+    let ClientMsg::Hello { version, token, session, received } = hello else {
         let _ = proto::send(&mut wr, &refuse("the first message must be Hello".into())).await;
         return;
     };
@@ -520,22 +520,63 @@ async fn connection(inner: Arc<Inner>, stream: TcpStream, peer: SocketAddr) {
         let _ = proto::send(&mut wr, &refuse("authentication failed: wrong or missing token".into())).await;
         return;
     }
-    // Held back until the welcome is ahead of everything pushed to it.
-    let wire = Arc::new(Wire::new(wr));
-    let (sid, resumed) = inner.sessions.attach(session, wire.clone());
-    wire.open(&ServerMsg::Welcome {
-        version: proto::VERSION,
-        session: sid,
-        lease_ms: inner.config.lease.as_millis() as u64,
-        resumed,
-        recovering_ms: inner.recovering().map_or(0, |d| d.as_millis() as u64),
-    });
-    let bye = serve_connection(&inner, sid, peer, &mut source, &wire).await;
-    wire.close();
-    if bye {
-        end_session(&inner, sid);
+    let wr = Arc::new(wr);
+    let Some((session, mut turn)) = take_over(&inner, session, received, &wr, peer).await else { return };
+    let mut welcome = BytesMut::new();
+    wire::put(
+        &mut welcome,
+        &ServerMsg::Welcome {
+            version: proto::VERSION,
+            session: session.sid,
+            lease_ms: inner.config.lease.as_millis() as u64,
+            resumed: session.resumed,
+            recovering_ms: inner.recovering().map_or(0, |d| d.as_millis() as u64),
+            received: *turn,
+        },
+    );
+    // Ahead of the stream, which waits for it (`Wire::attach`).
+    let bye = if wire::write_all(&wr, &welcome).await.is_ok() {
+        session.wire.open();
+        tokio::select! {
+            () = session.stop.cancelled() => false,
+            bye = serve_connection(&inner, session.sid, peer, &mut source, &session.wire, &mut turn) => bye,
+        }
     } else {
-        inner.sessions.detach(sid, &wire);
+        false
+    };
+    session.wire.detach(&wr);
+    if bye {
+        end_session(&inner, session.sid);
+    }
+}
+
+/// Gives the session `want` (or a new one) to a new connection: stops the
+/// connection that served it and waits for its turn, then has the
+/// session's stream resent from `received`. A session whose stream cannot
+/// be resent from there (it piled up past its limit while the client did
+/// not acknowledge it) cannot resume: it ends, and the client reclaims in
+/// a new one, as after a restart. `None`: a newer connection took over
+/// meanwhile.
+async fn take_over(
+    inner: &Inner,
+    want: Option<u64>,
+    received: u64,
+    wr: &Arc<tokio::net::tcp::OwnedWriteHalf>,
+    peer: SocketAddr,
+) -> Option<(session::Attached, tokio::sync::OwnedMutexGuard<u64>)> {
+    let mut session = inner.sessions.attach(want);
+    loop {
+        let turn = session.turn.clone().lock_owned().await;
+        if session.stop.is_cancelled() {
+            return None;
+        }
+        if session.wire.attach(wr.clone(), if session.resumed { received } else { 0 }) {
+            return Some((session, turn));
+        }
+        tracing::warn!(%peer, session = session.sid, received, "the session's stream cannot be resent from there; ending it");
+        drop(turn);
+        end_session(inner, session.sid);
+        session = inner.sessions.attach(Some(session.sid));
     }
 }
 
@@ -546,24 +587,29 @@ enum Next {
 }
 
 /// Serves one connection's requests, answering each at once. A burst of
-/// pipelined requests is read, answered into the connection's output (see
+/// pipelined requests is read, answered into the session's stream (see
 /// [`Wire`]) and written back in one write. It reads ahead at most
 /// `max_in_flight` requests before writing their replies, and reads
 /// nothing while it cannot write: a client that does not read its
 /// replies is held back. Between bursts it writes what other tasks pushed
-/// and could not write themselves. Returns whether the client said `Bye`.
+/// and could not write themselves. `served` counts the bytes of the
+/// client's stream served, request by request. Returns whether the client
+/// said `Bye`.
 async fn serve_connection(
     inner: &Inner,
     sid: u64,
     peer: SocketAddr,
-    source: &mut (impl futures::Stream<Item = Result<ClientMsg, proto::ReadError>> + Unpin),
+    source: &mut tokio_util::codec::FramedRead<tokio::net::tcp::OwnedReadHalf, proto::Reader<ClientMsg>>,
     wire: &Wire,
+    served: &mut u64,
 ) -> bool {
     let limit = inner.config.limits.max_in_flight.max(1);
-    let mut spare = BytesMut::with_capacity(8 << 10);
     let mut unflushed = 0usize;
     let mut touched = false;
-    if wire.flush(&mut spare).await.is_err() {
+    // Where the client's stream stood when this connection began (modulo
+    // 2^64: the hello counts in `consumed` but not in the stream).
+    let origin = served.wrapping_sub(source.decoder().consumed());
+    if wire.flush().await.is_err() {
         return false;
     }
     loop {
@@ -581,7 +627,7 @@ async fn serve_connection(
         };
         let (id, op) = match next {
             Next::Flush => {
-                if wire.flush(&mut spare).await.is_err() {
+                if wire.flush().await.is_err() {
                     return false;
                 }
                 unflushed = 0;
@@ -611,11 +657,15 @@ async fn serve_connection(
         let bye = matches!(op, Op::Bye);
         let reply = handle(inner, sid, id, op);
         // Behind any push this request made: a grant that raced a cancel
-        // reaches the client before the cancel's reply.
+        // reaches the client before the cancel's reply. Served and
+        // answered with no await between: a connection stopped at an
+        // await has each request it read either served and answered in
+        // the stream, or neither.
         wire.append(&ServerMsg::Reply { id, reply });
+        *served = origin.wrapping_add(source.decoder().consumed());
         unflushed += 1;
         if bye {
-            let _ = wire.flush(&mut spare).await;
+            let _ = wire.flush().await;
             return true;
         }
     }

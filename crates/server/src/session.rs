@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use interlock_core::{LockKind, Range, WaitId};
 use interlock_proto::{GrantInfo, Kind, ServerMsg, Target};
 use std::sync::Arc;
+use tokio_util::sync::CancellationToken;
 
 use crate::wire::Wire;
 use crate::{Limits, Shared};
@@ -19,9 +20,6 @@ use crate::{Limits, Shared};
 /// Session ids fit in 30 bits, below the two kind bits of an engine owner
 /// id (`owner_id` in the crate root).
 pub(crate) const SESSION_BITS: u32 = 30;
-
-/// Messages kept for a session while it has no connection.
-const MAX_BACKLOG: usize = 10_000;
 
 /// Something a session must give back when it ends.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -71,8 +69,15 @@ pub(crate) struct Raced {
 }
 
 struct Session {
-    wire: Option<Arc<Wire>>,
-    backlog: Vec<ServerMsg>,
+    /// Its stream to the client, across connections.
+    wire: Arc<Wire>,
+    /// Held by the connection that serves the session's requests, for its
+    /// life: so one connection at a time does. It counts the bytes of the
+    /// client's stream served (see [`Attached`]).
+    turn: Arc<tokio::sync::Mutex<u64>>,
+    /// Cancels the connection that serves the session: a newer one took
+    /// over, or the session ended.
+    stop: CancellationToken,
     last_seen: Instant,
     held: HashSet<Track>,
     /// Request id -> its queued wait.
@@ -104,21 +109,19 @@ impl Sessions {
         self.state.lock().sessions.len()
     }
 
-    /// Attaches a connection: to session `want` if it is alive (resumed),
-    /// else to a new session (with id `want` if it is free, so a client
-    /// reclaiming after a restart keeps its owner ids). What the session
-    /// kept while it had no connection is appended to `wire`.
-    pub fn attach(&self, want: Option<u64>, wire: Arc<Wire>) -> (u64, bool) {
+    /// Takes over session `want` for a new connection if it is alive
+    /// (resumed: the connection serving it is stopped), else opens a new
+    /// session (with id `want` if it is free, so a client reclaiming
+    /// after a restart keeps its owner ids).
+    pub fn attach(&self, want: Option<u64>) -> Attached {
         let mut st = self.state.lock();
         if let Some(sid) = want
             && let Some(s) = st.sessions.get_mut(&sid)
         {
-            for msg in std::mem::take(&mut s.backlog) {
-                wire.append(&msg);
-            }
-            s.wire = Some(wire);
+            s.stop.cancel();
+            s.stop = CancellationToken::new();
             s.last_seen = Instant::now();
-            return (sid, true);
+            return Attached::of(sid, true, s);
         }
         let sid = match want.filter(|&w| w != 0 && w < 1 << SESSION_BITS) {
             Some(w) => w,
@@ -132,24 +135,22 @@ impl Sessions {
             },
         };
         let session = Session {
-            wire: Some(wire),
-            backlog: Vec::new(),
+            wire: Arc::default(),
+            turn: Arc::default(),
+            stop: CancellationToken::new(),
             last_seen: Instant::now(),
             held: HashSet::default(),
             waits: HashMap::default(),
         };
+        let attached = Attached::of(sid, false, &session);
         st.sessions.insert(sid, session);
-        (sid, false)
+        attached
     }
 
-    /// The connection of `wire` is gone; the session lives on for its
-    /// lease.
-    pub fn detach(&self, sid: u64, wire: &Arc<Wire>) {
-        if let Some(s) = self.state.lock().sessions.get_mut(&sid)
-            && s.wire.as_ref().is_some_and(|w| Arc::ptr_eq(w, wire))
-        {
-            s.wire = None;
-        }
+    /// The client took in the session's stream up to `received`.
+    pub fn ack(&self, sid: u64, received: u64) -> Result<(), String> {
+        let st = self.state.lock();
+        st.sessions.get(&sid).map_or(Ok(()), |s| s.wire.ack(received))
     }
 
     /// The client was heard from: renews its lease. Whether the session
@@ -178,6 +179,7 @@ impl Sessions {
     pub fn remove(&self, sid: u64) -> Option<Vec<Track>> {
         let mut st = self.state.lock();
         let s = st.sessions.remove(&sid)?;
+        s.stop.cancel();
         let mut out: Vec<Track> = Vec::new();
         for w in s.waits.into_values() {
             if let Track::Wait { wait, .. } = &w.track {
@@ -309,7 +311,7 @@ impl Sessions {
         Some((w.track, Range::new(w.target.start, w.target.end).ok()))
     }
 
-    /// Sends to the session's connection, or keeps it for the next one.
+    /// Appends to the session's stream.
     pub fn push(&self, sid: u64, msg: ServerMsg) -> Delivered {
         match self.state.lock().sessions.get_mut(&sid) {
             Some(s) => send(s, msg),
@@ -318,30 +320,41 @@ impl Sessions {
     }
 }
 
+/// A connection's hold on a session: see [`Sessions::attach`].
+pub(crate) struct Attached {
+    pub sid: u64,
+    pub resumed: bool,
+    pub wire: Arc<Wire>,
+    /// Lock it before serving requests (the previous connection may
+    /// still be stopping); it holds the bytes of the client's stream
+    /// served so far, and the server must add each request's bytes as it
+    /// serves it, so a resumed client sends again exactly what was not.
+    pub turn: Arc<tokio::sync::Mutex<u64>>,
+    /// Cancelled when the connection must stop.
+    pub stop: CancellationToken,
+}
+
+impl Attached {
+    fn of(sid: u64, resumed: bool, s: &Session) -> Attached {
+        Attached { sid, resumed, wire: s.wire.clone(), turn: s.turn.clone(), stop: s.stop.clone() }
+    }
+}
+
 /// What became of a grant or a pushed message.
 pub(crate) enum Delivered {
-    /// Appended to this connection's output: the caller writes it
+    /// Appended to the session's stream: the caller writes it
     /// ([`Wire::kick`]) once the table's lock is released.
     Kick(Arc<Wire>),
-    /// Kept for later: in the backlog, or as an early grant.
+    /// Kept for later, as an early grant, or the session is gone.
     Kept,
     /// The grant of a withdrawn wait (see [`Raced`]): the caller releases
     /// it.
     Release(Raced, GrantInfo),
 }
 
-/// Appends to the session's connection, or keeps the message for the next
-/// one. No I/O here: the caller kicks the wire after the table's lock.
+/// Appends to the session's stream. No I/O here: the caller kicks the
+/// wire after the table's lock.
 fn send(s: &mut Session, msg: ServerMsg) -> Delivered {
-    if let Some(w) = &s.wire
-        && w.append(&msg)
-    {
-        return Delivered::Kick(w.clone());
-    }
-    if s.backlog.len() < MAX_BACKLOG {
-        s.backlog.push(msg);
-    } else {
-        tracing::warn!("session backlog full; dropping a pushed message");
-    }
-    Delivered::Kept
+    s.wire.append(&msg);
+    Delivered::Kick(s.wire.clone())
 }

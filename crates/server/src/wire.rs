@@ -1,10 +1,13 @@
-//! A connection's way out: one buffer of frames in the order they were
-//! made, shared by the connection's own task (its replies) and by every
-//! task that pushes to its session (grants, blocking callbacks).
+//! A session's way out: its stream of frames (replies and pushes) in the
+//! order they were made, written to whichever connection the session has,
+//! and kept until the client acknowledges them, so that after a lost
+//! connection the next one sends again what the client never got.
 //!
-//! A push to a connection with nothing queued ahead of it is written at
-//! once by the pushing task, with no hand-off to the connection's task:
-//! a lock hand-over to a client on another connection is one task switch
+//! The buffer is shared by the connection's own task (its replies) and by
+//! every task that pushes to the session (grants, blocking callbacks). A
+//! push to a connection with nothing queued ahead of it is written at
+//! once by the pushing task, with no hand-off to the connection's task: a
+//! lock hand-over to a client on another connection is one task switch
 //! and one write shorter. Otherwise the push waits in the buffer behind
 //! what is ahead of it, and the connection's task writes it.
 //!
@@ -13,56 +16,148 @@
 //!   messages were made, and leave in that order: a push made before a
 //!   reply goes ahead of it (a grant that raced a cancel reaches the
 //!   client before the cancel's reply).
+//! - The stream is counted in bytes from the session's start. `acked` is
+//!   where `unacked` starts; `unacked` then `pending` run without a gap
+//!   to the stream's end. Bytes move from `pending` to `unacked` before
+//!   they are written, so a write cut short (by a failed connection or a
+//!   cancelled task) loses nothing.
 //! - Bytes go to the socket only under the lock with `writing` unset, or
 //!   from the connection's task while it has `writing` set, so two writers
 //!   never interleave.
 //! - Appending never does I/O: the session table appends under its own
 //!   lock and writes (`kick`) after releasing it.
 
-use bytes::{Buf, BytesMut};
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use bytes::{Buf, Bytes, BytesMut};
 use interlock_proto::{self as proto, ServerMsg};
 use parking_lot::Mutex;
 use tokio::net::tcp::OwnedWriteHalf;
 use tokio::sync::Notify;
 
+/// Unacknowledged bytes a session may pile up (a client acknowledges
+/// every 16 KiB; this is reached only by one that does not, or by a
+/// session without a connection that is pushed to for long). Past it the
+/// session can no longer be resumed: see [`Wire::attach`].
+const MAX_UNACKED: usize = 4 << 20;
+
 #[derive(Default)]
 struct Out {
-    buf: BytesMut,
-    /// The connection's task is writing a batch it took from `buf`.
+    /// Made, not yet taken for writing.
+    pending: BytesMut,
+    /// Taken for writing, not yet acknowledged.
+    unacked: VecDeque<Bytes>,
+    unacked_len: usize,
+    /// The stream offset where `unacked` starts.
+    acked: u64,
+    /// The session's connection, if it has one.
+    wr: Option<Arc<OwnedWriteHalf>>,
+    /// A task is writing a batch it took (or the welcome is going out).
     writing: bool,
-    /// The connection is gone: pushes go to the session's backlog.
-    closed: bool,
+    /// More than [`MAX_UNACKED`] piled up and was dropped.
+    broken: bool,
 }
 
+impl Out {
+    /// Moves the first `n` bytes of `pending` to `unacked`.
+    fn take(&mut self, n: usize) -> Bytes {
+        let chunk = self.pending.split_to(n).freeze();
+        self.unacked_len += chunk.len();
+        self.unacked.push_back(chunk.clone());
+        chunk
+    }
+
+    /// The stream offset up to which bytes were taken for writing.
+    fn taken(&self) -> u64 {
+        self.acked + self.unacked_len as u64
+    }
+}
+
+#[derive(Default)]
 pub(crate) struct Wire {
     out: Mutex<Out>,
-    wr: OwnedWriteHalf,
     /// Tells the connection's task that bytes wait in the buffer.
     ready: Notify,
 }
 
 impl Wire {
-    /// A wire that holds everything back until [`Wire::open`].
-    pub fn new(wr: OwnedWriteHalf) -> Wire {
-        Wire { out: Mutex::new(Out { writing: true, ..Out::default() }), wr, ready: Notify::new() }
-    }
-
-    /// Puts `first` ahead of whatever was pushed so far and lets bytes go.
-    pub fn open(&self, first: &ServerMsg) {
+    /// Gives the session connection `wr`, whose client took in the stream
+    /// up to `received`: what follows is written to `wr` (after
+    /// [`Wire::open`]). `false` if that cannot be: the bytes after
+    /// `received` are gone (dropped past [`MAX_UNACKED`], or acknowledged
+    /// already), or were never written. O(bytes after `received`).
+    pub fn attach(&self, wr: Arc<OwnedWriteHalf>, received: u64) -> bool {
         let mut out = self.out.lock();
-        let pushed = std::mem::take(&mut out.buf);
-        put(&mut out.buf, first);
-        out.buf.extend_from_slice(&pushed);
-        out.writing = false;
-    }
-
-    /// Appends a message. `false` if the connection is gone.
-    pub fn append(&self, msg: &ServerMsg) -> bool {
-        let mut out = self.out.lock();
-        if !out.closed {
-            put(&mut out.buf, msg);
+        if out.broken || received < out.acked || received > out.taken() {
+            return false;
         }
-        !out.closed
+        let mut skip = (received - out.acked) as usize;
+        let mut again = BytesMut::with_capacity(out.unacked_len - skip + out.pending.len());
+        for chunk in std::mem::take(&mut out.unacked) {
+            let n = skip.min(chunk.len());
+            skip -= n;
+            again.extend_from_slice(&chunk[n..]);
+        }
+        again.extend_from_slice(&out.pending);
+        out.pending = again;
+        out.unacked_len = 0;
+        out.acked = received;
+        out.wr = Some(wr);
+        out.writing = true;
+        true
+    }
+
+    /// The welcome is out: bytes may go.
+    pub fn open(&self) {
+        self.out.lock().writing = false;
+    }
+
+    /// The connection `wr` is gone (if it is still the session's).
+    pub fn detach(&self, wr: &Arc<OwnedWriteHalf>) {
+        let mut out = self.out.lock();
+        if out.wr.as_ref().is_some_and(|w| Arc::ptr_eq(w, wr)) {
+            out.wr = None;
+            out.writing = false;
+        }
+    }
+
+    /// Appends a message to the stream. O(size of the message).
+    pub fn append(&self, msg: &ServerMsg) {
+        let mut out = self.out.lock();
+        if out.broken {
+            return;
+        }
+        put(&mut out.pending, msg);
+        if out.pending.len() + out.unacked_len > MAX_UNACKED {
+            tracing::warn!("a session's unacknowledged output passed {MAX_UNACKED} bytes; it can no longer resume");
+            *out = Out { broken: true, ..Out::default() };
+            drop(out);
+            self.ready.notify_one();
+        }
+    }
+
+    /// The client took in the stream up to `received`: what is before it
+    /// is dropped. O(chunks dropped).
+    pub fn ack(&self, received: u64) -> Result<(), String> {
+        let mut out = self.out.lock();
+        if received > out.taken() {
+            return Err(format!("acknowledges {received} bytes; {} were sent", out.taken()));
+        }
+        let mut drop_n = received.saturating_sub(out.acked) as usize;
+        out.acked = out.acked.max(received);
+        out.unacked_len -= drop_n;
+        while drop_n > 0 {
+            let front = out.unacked.front_mut().expect("unacked_len counts these bytes");
+            if front.len() <= drop_n {
+                drop_n -= front.len();
+                out.unacked.pop_front();
+            } else {
+                front.advance(drop_n);
+                drop_n = 0;
+            }
+        }
+        Ok(())
     }
 
     /// Writes what waits, from the calling task, unless the connection's
@@ -70,13 +165,14 @@ impl Wire {
     /// now is left to the connection's task.
     pub fn kick(&self) {
         let mut out = self.out.lock();
-        if out.writing || out.buf.is_empty() {
+        if out.writing || out.pending.is_empty() {
             return;
         }
-        if let Ok(n) = self.wr.try_write(&out.buf) {
-            out.buf.advance(n);
+        let Some(wr) = out.wr.clone() else { return };
+        if let Ok(n) = wr.try_write(&out.pending) {
+            out.take(n);
         }
-        let left = !out.buf.is_empty();
+        let left = !out.pending.is_empty();
         drop(out);
         if left {
             self.ready.notify_one();
@@ -89,37 +185,41 @@ impl Wire {
     }
 
     /// Writes everything in the buffer, including what is appended while
-    /// it writes (for the connection's task; `spare` is its buffer to
-    /// swap in).
-    pub async fn flush(&self, spare: &mut BytesMut) -> std::io::Result<()> {
+    /// it writes (for the connection's task). Fails when the connection
+    /// fails, or the session can no longer be resumed (then the client
+    /// must reconnect to learn it).
+    pub async fn flush(&self) -> std::io::Result<()> {
         loop {
-            {
+            let (chunk, wr) = {
                 let mut out = self.out.lock();
-                if out.buf.is_empty() {
+                if out.broken {
+                    return Err(std::io::ErrorKind::OutOfMemory.into());
+                }
+                let Some(wr) = out.wr.clone() else { return Err(std::io::ErrorKind::NotConnected.into()) };
+                if out.pending.is_empty() {
                     out.writing = false;
                     return Ok(());
                 }
-                std::mem::swap(&mut out.buf, spare);
                 out.writing = true;
-            }
-            while !spare.is_empty() {
-                self.wr.writable().await?;
-                match self.wr.try_write(spare) {
-                    Ok(n) => spare.advance(n),
-                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-                    Err(e) => return Err(e),
-                }
-            }
-            spare.clear();
+                let n = out.pending.len();
+                (out.take(n), wr)
+            };
+            write_all(&wr, &chunk).await?;
         }
     }
+}
 
-    /// The connection is gone: nothing more is appended or written.
-    pub fn close(&self) {
-        let mut out = self.out.lock();
-        out.closed = true;
-        out.buf.clear();
+/// Writes all of `bytes` to a write half shared with pushing tasks.
+pub(crate) async fn write_all(wr: &OwnedWriteHalf, mut bytes: &[u8]) -> std::io::Result<()> {
+    while !bytes.is_empty() {
+        wr.writable().await?;
+        match wr.try_write(bytes) {
+            Ok(n) => bytes = &bytes[n..],
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) => return Err(e),
+        }
     }
+    Ok(())
 }
 
 /// Appends a message's frame. Every server message is far below the frame
@@ -145,40 +245,78 @@ mod tests {
         ServerMsg::Reply { id, reply: Reply::Done }
     }
 
-    /// Frames leave in the order they were made, whoever writes them: the
-    /// welcome ahead of what was pushed before it, and a push behind the
-    /// replies made before it.
-    #[tokio::test]
-    async fn frames_leave_in_the_order_they_were_made() {
+    type Frames = tokio_util::codec::FramedRead<tokio::net::TcpStream, proto::Reader<ServerMsg>>;
+
+    /// A connection: the server's halves, the client's reader.
+    async fn connection() -> (Arc<OwnedWriteHalf>, tokio::net::tcp::OwnedReadHalf, Frames) {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let client = tokio::net::TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
         let (server, _) = listener.accept().await.unwrap();
-        let (_rd, wr) = server.into_split();
-        let wire = Wire::new(wr);
-        let mut spare = BytesMut::new();
+        let (rd, wr) = server.into_split();
+        (Arc::new(wr), rd, proto::reader(client))
+    }
 
-        // Held until opened: a push made now is not written, even kicked.
-        assert!(wire.append(&granted(1)));
-        wire.kick();
-        let welcome = ServerMsg::Refused { reason: "first".into() };
-        wire.open(&welcome);
-        wire.flush(&mut spare).await.unwrap();
-
-        // A reply not yet flushed, then a push from elsewhere, kicked: it
-        // goes out behind the reply, in the pushing task's write.
-        assert!(wire.append(&reply(2)));
-        assert!(wire.append(&granted(3)));
-        wire.kick();
-
-        let mut frames = interlock_proto::reader::<ServerMsg, _>(client);
+    async fn read(frames: &mut Frames, n: usize) -> Vec<ServerMsg> {
         let mut got = Vec::new();
-        for _ in 0..4 {
+        for _ in 0..n {
             got.push(frames.next().await.unwrap().unwrap());
         }
-        assert_eq!(got, [welcome, granted(1), reply(2), granted(3)]);
+        got
+    }
 
-        // Once closed, nothing more is taken: pushes go to the backlog.
-        wire.close();
-        assert!(!wire.append(&granted(4)));
+    fn frame(msg: &ServerMsg) -> BytesMut {
+        let mut b = BytesMut::new();
+        put(&mut b, msg);
+        b
+    }
+
+    /// Frames leave in the order they were made, whoever writes them:
+    /// the welcome ahead of what was pushed before it, and a push behind
+    /// the replies made before it.
+    #[tokio::test]
+    async fn frames_leave_in_the_order_they_were_made() {
+        let (wr, _rd, mut frames) = connection().await;
+        let wire = Wire::default();
+        wire.append(&granted(1));
+        assert!(wire.attach(wr.clone(), 0));
+        // Held until opened: a kick writes nothing, the welcome goes first.
+        wire.kick();
+        let welcome = ServerMsg::Refused { reason: "first".into() };
+        write_all(&wr, &frame(&welcome)).await.unwrap();
+        wire.open();
+        wire.flush().await.unwrap();
+        // A reply not yet flushed, then a push from elsewhere, kicked: it
+        // goes out behind the reply, in the pushing task's write.
+        wire.append(&reply(2));
+        wire.append(&granted(3));
+        wire.kick();
+        assert_eq!(read(&mut frames, 4).await, [welcome, granted(1), reply(2), granted(3)]);
+    }
+
+    /// A new connection gets again what the client had not taken in,
+    /// from where it stopped; acknowledged bytes are gone for good.
+    #[tokio::test]
+    async fn a_new_connection_resends_from_where_the_client_stopped() {
+        let (wr, _rd, _lost) = connection().await;
+        let wire = Wire::default();
+        assert!(wire.attach(wr.clone(), 0));
+        wire.open();
+        for id in 1..=4 {
+            wire.append(&reply(id));
+        }
+        wire.flush().await.unwrap();
+        let frame = frame(&reply(1)).len() as u64;
+        // The client read two frames and acknowledged one.
+        wire.ack(frame).unwrap();
+        wire.detach(&wr);
+        wire.append(&granted(5));
+        let (wr2, _rd2, mut frames) = connection().await;
+        assert!(!wire.attach(wr2.clone(), 0), "the first frame was acknowledged: gone");
+        assert!(!wire.attach(wr2.clone(), 6 * frame), "never sent");
+        assert!(wire.attach(wr2, 2 * frame));
+        wire.open();
+        wire.flush().await.unwrap();
+        assert_eq!(read(&mut frames, 3).await, [reply(3), reply(4), granted(5)]);
+        assert!(wire.ack(7 * frame).is_err(), "acknowledges bytes never sent");
     }
 }

@@ -1,0 +1,244 @@
+//! A session resumed after a lost connection loses nothing: no request,
+//! reply or pushed grant that was on the wire when it dropped.
+//!
+//! The client talks to the server through a relay that can swallow the
+//! bytes going one way and then cut the connection, as a network does.
+//! The client reconnects within its lease and resumes its session; each
+//! test checks that what was swallowed still takes effect exactly once.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use common::*;
+use interlock_client::Client;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+
+/// A TCP relay to the server that can lose bytes and cut connections.
+struct Relay {
+    addr: String,
+    /// Swallow what the server sends (`down`) or what the client sends.
+    lose_down: Arc<AtomicBool>,
+    lose_up: Arc<AtomicBool>,
+    /// Bytes swallowed so far.
+    lost: Arc<AtomicU64>,
+    cut: watch::Sender<u64>,
+}
+
+impl Relay {
+    async fn start(server: &str) -> Relay {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let (cut, _) = watch::channel(0);
+        let relay = Relay { addr, lose_down: Arc::default(), lose_up: Arc::default(), lost: Arc::default(), cut };
+        let (server, down, up, lost, cut) =
+            (server.to_string(), relay.lose_down.clone(), relay.lose_up.clone(), relay.lost.clone(), relay.cut.clone());
+        tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let upstream = TcpStream::connect(&server).await.unwrap();
+                let (crd, cwr) = client.into_split();
+                let (srd, swr) = upstream.into_split();
+                tokio::spawn(pump(crd, swr, up.clone(), lost.clone(), cut.subscribe()));
+                tokio::spawn(pump(srd, cwr, down.clone(), lost.clone(), cut.subscribe()));
+            }
+        });
+        relay
+    }
+
+    /// Swallows from now on what goes one way (server to client: `down`).
+    fn lose(&self, down: bool) {
+        let flag = if down { &self.lose_down } else { &self.lose_up };
+        flag.store(true, Ordering::SeqCst);
+    }
+
+    /// Waits until something was swallowed.
+    async fn until_lost(&self) {
+        tokio::time::timeout(Duration::from_secs(10), async {
+            while self.lost.load(Ordering::SeqCst) == 0 {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await
+        .expect("the relay swallowed something");
+    }
+
+    /// Closes every connection relayed so far; new ones pass everything.
+    fn cut(&self) {
+        self.lose_down.store(false, Ordering::SeqCst);
+        self.lose_up.store(false, Ordering::SeqCst);
+        self.cut.send_modify(|g| *g += 1);
+    }
+}
+
+/// Copies `rd` to `wr` until either side closes or the relay cuts,
+/// swallowing while `lose` is set.
+async fn pump(
+    mut rd: tokio::net::tcp::OwnedReadHalf,
+    mut wr: tokio::net::tcp::OwnedWriteHalf,
+    lose: Arc<AtomicBool>,
+    lost: Arc<AtomicU64>,
+    mut cut: watch::Receiver<u64>,
+) {
+    let mut buf = vec![0u8; 64 << 10];
+    loop {
+        let n = tokio::select! {
+            _ = cut.changed() => return,
+            r = rd.read(&mut buf) => match r {
+                Ok(0) | Err(_) => return,
+                Ok(n) => n,
+            },
+        };
+        if lose.load(Ordering::SeqCst) {
+            lost.fetch_add(n as u64, Ordering::SeqCst);
+        } else if wr.write_all(&buf[..n]).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// A server with a long lease (every reconnect resumes), a client
+/// straight to it and one through a relay.
+async fn setup(server: &ServerProc) -> (Client, Client, Relay) {
+    let relay = Relay::start(&server.addr).await;
+    let direct = client(&server.addr).await;
+    let relayed = client(&relay.addr).await;
+    (direct, relayed, relay)
+}
+
+fn server() -> (tempfile::TempDir, ServerProc) {
+    let data = tempfile::tempdir().unwrap();
+    let server = ServerProc::start(data.path(), "127.0.0.1:0", &["--lease-ms", "60000"]);
+    (data, server)
+}
+
+/// Waits for `f` to finish, well before the lease would end anything.
+async fn soon<T>(what: &str, f: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(Duration::from_secs(10), f)
+        .await
+        .unwrap_or_else(|_| panic!("{what}: still waiting after 10 s"))
+}
+
+/// A grant pushed into a connection that then drops reaches the waiter
+/// once its session is resumed; it is not lost while its session holds
+/// the lock.
+#[test]
+fn a_grant_lost_with_the_connection_still_reaches_its_waiter() {
+    let (_data, server) = server();
+    rt().block_on(async {
+        let (direct, relayed, relay) = setup(&server).await;
+        let held = direct.lock(&spec("x", 1)).await.unwrap();
+        let waiter = tokio::spawn({
+            let relayed = relayed.clone();
+            async move { relayed.lock(&spec("x", 2)).await }
+        });
+        soon("the wait is queued", async {
+            while direct.status().await.unwrap().waiters != 1 {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await;
+        relay.lose(true);
+        direct.dlm_unlock(b"x", 1, held.handle.unwrap(), None).await.unwrap();
+        relay.until_lost().await;
+        relay.cut();
+        let grant = soon("the waiter", waiter).await.unwrap().expect("granted after the resume");
+        assert!(grant.handle.is_some());
+        assert_eq!(direct.try_lock(&spec("x", 3)).await.unwrap(), None, "the waiter holds x");
+        assert_eq!(direct.status().await.unwrap().sessions, 2, "the relayed session was resumed");
+    });
+}
+
+/// A request lost on its way reaches the server after the resume: the
+/// unlock takes effect, and its caller gets its answer, not an error.
+#[test]
+fn a_request_lost_with_the_connection_is_sent_again() {
+    let (_data, server) = server();
+    rt().block_on(async {
+        let (direct, relayed, relay) = setup(&server).await;
+        let held = relayed.lock(&spec("x", 1)).await.unwrap();
+        relay.lose(false);
+        let unlock = tokio::spawn({
+            let relayed = relayed.clone();
+            async move { relayed.dlm_unlock(b"x", 1, held.handle.unwrap(), None).await }
+        });
+        relay.until_lost().await;
+        assert_eq!(direct.try_lock(&spec("x", 2)).await.unwrap(), None, "the unlock has not arrived");
+        relay.cut();
+        soon("the unlock", unlock).await.unwrap().expect("the unlock is answered after the resume");
+        assert!(direct.try_lock(&spec("x", 2)).await.unwrap().is_some(), "x is free");
+    });
+}
+
+/// A reply lost on its way reaches its caller after the resume: a lock
+/// granted at the server is not left held by a caller told it failed.
+#[test]
+fn a_reply_lost_with_the_connection_still_reaches_its_caller() {
+    let (_data, server) = server();
+    rt().block_on(async {
+        let (direct, relayed, relay) = setup(&server).await;
+        relay.lose(true);
+        let lock = tokio::spawn({
+            let relayed = relayed.clone();
+            async move { relayed.try_lock(&spec("y", 1)).await }
+        });
+        relay.until_lost().await;
+        relay.cut();
+        let grant = soon("the lock", lock).await.unwrap().expect("answered after the resume");
+        assert!(grant.is_some(), "granted: y was free");
+        assert_eq!(direct.try_lock(&spec("y", 2)).await.unwrap(), None, "the relayed client holds y");
+        relayed.dlm_unlock(b"y", 1, grant.unwrap().handle.unwrap(), None).await.unwrap();
+        assert!(direct.try_lock(&spec("y", 2)).await.unwrap().is_some(), "given back");
+    });
+}
+
+/// Clients lock and unlock through a relay that cuts every connection
+/// every few milliseconds, losing whatever was in flight each way. Every
+/// request takes effect exactly once: exclusion holds, no waiter waits
+/// forever, and no lock is left over (a request served twice would leave
+/// a second DLM lock; one lost, a waiter stuck or a lock held).
+#[test]
+fn cut_after_cut_every_request_takes_effect_exactly_once() {
+    let (_data, server) = server();
+    rt().block_on(async {
+        let relay = Relay::start(&server.addr).await;
+        let direct = client(&server.addr).await;
+        let held: Arc<[AtomicBool; 3]> = Arc::default();
+        let (mut workers, mut clients) = (Vec::new(), Vec::new());
+        for c in 0..4u32 {
+            let relayed = client(&relay.addr).await;
+            clients.push(relayed.clone());
+            for owner in 0..2u32 {
+                let (relayed, held) = (relayed.clone(), held.clone());
+                workers.push(tokio::spawn(async move {
+                    for i in 0..150u32 {
+                        let r = ((c + owner + i) % 3) as usize;
+                        let name = format!("r{r}");
+                        let g = relayed.lock(&spec(&name, owner)).await.unwrap();
+                        assert!(!held[r].swap(true, Ordering::SeqCst), "two holders of {name}");
+                        tokio::task::yield_now().await;
+                        held[r].store(false, Ordering::SeqCst);
+                        relayed.dlm_unlock(name.as_bytes(), owner, g.handle.unwrap(), None).await.unwrap();
+                    }
+                }));
+            }
+        }
+        let cutter = tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_millis(7)).await;
+                relay.cut();
+            }
+        });
+        for w in workers {
+            soon("a worker", w).await.unwrap();
+        }
+        cutter.abort();
+        let st = direct.status().await.unwrap();
+        assert_eq!((st.locks, st.waiters), (0, 0), "nothing left over");
+        assert_eq!(st.sessions, 5, "every relayed session lives on");
+        drop(clients);
+    });
+}
