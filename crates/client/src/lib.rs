@@ -5,8 +5,11 @@
 //!   the server on the same connection.
 //! - Sessions with leases: the client renews in the background; after a
 //!   lost connection it reconnects with backoff and resumes its session
-//!   (keeping its locks); if the server restarted, it reclaims every lock
-//!   it holds during the server's recovery window.
+//!   (keeping its locks), and every request, reply and grant that was on
+//!   the wire takes effect exactly once (requests made meanwhile wait for
+//!   the new connection); if the server restarted, it reclaims every lock
+//!   it holds during the server's recovery window, and the requests that
+//!   were in flight fail with [`ClientError::ConnectionLost`].
 //! - Blocking locks are futures: dropping one withdraws the wait at the
 //!   server (and gives back a grant that raced the drop).
 //! - Local first (seed 002): for POSIX, OFD and flock locks the client

@@ -254,6 +254,12 @@ pub struct FrameTooLarge(pub usize);
 /// place: no buffer of its own, no copy. Many frames gathered in one
 /// buffer go out in one write. O(size of the message).
 pub fn write_frame<T: Serialize + ?Sized>(msg: &T, out: &mut BytesMut) -> Result<(), FrameTooLarge> {
+    // Room for many frames at once: a sender that splits off what it
+    // wrote (to keep it until acknowledged) then shares one allocation
+    // among many writes, instead of allocating for each.
+    if out.capacity() - out.len() < 512 {
+        out.reserve(4 << 10);
+    }
     let at = out.len();
     out.put_u32(0);
     // Most messages are small: encoded on the stack and copied once, they
