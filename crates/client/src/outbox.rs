@@ -10,14 +10,14 @@
 //! writer is busy writing simply gather for the next write, so pipelined
 //! callers share system calls without anyone waiting for a batch to fill.
 //!
-//! The stream is counted in bytes from the session's start: `acked` is
-//! where `sent` starts, and `sent` then `buf` run without a gap to `end`.
+//! The stream is counted in bytes from the session's start: `sent` then
+//! `buf` run without a gap to `end`.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-use bytes::{Buf, Bytes, BytesMut};
-use interlock_proto::{self as proto, ClientMsgRef};
+use bytes::BytesMut;
+use interlock_proto::{self as proto, ClientMsgRef, Unacked};
 use parking_lot::Mutex;
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio::sync::Notify;
@@ -29,10 +29,7 @@ struct Out {
     /// Sent by callers, not yet taken by the writer.
     buf: BytesMut,
     /// Taken by the writer, not yet known to have reached the server.
-    sent: VecDeque<Bytes>,
-    sent_len: usize,
-    /// The stream offset where `sent` starts.
-    acked: u64,
+    sent: Unacked,
     /// The stream offset after the last request.
     end: u64,
     /// Where each request still waiting for its reply ends, oldest
@@ -73,21 +70,8 @@ impl Outbox {
     /// it, which need not be kept. O(1) amortized.
     pub fn replied(&self) {
         let mut out = self.out.lock();
-        let Some(end) = out.replies.pop_front() else { return };
-        // At most what was written: a reply to more would be the
-        // server's mistake, not a reason to fail here.
-        let mut drop_n = (end.saturating_sub(out.acked) as usize).min(out.sent_len);
-        out.acked += drop_n as u64;
-        out.sent_len -= drop_n;
-        while drop_n > 0 {
-            let front = out.sent.front_mut().expect("sent_len counts these bytes");
-            if front.len() <= drop_n {
-                drop_n -= front.len();
-                out.sent.pop_front();
-            } else {
-                front.advance(drop_n);
-                drop_n = 0;
-            }
+        if let Some(end) = out.replies.pop_front() {
+            out.sent.ack(end);
         }
     }
 
@@ -103,24 +87,13 @@ impl Outbox {
     /// sent from now on. `false` if the server claims bytes never written
     /// (or dropped already). O(bytes sent again).
     pub fn resume(&self, received: u64) -> bool {
-        let mut out = self.out.lock();
-        if received < out.acked || received > out.acked + out.sent_len as u64 {
-            return false;
-        }
-        let mut skip = (received - out.acked) as usize;
-        let mut again = BytesMut::with_capacity(out.sent_len - skip + out.buf.len());
-        for chunk in std::mem::take(&mut out.sent) {
-            let n = skip.min(chunk.len());
-            skip -= n;
-            again.extend_from_slice(&chunk[n..]);
-        }
-        again.extend_from_slice(&out.buf);
+        let mut guard = self.out.lock();
+        let out = &mut *guard;
+        let Some(again) = out.sent.replay(received, &out.buf) else { return false };
         out.buf = again;
-        out.sent_len = 0;
-        out.acked = received;
         out.open = true;
         let waiting = !out.buf.is_empty();
-        drop(out);
+        drop(guard);
         if waiting {
             self.ready.notify_one();
         }
@@ -157,8 +130,7 @@ impl Outbox {
                     continue;
                 }
                 let batch = out.buf.split().freeze();
-                out.sent_len += batch.len();
-                out.sent.push_back(batch.clone());
+                out.sent.push(batch.clone());
                 batch
             };
             if wr.write_all(&batch).await.is_err() {

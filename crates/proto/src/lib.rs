@@ -21,8 +21,12 @@
 //! Every decode is of untrusted bytes: a frame over [`MAX_FRAME`] or that
 //! does not decode is an error, never a panic (fuzzed by property tests).
 
+mod unacked;
+
 use bytes::{BufMut, BytesMut};
 use serde::{Deserialize, Serialize};
+
+pub use unacked::Unacked;
 
 /// The protocol version this build speaks.
 pub const VERSION: u32 = 2;

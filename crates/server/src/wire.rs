@@ -16,22 +16,20 @@
 //!   messages were made, and leave in that order: a push made before a
 //!   reply goes ahead of it (a grant that raced a cancel reaches the
 //!   client before the cancel's reply).
-//! - The stream is counted in bytes from the session's start. `acked` is
-//!   where `unacked` starts; `unacked` then `pending` run without a gap
-//!   to the stream's end. Bytes move from `pending` to `unacked` before
-//!   they are written, so a write cut short (by a failed connection or a
-//!   cancelled task) loses nothing.
+//! - The stream is counted in bytes from the session's start; `unacked`
+//!   then `pending` run without a gap to its end. Bytes move from
+//!   `pending` to `unacked` before they are written, so a write cut short
+//!   (by a failed connection or a cancelled task) loses nothing.
 //! - Bytes go to the socket only under the lock with `writing` unset, or
 //!   from the connection's task while it has `writing` set, so two writers
 //!   never interleave.
 //! - Appending never does I/O: the session table appends under its own
 //!   lock and writes (`kick`) after releasing it.
 
-use std::collections::VecDeque;
 use std::sync::Arc;
 
-use bytes::{Buf, Bytes, BytesMut};
-use interlock_proto::{self as proto, ServerMsg};
+use bytes::{Bytes, BytesMut};
+use interlock_proto::{self as proto, ServerMsg, Unacked};
 use parking_lot::Mutex;
 use tokio::net::tcp::OwnedWriteHalf;
 use tokio::sync::Notify;
@@ -47,10 +45,7 @@ struct Out {
     /// Made, not yet taken for writing.
     pending: BytesMut,
     /// Taken for writing, not yet acknowledged.
-    unacked: VecDeque<Bytes>,
-    unacked_len: usize,
-    /// The stream offset where `unacked` starts.
-    acked: u64,
+    unacked: Unacked,
     /// The session's connection, if it has one.
     wr: Option<Arc<OwnedWriteHalf>>,
     /// A task is writing a batch it took (or the welcome is going out).
@@ -63,14 +58,13 @@ impl Out {
     /// Moves the first `n` bytes of `pending` to `unacked`.
     fn take(&mut self, n: usize) -> Bytes {
         let chunk = self.pending.split_to(n).freeze();
-        self.unacked_len += chunk.len();
-        self.unacked.push_back(chunk.clone());
+        self.unacked.push(chunk.clone());
         chunk
     }
 
-    /// The stream offset up to which bytes were taken for writing.
-    fn taken(&self) -> u64 {
-        self.acked + self.unacked_len as u64
+    /// Bytes kept, written or not.
+    fn kept(&self) -> usize {
+        (self.unacked.end() - self.unacked.start()) as usize + self.pending.len()
     }
 }
 
@@ -89,20 +83,12 @@ impl Wire {
     /// already), or were never written. O(bytes after `received`).
     pub fn attach(&self, wr: Arc<OwnedWriteHalf>, received: u64) -> bool {
         let mut out = self.out.lock();
-        if out.broken || received < out.acked || received > out.taken() {
+        let out = &mut *out;
+        if out.broken {
             return false;
         }
-        let mut skip = (received - out.acked) as usize;
-        let mut again = BytesMut::with_capacity(out.unacked_len - skip + out.pending.len());
-        for chunk in std::mem::take(&mut out.unacked) {
-            let n = skip.min(chunk.len());
-            skip -= n;
-            again.extend_from_slice(&chunk[n..]);
-        }
-        again.extend_from_slice(&out.pending);
+        let Some(again) = out.unacked.replay(received, &out.pending) else { return false };
         out.pending = again;
-        out.unacked_len = 0;
-        out.acked = received;
         out.wr = Some(wr);
         out.writing = true;
         true
@@ -129,7 +115,7 @@ impl Wire {
             return;
         }
         put(&mut out.pending, msg);
-        if out.pending.len() + out.unacked_len > MAX_UNACKED {
+        if out.kept() > MAX_UNACKED {
             tracing::warn!("a session's unacknowledged output passed {MAX_UNACKED} bytes; it can no longer resume");
             *out = Out { broken: true, ..Out::default() };
             drop(out);
@@ -141,22 +127,11 @@ impl Wire {
     /// is dropped. O(chunks dropped).
     pub fn ack(&self, received: u64) -> Result<(), String> {
         let mut out = self.out.lock();
-        if received > out.taken() {
-            return Err(format!("acknowledges {received} bytes; {} were sent", out.taken()));
+        let sent = out.unacked.end();
+        if received > sent {
+            return Err(format!("acknowledges {received} bytes; {sent} were sent"));
         }
-        let mut drop_n = received.saturating_sub(out.acked) as usize;
-        out.acked = out.acked.max(received);
-        out.unacked_len -= drop_n;
-        while drop_n > 0 {
-            let front = out.unacked.front_mut().expect("unacked_len counts these bytes");
-            if front.len() <= drop_n {
-                drop_n -= front.len();
-                out.unacked.pop_front();
-            } else {
-                front.advance(drop_n);
-                drop_n = 0;
-            }
-        }
+        out.unacked.ack(received);
         Ok(())
     }
 
