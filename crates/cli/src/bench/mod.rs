@@ -5,6 +5,7 @@
 //! run once: they are the slow side).
 
 mod flocks;
+mod floor;
 mod handover;
 mod journal;
 mod kernel;

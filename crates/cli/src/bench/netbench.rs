@@ -32,7 +32,9 @@ pub struct BlockingArgs {
     /// Use this server instead of starting one.
     #[arg(long)]
     server: Option<String>,
-    /// Skip the kernel run beside ours.
+    /// Skip the runs beside ours: the kernel's `fcntl`, and the loopback
+    /// floor (a bare round trip after an idle hold: what a server doing
+    /// no work at all would reach).
     #[arg(long)]
     no_kernel: bool,
     /// Send every request to the server (no local-first table), to see
@@ -189,6 +191,12 @@ pub fn blocking(args: BlockingArgs) -> Result<(), String> {
             Ok((counts, secs)) => report.row(blocking_row("kernel", p, hold, d, secs, &counts)),
             Err(e) => eprintln!("note: kernel run skipped: {e}"),
         }
+        let samples = ((d / hold.as_secs_f64()) as usize).clamp(20, 200);
+        let t = Instant::now();
+        match super::floor::round_trips(hold, samples) {
+            Ok(rtt) => report.row(floor_row(hold, samples, t.elapsed().as_secs_f64(), &rtt)),
+            Err(e) => eprintln!("note: floor run skipped: {e}"),
+        }
     }
     Ok(())
 }
@@ -276,6 +284,24 @@ fn blocking_row(
     row.insert("efficiency".into(), json!(grants as f64 * h / secs));
     row.insert("min_grants".into(), json!(counts.iter().min().copied().unwrap_or(0)));
     row.insert("max_grants".into(), json!(counts.iter().max().copied().unwrap_or(0)));
+    row
+}
+
+/// The loopback floor's row: `efficiency` is the bound `H / (H + p50
+/// round trip)`; the hand-over columns are the round trips.
+fn floor_row(
+    hold: Duration,
+    samples: usize,
+    secs: f64,
+    rtt: &hdrhistogram::Histogram<u64>,
+) -> serde_json::Map<String, serde_json::Value> {
+    let h = hold.as_secs_f64();
+    let p50 = rtt.value_at_quantile(0.5);
+    let mut row = base_row("blocking", "loopback floor", samples as u64, secs, samples as u64);
+    row.insert("hold_ms".into(), json!(hold.as_millis() as u64));
+    row.insert("efficiency".into(), json!(h / (h + p50 as f64 / 1e6)));
+    row.insert("handover_p50_us".into(), json!(p50));
+    row.insert("handover_p99_us".into(), json!(rtt.value_at_quantile(0.99)));
     row
 }
 

@@ -1,0 +1,38 @@
+//! The floor under any lock server's hand-over on this machine: one round
+//! trip over loopback TCP (the unlock in, the grant out), taken after the
+//! machine sat idle for a hold, as it does between hand-overs. A server
+//! that did no work at all could not hand a lock over faster, so `H / (H +
+//! round trip)` bounds the blocking benchmark's efficiency from above.
+//!
+//! On a virtual machine, waking an idle CPU is a trip through the
+//! hypervisor: this is where the floor shows it.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::time::{Duration, Instant};
+
+/// Round trips in microseconds, each after an idle pause of `hold`.
+pub fn round_trips(hold: Duration, samples: usize) -> Result<hdrhistogram::Histogram<u64>, String> {
+    let err = |e: std::io::Error| format!("loopback floor: {e}");
+    let listener = TcpListener::bind("127.0.0.1:0").map_err(err)?;
+    let mut ours = TcpStream::connect(listener.local_addr().map_err(err)?).map_err(err)?;
+    let (mut echo, _) = listener.accept().map_err(err)?;
+    ours.set_nodelay(true).map_err(err)?;
+    echo.set_nodelay(true).map_err(err)?;
+    let echoer = std::thread::spawn(move || {
+        let mut b = [0u8; 1];
+        while echo.read_exact(&mut b).is_ok() && echo.write_all(&b).is_ok() {}
+    });
+    let mut hist = hdrhistogram::Histogram::new_with_bounds(1, 60_000_000, 2).expect("valid bounds");
+    let mut b = [0u8; 1];
+    for _ in 0..samples {
+        std::thread::sleep(hold);
+        let t = Instant::now();
+        ours.write_all(&b).map_err(err)?;
+        ours.read_exact(&mut b).map_err(err)?;
+        hist.saturating_record(t.elapsed().as_micros() as u64);
+    }
+    drop(ours);
+    let _ = echoer.join();
+    Ok(hist)
+}
