@@ -242,3 +242,52 @@ fn cut_after_cut_every_request_takes_effect_exactly_once() {
         drop(clients);
     });
 }
+
+/// A client that never acknowledges what it reads makes its session pile
+/// up output for a resume. Past the limit (4 MiB) the server drops it and
+/// closes the connection, and the session cannot be resumed: it ends, and
+/// the client starts a new one (and would reclaim), as after a restart.
+/// An acknowledgement of bytes never sent is refused.
+#[test]
+fn a_session_that_never_acknowledges_cannot_resume() {
+    use interlock_proto::{ClientMsg, Op, Reply, ServerMsg};
+    use std::io::Write;
+    let (_data, server) = server();
+    let mut conn = std::net::TcpStream::connect(&server.addr).unwrap();
+    let hello =
+        |session, received| ClientMsg::Hello { version: interlock_proto::VERSION, token: None, session, received };
+    conn.write_all(&raw_frame(&hello(None, 0))).unwrap();
+    let ServerMsg::Welcome { session, .. } = interlock_proto::decode(&read_raw_frame(&mut conn)).unwrap() else {
+        panic!("welcome expected")
+    };
+    conn.write_all(&raw_frame(&ClientMsg::Request { id: 1, op: Op::Renew { received: 1 << 40 } })).unwrap();
+    let reply = interlock_proto::decode(&read_raw_frame(&mut conn)).unwrap();
+    assert!(matches!(reply, ServerMsg::Reply { id: 1, reply: Reply::Error(_) }), "{reply:?}");
+
+    let mut writer = conn.try_clone().unwrap();
+    let sender = std::thread::spawn(move || {
+        let frame = raw_frame(&ClientMsg::Request { id: 2, op: Op::Status });
+        let chunk = frame.repeat(4096);
+        // Until the server hangs up.
+        while writer.write_all(&chunk).is_ok() {}
+    });
+    let mut received = 0u64;
+    // The server hangs up once it holds 4 MiB unacknowledged.
+    while let Some(body) = try_read_raw_frame(&mut conn) {
+        received += 4 + body.len() as u64;
+        assert!(received < 64 << 20, "the server kept serving past its limit");
+    }
+    // (Closed with more than the limit unread in flight: what was read
+    // is less.)
+    sender.join().unwrap();
+
+    let mut again = std::net::TcpStream::connect(&server.addr).unwrap();
+    again.write_all(&raw_frame(&hello(Some(session), received))).unwrap();
+    match interlock_proto::decode(&read_raw_frame(&mut again)).unwrap() {
+        ServerMsg::Welcome { session: s, resumed, .. } => {
+            assert!(!resumed, "the session cannot be resumed");
+            assert_eq!(s, session, "its new session keeps its id, for reclaims");
+        }
+        other => panic!("welcome expected, got {other:?}"),
+    }
+}

@@ -420,22 +420,6 @@ fn dropping_the_last_client_ends_its_session() {
     });
 }
 
-/// One length-prefixed frame of `msg`, as the codec writes it.
-fn raw_frame(msg: &interlock_proto::ClientMsg) -> Vec<u8> {
-    let body = interlock_proto::encode(msg);
-    let mut out = (body.len() as u32).to_be_bytes().to_vec();
-    out.extend(body);
-    out
-}
-
-fn read_raw_frame(r: &mut impl std::io::Read) -> Vec<u8> {
-    let mut len = [0u8; 4];
-    r.read_exact(&mut len).unwrap();
-    let mut body = vec![0u8; u32::from_be_bytes(len) as usize];
-    r.read_exact(&mut body).unwrap();
-    body
-}
-
 /// A client that pipelines requests and never reads the replies is held
 /// back at the in-flight limit: the server stops reading it instead of
 /// buffering replies without bound (without the limit it reads all N and

@@ -73,3 +73,24 @@ pub async fn client(addr: &str) -> Client {
 pub fn spec(name: &str, owner: u32) -> LockSpec {
     LockSpec { resource: name.as_bytes().to_vec(), kind: Kind::Dlm, owner, mode: Mode::EX, range: Range::WHOLE }
 }
+
+/// One length-prefixed frame of `msg`, as the codec writes it.
+pub fn raw_frame(msg: &interlock_proto::ClientMsg) -> Vec<u8> {
+    let body = interlock_proto::encode(msg);
+    let mut out = (body.len() as u32).to_be_bytes().to_vec();
+    out.extend(body);
+    out
+}
+
+/// The body of the next frame; `None` at the end of the stream.
+pub fn try_read_raw_frame(r: &mut impl std::io::Read) -> Option<Vec<u8>> {
+    let mut len = [0u8; 4];
+    r.read_exact(&mut len).ok()?;
+    let mut body = vec![0u8; u32::from_be_bytes(len) as usize];
+    r.read_exact(&mut body).ok()?;
+    Some(body)
+}
+
+pub fn read_raw_frame(r: &mut impl std::io::Read) -> Vec<u8> {
+    try_read_raw_frame(r).expect("a whole frame")
+}
