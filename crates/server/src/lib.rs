@@ -534,15 +534,17 @@ async fn connection(inner: Arc<Inner>, stream: TcpStream, peer: SocketAddr) {
             received: *turn,
         },
     );
-    // Ahead of the stream, which waits for it (`Wire::attach`).
-    let bye = if wire::write_all(&wr, &welcome).await.is_ok() {
+    let serve = async {
+        // Ahead of the stream, which waits for it (`Wire::attach`).
+        wire::write_all(&wr, &welcome).await.ok()?;
         session.wire.open();
-        tokio::select! {
-            () = session.stop.cancelled() => false,
-            bye = serve_connection(&inner, session.sid, peer, &mut source, &session.wire, &mut turn) => bye,
-        }
-    } else {
-        false
+        Some(serve_connection(&inner, session.sid, peer, &mut source, &session.wire, &mut turn).await)
+    };
+    // Stopped at any await, it leaves the session whole: see
+    // `serve_connection`.
+    let bye = tokio::select! {
+        () = session.stop.cancelled() => false,
+        bye = serve => bye == Some(true),
     };
     session.wire.detach(&wr);
     if bye {
