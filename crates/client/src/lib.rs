@@ -68,6 +68,11 @@ pub enum ClientError {
     Connect { addr: String, source: std::io::Error },
     #[error("server refused: {0}")]
     Refused(String),
+    /// The request's session is gone: the server restarted, or the lease
+    /// ran out before the client reconnected (then the client reclaims
+    /// its locks in a new session), or the client was closed. A dropped
+    /// connection alone does not fail requests: they wait for the next
+    /// one and take effect exactly once.
     #[error("connection to the server lost")]
     ConnectionLost,
     #[error("server: {0}")]
