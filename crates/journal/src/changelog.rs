@@ -11,8 +11,9 @@
 //! (acknowledged) up to. A consumer reads from its cursor, may follow (wait
 //! for new records), and clears. Whole segments are purged once every
 //! consumer and the checkpoint are past them, never before. A consumer that
-//! stays idle too long, or lags too far, is deregistered with a warning, so
-//! a forgotten consumer cannot fill the disk.
+//! stays idle too long (no clear since, as Lustre's
+//! `changelog_max_idle_time` counts it), or lags too far, is deregistered
+//! with a warning, so a forgotten consumer cannot fill the disk.
 //!
 //! Consumer state lives in `consumers.json` beside the segments, replaced
 //! atomically (write, fsync, rename, fsync the directory) on every change:
@@ -150,7 +151,10 @@ pub struct Consumer {
     pub mask: Mask,
     /// Every record up to this index is acknowledged (0: none).
     pub cleared: u64,
-    /// When it last read or cleared, by the caller's clock.
+    /// When it last cleared (or registered), by the caller's clock. Reads
+    /// do not count: a consumer that reads but never clears holds the log
+    /// back all the same. Durable, like the cursor, so a restart neither
+    /// forgets recent activity nor forgives idleness.
     pub last_active_ns: u64,
 }
 
@@ -168,7 +172,8 @@ struct Persisted {
 pub struct ChangelogOptions {
     /// Types written at all; others are dropped at append.
     pub mask: Mask,
-    /// A consumer idle longer than this is deregistered by [`Changelog::gc`].
+    /// A consumer that has not cleared for longer than this is
+    /// deregistered by [`Changelog::gc`].
     pub max_idle: Option<Duration>,
     /// A consumer more than this many records behind is deregistered by
     /// [`Changelog::gc`].
@@ -298,19 +303,10 @@ impl Changelog {
     /// blocks up to that long for a first record if none is there yet
     /// (follow). Reading does not move the cursor: [`clear`](Self::clear)
     /// does.
-    pub fn read(
-        &self,
-        who: &str,
-        from: Option<u64>,
-        max: usize,
-        wait: Option<Duration>,
-        now_ns: u64,
-    ) -> Result<Vec<Entry>, Error> {
+    pub fn read(&self, who: &str, from: Option<u64>, max: usize, wait: Option<Duration>) -> Result<Vec<Entry>, Error> {
         let (mask, cursor) = {
-            let mut p = self.state.lock();
-            let id = find(&p, who)?;
-            let c = p.consumers.get_mut(&id).expect("found");
-            c.last_active_ns = now_ns;
+            let p = self.state.lock();
+            let c = &p.consumers[&find(&p, who)?];
             (c.mask, c.cleared)
         };
         let from = from.unwrap_or(cursor + 1).max(self.journal.first_index());
