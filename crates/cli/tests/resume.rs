@@ -115,6 +115,15 @@ fn server() -> (tempfile::TempDir, ServerProc) {
     (data, server)
 }
 
+/// Runs `f` on a clone of `client` in a task of its own, so that the test
+/// can lose and cut its connection meanwhile.
+fn on<T: Send + 'static, F: std::future::Future<Output = T> + Send + 'static>(
+    client: &Client,
+    f: impl FnOnce(Client) -> F,
+) -> tokio::task::JoinHandle<T> {
+    tokio::spawn(f(client.clone()))
+}
+
 /// Waits for `f` to finish, well before the lease would end anything.
 async fn soon<T>(what: &str, f: impl std::future::Future<Output = T>) -> T {
     tokio::time::timeout(Duration::from_secs(10), f)
@@ -131,10 +140,7 @@ fn a_grant_lost_with_the_connection_still_reaches_its_waiter() {
     rt().block_on(async {
         let (direct, relayed, relay) = setup(&server).await;
         let held = direct.lock(&spec("x", 1)).await.unwrap();
-        let waiter = tokio::spawn({
-            let relayed = relayed.clone();
-            async move { relayed.lock(&spec("x", 2)).await }
-        });
+        let waiter = on(&relayed, |c| async move { c.lock(&spec("x", 2)).await });
         soon("the wait is queued", async {
             while direct.status().await.unwrap().waiters != 1 {
                 tokio::time::sleep(Duration::from_millis(5)).await;
@@ -161,10 +167,7 @@ fn a_request_lost_with_the_connection_is_sent_again() {
         let (direct, relayed, relay) = setup(&server).await;
         let held = relayed.lock(&spec("x", 1)).await.unwrap();
         relay.lose(false);
-        let unlock = tokio::spawn({
-            let relayed = relayed.clone();
-            async move { relayed.dlm_unlock(b"x", 1, held.handle.unwrap(), None).await }
-        });
+        let unlock = on(&relayed, |c| async move { c.dlm_unlock(b"x", 1, held.handle.unwrap(), None).await });
         relay.until_lost().await;
         assert_eq!(direct.try_lock(&spec("x", 2)).await.unwrap(), None, "the unlock has not arrived");
         relay.cut();
@@ -181,10 +184,7 @@ fn a_reply_lost_with_the_connection_still_reaches_its_caller() {
     rt().block_on(async {
         let (direct, relayed, relay) = setup(&server).await;
         relay.lose(true);
-        let lock = tokio::spawn({
-            let relayed = relayed.clone();
-            async move { relayed.try_lock(&spec("y", 1)).await }
-        });
+        let lock = on(&relayed, |c| async move { c.try_lock(&spec("y", 1)).await });
         relay.until_lost().await;
         relay.cut();
         let grant = soon("the lock", lock).await.unwrap().expect("answered after the resume");
