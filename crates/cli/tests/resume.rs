@@ -100,19 +100,16 @@ async fn pump(
     }
 }
 
-/// A server with a long lease (every reconnect resumes), a client
-/// straight to it and one through a relay.
-async fn setup(server: &ServerProc) -> (Client, Client, Relay) {
-    let relay = Relay::start(&server.addr).await;
-    let direct = client(&server.addr).await;
-    let relayed = client(&relay.addr).await;
-    (direct, relayed, relay)
-}
-
-fn server() -> (tempfile::TempDir, ServerProc) {
-    let data = tempfile::tempdir().unwrap();
-    let server = ServerProc::start(data.path(), "127.0.0.1:0", &["--lease-ms", "60000"]);
-    (data, server)
+/// Runs a test against a server with a long lease (every reconnect
+/// resumes), with a client straight to it and one through a relay.
+fn with_relay<F: std::future::Future<Output = ()>>(test: impl FnOnce(Client, Client, Relay) -> F) {
+    let (_data, server) = long_lease_server();
+    rt().block_on(async {
+        let relay = Relay::start(&server.addr).await;
+        let direct = client(&server.addr).await;
+        let relayed = client(&relay.addr).await;
+        test(direct, relayed, relay).await
+    });
 }
 
 /// Runs `f` on a clone of `client` in a task of its own, so that the test
@@ -136,9 +133,7 @@ async fn soon<T>(what: &str, f: impl std::future::Future<Output = T>) -> T {
 /// the lock.
 #[test]
 fn a_grant_lost_with_the_connection_still_reaches_its_waiter() {
-    let (_data, server) = server();
-    rt().block_on(async {
-        let (direct, relayed, relay) = setup(&server).await;
+    with_relay(|direct, relayed, relay| async move {
         let held = direct.lock(&spec("x", 1)).await.unwrap();
         let waiter = on(&relayed, |c| async move { c.lock(&spec("x", 2)).await });
         soon("the wait is queued", async {
@@ -162,9 +157,7 @@ fn a_grant_lost_with_the_connection_still_reaches_its_waiter() {
 /// unlock takes effect, and its caller gets its answer, not an error.
 #[test]
 fn a_request_lost_with_the_connection_is_sent_again() {
-    let (_data, server) = server();
-    rt().block_on(async {
-        let (direct, relayed, relay) = setup(&server).await;
+    with_relay(|direct, relayed, relay| async move {
         let held = relayed.lock(&spec("x", 1)).await.unwrap();
         relay.lose(false);
         let unlock = on(&relayed, |c| async move { c.dlm_unlock(b"x", 1, held.handle.unwrap(), None).await });
@@ -180,9 +173,7 @@ fn a_request_lost_with_the_connection_is_sent_again() {
 /// granted at the server is not left held by a caller told it failed.
 #[test]
 fn a_reply_lost_with_the_connection_still_reaches_its_caller() {
-    let (_data, server) = server();
-    rt().block_on(async {
-        let (direct, relayed, relay) = setup(&server).await;
+    with_relay(|direct, relayed, relay| async move {
         relay.lose(true);
         let lock = on(&relayed, |c| async move { c.try_lock(&spec("y", 1)).await });
         relay.until_lost().await;
@@ -202,7 +193,7 @@ fn a_reply_lost_with_the_connection_still_reaches_its_caller() {
 /// a second DLM lock; one lost, a waiter stuck or a lock held).
 #[test]
 fn cut_after_cut_every_request_takes_effect_exactly_once() {
-    let (_data, server) = server();
+    let (_data, server) = long_lease_server();
     rt().block_on(async {
         let relay = Relay::start(&server.addr).await;
         let direct = client(&server.addr).await;
@@ -252,7 +243,7 @@ fn cut_after_cut_every_request_takes_effect_exactly_once() {
 fn a_session_that_never_acknowledges_cannot_resume() {
     use interlock_proto::{ClientMsg, Op, Reply, ServerMsg};
     use std::io::Write;
-    let (_data, server) = server();
+    let (_data, server) = long_lease_server();
     let mut conn = std::net::TcpStream::connect(&server.addr).unwrap();
     let hello =
         |session, received| ClientMsg::Hello { version: interlock_proto::VERSION, token: None, session, received };

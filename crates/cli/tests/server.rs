@@ -321,9 +321,8 @@ fn a_client_held_back_by_the_recovery_window_keeps_its_session() {
 /// follow the traffic (the watcher's own status requests left out).
 #[test]
 fn status_watch_follows_the_request_rate() {
-    let data = tempfile::tempdir().unwrap();
     // A long lease: no renewal (a request too) lands inside the count.
-    let server = ServerProc::start(data.path(), "127.0.0.1:0", &["--lease-ms", "60000"]);
+    let (_data, server) = long_lease_server();
     let mut watcher = Command::new(BIN)
         .args(["status", "--json", "--watch", "0.2", "--server", &server.addr])
         .stdout(Stdio::piped())
@@ -357,8 +356,7 @@ fn status_watch_follows_the_request_rate() {
 /// reclaim the locks the bye released.
 #[test]
 fn bye_ends_the_session_for_good() {
-    let data = tempfile::tempdir().unwrap();
-    let server = ServerProc::start(data.path(), "127.0.0.1:0", &["--lease-ms", "60000"]);
+    let (_data, server) = long_lease_server();
     rt().block_on(async {
         let a = client(&server.addr).await;
         a.lock(&spec("x", 1)).await.unwrap();
@@ -402,8 +400,7 @@ fn owners_of_different_kinds_never_share_locks() {
 /// once (as a process's locks go when it exits), not a lease later.
 #[test]
 fn dropping_the_last_client_ends_its_session() {
-    let data = tempfile::tempdir().unwrap();
-    let server = ServerProc::start(data.path(), "127.0.0.1:0", &["--lease-ms", "60000"]);
+    let (_data, server) = long_lease_server();
     rt().block_on(async {
         let a = client(&server.addr).await;
         let b = client(&server.addr).await;

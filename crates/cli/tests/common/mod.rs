@@ -94,3 +94,12 @@ pub fn try_read_raw_frame(r: &mut impl std::io::Read) -> Option<Vec<u8>> {
 pub fn read_raw_frame(r: &mut impl std::io::Read) -> Vec<u8> {
     try_read_raw_frame(r).expect("a whole frame")
 }
+
+/// A server whose sessions outlive any test (a 60 s lease): what ends a
+/// session there is the test's doing, never the lease. Keep the directory
+/// alive as long as the server.
+pub fn long_lease_server() -> (tempfile::TempDir, ServerProc) {
+    let data = tempfile::tempdir().unwrap();
+    let server = ServerProc::start(data.path(), "127.0.0.1:0", &["--lease-ms", "60000"]);
+    (data, server)
+}
