@@ -26,6 +26,17 @@ fn posix_replay_exit_status_reports_bad_lines() {
     assert!(err.contains("line 1:"), "{err}");
 }
 
+/// Of several conflicting locks, F_GETLK reports the one Linux does (the
+/// issue's case: the kernel says `wr 0 10`, the first in its list).
+#[test]
+fn posix_replay_getlk_reports_the_kernels_choice() {
+    let (code, out, _) = interlock(&["debug", "posix-replay"], "1 setlk wr 0 10\n1 setlk rd 100 10\n2 getlk wr 0 0\n");
+    assert_eq!((code, out.as_str()), (0, "ok\nok\nconflict 1 wr 0 10\n"));
+    // Owners in the order they came: 2 before 1 here, whatever the offsets.
+    let (_, out, _) = interlock(&["debug", "posix-replay"], "2 setlk rd 50 1\n1 setlk rd 0 10\n3 getlk wr 0 0\n");
+    assert_eq!(out, "ok\nok\nconflict 2 rd 50 1\n");
+}
+
 #[test]
 fn bench_flocks_json_rows() {
     let (code, out, err) =

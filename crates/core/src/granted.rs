@@ -66,7 +66,20 @@ pub(crate) struct Granted {
     forest: Forest<Held>,
     roots: [Root; 6],
     /// Boxed: DLM resources never use it, and most files have few owners.
-    by_owner: Option<Box<Map<Owner, OwnerLocks>>>,
+    by_owner: Option<Box<Map<Owner, OwnerEntry>>>,
+    /// The arrival number of the next owner to go from no locks to some.
+    next_arrival: u64,
+}
+
+/// An owner's locks, and when the owner arrived: Linux keeps a file's
+/// POSIX and OFD locks in one list where an owner's locks stand together,
+/// sorted by start, and an owner with no locks joins at the end. `F_GETLK`
+/// reports the first conflicting lock in that list, so the arrival orders
+/// owners as the list does.
+#[derive(Debug)]
+struct OwnerEntry {
+    arrival: u64,
+    locks: OwnerLocks,
 }
 
 impl Granted {
@@ -83,8 +96,8 @@ impl Granted {
     pub fn heap_bytes(&self) -> usize {
         self.forest.capacity_bytes()
             + self.by_owner.as_ref().map_or(0, |o| {
-                o.capacity() * (std::mem::size_of::<(Owner, OwnerLocks)>() + 1)
-                    + o.values().map(OwnerLocks::heap_bytes).sum::<usize>()
+                o.capacity() * (std::mem::size_of::<(Owner, OwnerEntry)>() + 1)
+                    + o.values().map(|e| e.locks.heap_bytes()).sum::<usize>()
             })
     }
 
@@ -139,9 +152,10 @@ impl Granted {
         let root = &mut self.roots[held.mode as usize];
         let id = self.forest.insert(root, range.start(), range.end(), held);
         match self.by_owner.get_or_insert_default().entry(owner) {
-            std::collections::hash_map::Entry::Occupied(mut o) => o.get_mut().insert(range.start(), id),
+            std::collections::hash_map::Entry::Occupied(mut o) => o.get_mut().locks.insert(range.start(), id),
             std::collections::hash_map::Entry::Vacant(v) => {
-                v.insert(OwnerLocks::One(range.start(), id));
+                v.insert(OwnerEntry { arrival: self.next_arrival, locks: OwnerLocks::One(range.start(), id) });
+                self.next_arrival += 1;
             }
         }
         id
@@ -173,8 +187,8 @@ impl Granted {
         let held = self.forest.remove(&mut self.roots[mode as usize], id);
         if held.kind.owner_merges() {
             let owners = self.by_owner.as_mut().expect("owner view has the lock");
-            let locks = owners.get_mut(&held.owner).expect("owner view has the lock");
-            if locks.remove(range.start()) {
+            let entry = owners.get_mut(&held.owner).expect("owner view has the lock");
+            if entry.locks.remove(range.start()) {
                 // The emptied map is kept: the next lock on this file, the
                 // common case, would allocate it again. It goes with the
                 // resource when that is reclaimed.
@@ -191,7 +205,33 @@ impl Granted {
     }
 
     fn owner_map(&self, owner: Owner) -> Option<&OwnerLocks> {
-        self.by_owner.as_ref()?.get(&owner)
+        self.by_owner.as_ref()?.get(&owner).map(|e| &e.locks)
+    }
+
+    /// When the owner arrived (see [`OwnerEntry`]); owners without locks
+    /// (DLM) all count as equal.
+    fn arrival(&self, owner: Owner) -> u64 {
+        self.by_owner.as_ref().and_then(|o| o.get(&owner)).map_or(0, |e| e.arrival)
+    }
+
+    /// How many locks the owner holds here. O(1).
+    pub fn owner_lock_count(&self, owner: Owner) -> usize {
+        self.owner_map(owner).map_or(0, OwnerLocks::len)
+    }
+
+    /// The conflicting lock Linux's `F_GETLK` reports: the first in its
+    /// list (see [`OwnerEntry`]), i.e. of the earliest-arrived owner, the
+    /// lowest start. O(log n + k) for the k conflicts.
+    pub fn kernel_first_conflict(&self, mode: Mode, range: Range, exempt: Exempt) -> Option<NodeId> {
+        let mut best: Option<((u64, u64), NodeId)> = None;
+        let _ = self.conflicts(mode, range, exempt, |id, h| {
+            let key = (self.arrival(h.owner), self.range(id).start());
+            if best.is_none_or(|(b, _)| key < b) {
+                best = Some((key, id));
+            }
+            ControlFlow::<()>::Continue(())
+        });
+        best.map(|(_, id)| id)
     }
 
     /// The owner's locks that overlap or touch `range`, in order.
@@ -216,6 +256,9 @@ impl Granted {
         weakened: &mut Vec<Range>,
     ) {
         let (mut start, mut end) = (range.start(), range.end());
+        // The owner keeps its place in Linux's list through one call even
+        // if every lock it had is replaced on the way.
+        let arrival = self.by_owner.as_ref().and_then(|o| o.get(&owner)).map(|e| e.arrival);
         for id in self.owner_neighbours(owner, range) {
             let (old, r) = (self.held(id).mode, self.range(id));
             if Some(old) == mode {
@@ -240,6 +283,9 @@ impl Granted {
         if let Some(mode) = mode {
             let merged = Range::new(start, end).expect("union of valid ranges");
             self.insert(Held { owner, kind, mode, handle: 0 }, merged);
+        }
+        if let (Some(arrival), Some(e)) = (arrival, self.by_owner.as_mut().and_then(|o| o.get_mut(&owner))) {
+            e.arrival = arrival;
         }
     }
 

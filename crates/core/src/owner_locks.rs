@@ -77,6 +77,14 @@ impl OwnerLocks {
         out
     }
 
+    /// How many locks. O(1).
+    pub fn len(&self) -> usize {
+        match self {
+            OwnerLocks::One(..) => 1,
+            OwnerLocks::Many(m) => m.len(),
+        }
+    }
+
     /// Every lock, in order. O(k).
     pub fn ids(&self) -> Vec<NodeId> {
         match self {

@@ -153,11 +153,23 @@ impl Resource {
         self.granted.all()
     }
 
-    /// `F_GETLK`: one held lock that a `mode` lock on `range` by `owner`
-    /// would conflict with. O(log n).
+    /// How many locks `owner` holds here (POSIX, OFD, flock). O(1).
+    pub fn owner_lock_count(&self, owner: Owner) -> usize {
+        self.granted.owner_lock_count(owner)
+    }
+
+    /// `F_GETLK`: the held lock that a `mode` lock on `range` by `owner`
+    /// would conflict with and that Linux reports (the first in its list:
+    /// see `Granted::kernel_first_conflict`): O(log n + k) for the k
+    /// conflicts. DLM: any one, O(log n).
     pub fn test(&self, owner: Owner, kind: LockKind, mode: Mode, range: Range) -> Option<Conflict> {
         let ask = Ask { owner, kind, mode, range, convert: None };
-        self.granted.first_conflict(mode, range, ask.exempt()).map(|id| self.granted.conflict(id))
+        let found = if kind.owner_merges() {
+            self.granted.kernel_first_conflict(mode, range, ask.exempt())
+        } else {
+            self.granted.first_conflict(mode, range, ask.exempt())
+        };
+        found.map(|id| self.granted.conflict(id))
     }
 
     /// A new lock request. O(log n + k); a blocking POSIX request that must

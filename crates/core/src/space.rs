@@ -200,7 +200,10 @@ impl LockSpace {
 
     /// `F_GETLK`: a held lock of another owner that a `mode` lock on `range`
     /// would conflict with (for DLM: any held lock, the owner's own
-    /// included). Queued requests are not reported, as in POSIX. O(log n).
+    /// included). Queued requests are not reported, as in POSIX. Of several
+    /// conflicts, the one Linux reports: the earliest owner to have taken a
+    /// lock here (and kept one since), its lowest start; O(log n + k) for
+    /// k conflicts. DLM: any one, O(log n).
     pub fn test(
         &self,
         resource: &[u8],
@@ -211,6 +214,12 @@ impl LockSpace {
     ) -> Result<Option<Conflict>, LockError> {
         check_request(kind, mode, range)?;
         Ok(self.with(kind.namespace(), resource, false, |r, _| r.test(owner, kind, mode, range))?.flatten())
+    }
+
+    /// How many locks `owner` holds on `resource` (POSIX, OFD, flock), after
+    /// merges and splits: what a per-client limit counts. O(1) expected.
+    pub fn owner_lock_count(&self, resource: &[u8], owner: Owner, kind: LockKind) -> Result<usize, LockError> {
+        Ok(self.with(kind.namespace(), resource, false, |r, _| r.owner_lock_count(owner))?.unwrap_or(0))
     }
 
     /// Releases every lock `owner` holds on the resource, as the close of a
