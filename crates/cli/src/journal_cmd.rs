@@ -81,7 +81,7 @@ fn dump(dir: &std::path::Path, from: u64, types: Mask) -> Result<(), String> {
         match Record::decode(bytes) {
             Ok(r) if types.contains(r.rtype) => {
                 if let Err(e) = writeln!(out, "{}", line(index, &r)) {
-                    err = Some(e.to_string());
+                    err = Some(e);
                 }
             }
             Ok(_) => {}
@@ -91,7 +91,11 @@ fn dump(dir: &std::path::Path, from: u64, types: Mask) -> Result<(), String> {
         }
     })
     .map_err(|e| e.to_string())?;
-    err.map_or(Ok(()), Err)
+    match err.map_or_else(|| std::io::Write::flush(&mut out), Err) {
+        // The reader went away (`| head`): done, quietly, as `cat` is.
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        r => r.map_err(|e| e.to_string()),
+    }
 }
 
 /// `INDEX NNTYPE TIME DATE FLAGS t=TARGET p=PARENT NAME [s=… sp=… SOURCE] u=UID:GID [j=JOB]`

@@ -1,9 +1,11 @@
 //! `interlock`: one binary, many subcommands (like `etcdctl` or `lfs`).
 
 mod alloc;
+mod args;
 mod bench;
+mod exit;
 mod journal_cmd;
-mod net;
+mod remote;
 mod replay;
 
 use std::process::ExitCode;
@@ -27,17 +29,27 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run the lock server: cluster-wide locks over TCP, with leases.
-    Serve(net::ServeArgs),
+    Serve(remote::serve::ServeArgs),
     /// Hold a cluster-wide lock while a command runs (like flock(1)).
     ///
-    /// Exit status: the command's own; 1 if --nowait or --timeout could not
-    /// get the lock; 69 if the server cannot be reached; 127/126 if the
-    /// command cannot be run. The command sees the lock's fencing token in
-    /// INTERLOCK_FENCE.
-    Lock(net::LockArgs),
+    /// The command never runs without the lock: SIGINT, SIGTERM and SIGHUP
+    /// are forwarded to it (the lock is held until it exits); if this
+    /// wrapper is killed, the command is killed with it; if the lock is
+    /// lost (the session's lease ran out: a network partition, a stopped
+    /// wrapper), the command gets SIGTERM, then SIGKILL 5 s later. A
+    /// signal while the lock is awaited withdraws the wait.
+    ///
+    /// Exit status: the command's own (128 + N if killed by signal N);
+    /// 1 if --nowait or --timeout could not get the lock (held, or the
+    /// server is in its recovery window); 2 for a usage error; 69 if the
+    /// server cannot be reached or did not answer in time; 75 if the lock
+    /// was lost while the command ran; 77 if the server refused the token;
+    /// 126 if the command cannot be run, 127 if it is not found. The
+    /// command sees the lock's fencing token in INTERLOCK_FENCE.
+    Lock(remote::lock::LockArgs),
     /// Live counters of a server: sessions, resources, locks, waiters,
     /// request rate.
-    Status(net::StatusArgs),
+    Status(remote::status::StatusArgs),
     /// Tools for reproducing lock problems without a cluster.
     #[command(subcommand)]
     Debug(DebugCommand),
@@ -73,9 +85,9 @@ enum DebugCommand {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
-        Command::Serve(args) => net::serve(args),
-        Command::Lock(args) => net::lock(args),
-        Command::Status(args) => net::status(args),
+        Command::Serve(args) => remote::serve::serve(args),
+        Command::Lock(args) => remote::lock::lock(args),
+        Command::Status(args) => remote::status::status(args),
         Command::Debug(DebugCommand::PosixReplay) => {
             let stdin = std::io::stdin().lock();
             let stdout = std::io::stdout().lock();

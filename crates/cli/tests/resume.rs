@@ -237,7 +237,7 @@ fn cut_after_cut_every_request_takes_effect_exactly_once() {
 /// A client that never acknowledges what it reads makes its session pile
 /// up output for a resume. Past the limit (4 MiB) the server drops it and
 /// closes the connection, and the session cannot be resumed: it ends, and
-/// the client starts a new one (and would reclaim), as after a restart.
+/// the client is given a new one (its locks are lost).
 /// An acknowledgement of bytes never sent is refused.
 #[test]
 fn a_session_that_never_acknowledges_cannot_resume() {
@@ -245,10 +245,16 @@ fn a_session_that_never_acknowledges_cannot_resume() {
     use std::io::Write;
     let (_data, server) = long_lease_server();
     let mut conn = std::net::TcpStream::connect(&server.addr).unwrap();
-    let hello =
-        |session, received| ClientMsg::Hello { version: interlock_proto::VERSION, token: None, session, received };
-    conn.write_all(&raw_frame(&hello(None, 0))).unwrap();
-    let ServerMsg::Welcome { session, .. } = interlock_proto::decode(&read_raw_frame(&mut conn)).unwrap() else {
+    let hello = |session, received, secret| ClientMsg::Hello {
+        version: interlock_proto::VERSION,
+        token: None,
+        session,
+        received,
+        secret,
+    };
+    conn.write_all(&raw_frame(&hello(None, 0, [0; 16]))).unwrap();
+    let ServerMsg::Welcome { session, secret, .. } = interlock_proto::decode(&read_raw_frame(&mut conn)).unwrap()
+    else {
         panic!("welcome expected")
     };
     conn.write_all(&raw_frame(&ClientMsg::Request { id: 1, op: Op::Renew { received: 1 << 40 } })).unwrap();
@@ -273,11 +279,11 @@ fn a_session_that_never_acknowledges_cannot_resume() {
     sender.join().unwrap();
 
     let mut again = std::net::TcpStream::connect(&server.addr).unwrap();
-    again.write_all(&raw_frame(&hello(Some(session), received))).unwrap();
+    again.write_all(&raw_frame(&hello(Some(session), received, secret))).unwrap();
     match interlock_proto::decode(&read_raw_frame(&mut again)).unwrap() {
-        ServerMsg::Welcome { session: s, resumed, .. } => {
+        ServerMsg::Welcome { session: s, resumed, secret: new, .. } => {
             assert!(!resumed, "the session cannot be resumed");
-            assert_eq!(s, session, "its new session keeps its id, for reclaims");
+            assert!(s != session && new != secret, "a new session, with its own id and secret");
         }
         other => panic!("welcome expected, got {other:?}"),
     }

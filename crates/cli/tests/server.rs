@@ -7,7 +7,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::*;
-use interlock_client::{Client, ClientOptions, LockSpec};
+use interlock_client::{Client, ClientError, ClientOptions, LockSpec};
 use interlock_core::{Mode, Range};
 use interlock_proto::Kind;
 
@@ -132,17 +132,21 @@ fn server_kill_9_and_restart_replays_held_locks() {
         let mut restarted = ServerProc::start(data.path(), &addr, &["--recovery-ms", "1500", "--lease-ms", "3000"]);
         std::mem::swap(&mut server, &mut restarted);
         drop(restarted);
-        // A new client's request waits out the recovery window, during
-        // which A reclaims: then it finds the lock held.
+        // During the recovery window, in which A reclaims, a new client's
+        // request that would not wait fails at once and says why; one
+        // that waits waits out the window.
         let b = Client::connect(&addr, ClientOptions::default()).await.unwrap();
         let t = Instant::now();
         let other = LockSpec { owner: 7, ..rec.clone() };
-        assert_eq!(b.try_lock(&other).await.unwrap(), None, "A's replayed lock holds");
-        assert!(t.elapsed() >= Duration::from_millis(800), "new requests wait for the recovery window");
+        let refused = b.try_lock(&other).await;
+        assert!(matches!(refused, Err(ClientError::Recovering(_))), "{refused:?}");
+        assert!(t.elapsed() < Duration::from_millis(500), "refused at once");
         // Fencing tokens keep growing across the restart.
         let disjoint = LockSpec { range: Range::new(200, 299).unwrap(), ..other.clone() };
         let g2 = b.lock(&disjoint).await.unwrap();
+        assert!(t.elapsed() >= Duration::from_millis(800), "new requests wait for the recovery window");
         assert!(g2.fence > g1.fence, "fence {} after {}", g2.fence, g1.fence);
+        assert_eq!(b.try_lock(&other).await.unwrap(), None, "A's replayed lock holds");
         a.unlock(&rec).await.unwrap();
         assert!(b.try_lock(&other).await.unwrap().is_some());
     });
@@ -182,9 +186,16 @@ fn an_unknown_protocol_version_is_refused_clearly() {
     let data = tempfile::tempdir().unwrap();
     let server = ServerProc::start(data.path(), "127.0.0.1:0", &[]);
     let mut s = std::net::TcpStream::connect(&server.addr).unwrap();
-    s.write_all(&raw_frame(&ClientMsg::Hello { version: 99, token: None, session: None, received: 0 })).unwrap();
+    s.write_all(&raw_frame(&ClientMsg::Hello {
+        version: 99,
+        token: None,
+        session: None,
+        received: 0,
+        secret: [0; 16],
+    }))
+    .unwrap();
     match interlock_proto::decode(&read_raw_frame(&mut s)).unwrap() {
-        ServerMsg::Refused { reason } => {
+        ServerMsg::Refused { reason, .. } => {
             let want = format!("unsupported protocol version 99; this server speaks {}", interlock_proto::VERSION);
             assert_eq!(reason, want);
         }
@@ -218,8 +229,8 @@ fn a_token_is_required_off_loopback_and_checked() {
         }
         c.status().unwrap().code()
     };
-    assert_eq!(code(None), Some(69), "no token: refused");
-    assert_eq!(code(Some("wrong")), Some(69), "wrong token: refused");
+    assert_eq!(code(None), Some(77), "no token: refused (EX_NOPERM, not 'unreachable')");
+    assert_eq!(code(Some("wrong")), Some(77), "wrong token: refused");
     assert_eq!(code(Some("s3cret")), Some(0));
 }
 
@@ -284,7 +295,7 @@ fn serve_reads_a_config_file_and_flags_override_it() {
     };
     let from_file = ServerProc::spawn(&["--config", config]);
     let err = two_locks(&from_file).unwrap_err().to_string();
-    assert!(err.contains("max_locks"), "the file's max-locks = 1 applies: {err}");
+    assert!(err.contains("max-locks"), "the file's max-locks = 1 applies: {err}");
     drop(from_file);
     // A restart on the same data: clients that come during the recovery
     // window wait for it to end (1 s here), with their sessions kept.
@@ -451,7 +462,13 @@ fn a_client_that_does_not_read_its_replies_is_held_back() {
     stream.set_nonblocking(false).unwrap();
     let mut reader = BufReader::new(stream.try_clone().unwrap());
     let mut writer = stream.try_clone().unwrap();
-    let hello = ClientMsg::Hello { version: interlock_proto::VERSION, token: None, session: None, received: 0 };
+    let hello = ClientMsg::Hello {
+        version: interlock_proto::VERSION,
+        token: None,
+        session: None,
+        received: 0,
+        secret: [0; 16],
+    };
     writer.write_all(&raw_frame(&hello)).unwrap();
     assert!(matches!(interlock_proto::decode(&read_raw_frame(&mut reader)).unwrap(), ServerMsg::Welcome { .. }));
 

@@ -1,20 +1,22 @@
 //! The connection's life: hello, the reader that dispatches replies and
-//! pushes, reconnection with backoff, and reclaim after the server lost
-//! the session.
+//! pushes, reconnection with backoff, and, when the server no longer has
+//! the session, reclaim (after a restart, within the lease) or the report
+//! of every lock as lost (the lease ran out).
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use interlock_core::Namespace;
-use interlock_proto::{self as proto, ClientMsgRef, GrantInfo, Kind, Op, Reply, ServerMsg, Target};
+use interlock_proto::{self as proto, ClientMsgRef, GrantInfo, Kind, Op, Reply, ServerMsg, Target, owner};
 use tokio::net::TcpStream;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::sync::oneshot;
 use tokio_util::codec::FramedRead;
 
-use crate::{Blocking, ClientError, Inner};
+use crate::lease::Lease;
+use crate::{Answer, Blocking, ClientError, Inner, LostLock, local_effects};
 
 /// A connection that said hello: its frames in, its bytes out.
 pub(crate) struct Conn {
@@ -29,33 +31,74 @@ pub(crate) struct Welcomed {
     /// our stream its server took in.
     pub resumed: bool,
     pub received: u64,
+    /// The server restarted since the last welcome.
+    pub restarted: bool,
+    /// The server's recovery window is open.
+    pub recovering: bool,
+    /// When the hello went out, and the new session's lease length.
+    pub sent: Instant,
+    pub lease: Duration,
 }
 
 /// Opens a connection and says hello, resuming the session if there is
-/// one.
+/// one, within the connect timeout if one is set.
 pub(crate) async fn handshake(inner: &Inner) -> Result<Welcomed, ClientError> {
-    let stream = TcpStream::connect(&inner.addr)
-        .await
-        .map_err(|source| ClientError::Connect { addr: inner.addr.clone(), source })?;
+    let addr = &inner.addr;
+    let limit = inner.options.connect_timeout;
+    let within = |what: &'static str| {
+        move |_| {
+            let secs = limit.map_or(0.0, |d| d.as_secs_f64());
+            ClientError::Timeout(format!("{what} {addr} timed out after {secs} s"))
+        }
+    };
+    let connect = TcpStream::connect(addr);
+    let stream = match limit {
+        Some(l) => tokio::time::timeout(l, connect).await.map_err(within("connecting to"))?,
+        None => connect.await,
+    }
+    .map_err(|source| ClientError::Connect { addr: addr.clone(), source })?;
+    match limit {
+        Some(l) => tokio::time::timeout(l, hello(inner, stream))
+            .await
+            .map_err(within("the handshake with (connected, but no welcome from)"))?,
+        None => hello(inner, stream).await,
+    }
+}
+
+async fn hello(inner: &Inner, stream: TcpStream) -> Result<Welcomed, ClientError> {
     let _ = stream.set_nodelay(true);
     let (rd, mut wr) = stream.into_split();
     let session = Some(inner.session.load(Ordering::Relaxed)).filter(|&s| s != 0);
+    let secret = *inner.secret.lock();
     let hello = ClientMsgRef::Hello {
         version: proto::VERSION,
         token: inner.options.token.as_deref(),
         session,
         received: inner.received.load(Ordering::Relaxed),
+        secret,
     };
+    let sent = Instant::now();
     proto::send(&mut wr, &hello).await.map_err(|_| ClientError::ConnectionLost)?;
     // The reader is kept: pushes may follow the welcome in the same read.
     let mut frames = proto::reader(rd);
     match frames.next().await.ok_or(ClientError::ConnectionLost)? {
-        Ok(ServerMsg::Welcome { session, lease_ms, resumed, received, .. }) => {
+        Ok(ServerMsg::Welcome { session, lease_ms, resumed, received, secret, boot, recovering_ms, .. }) => {
             inner.session.store(session, Ordering::Relaxed);
+            *inner.secret.lock() = secret;
+            let before = inner.boot.swap(boot, Ordering::Relaxed);
             inner.lease_ms.store(lease_ms, Ordering::Relaxed);
-            Ok(Welcomed { conn: Conn { frames, wr }, resumed, received })
+            Ok(Welcomed {
+                conn: Conn { frames, wr },
+                resumed,
+                received,
+                restarted: before != 0 && before != boot,
+                recovering: recovering_ms > 0,
+                sent,
+                lease: Duration::from_millis(lease_ms),
+            })
         }
-        Ok(ServerMsg::Refused { reason }) => Err(ClientError::Refused(reason)),
+        Ok(ServerMsg::Refused { reason, auth: true }) => Err(ClientError::Auth(reason)),
+        Ok(ServerMsg::Refused { reason, .. }) => Err(ClientError::Refused(reason)),
         Ok(_) => Err(ClientError::Server("unexpected answer to hello".into())),
         Err(_) => Err(ClientError::ConnectionLost),
     }
@@ -68,8 +111,8 @@ pub(crate) async fn reconnect(inner: &Arc<Inner>) -> Option<Welcomed> {
     while !inner.closed() {
         match handshake(inner).await {
             Ok(c) => return Some(c),
-            Err(ClientError::Refused(why)) => {
-                tracing::error!(reason = %why, "server refused the reconnect");
+            Err(e @ (ClientError::Refused(_) | ClientError::Auth(_))) => {
+                tracing::error!(error = %e, "server refused the reconnect");
                 return None;
             }
             Err(e) => tracing::debug!(error = %e, "reconnect failed; retrying"),
@@ -80,27 +123,51 @@ pub(crate) async fn reconnect(inner: &Arc<Inner>) -> Option<Welcomed> {
     None
 }
 
+/// What a new connection does with the session's locks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Settled {
+    /// The session goes on: the locks are still held.
+    Resumed,
+    /// The server restarted while our lease still ran, and is in its
+    /// recovery window: claim the locks back.
+    Reclaim,
+    /// The session is gone and the server cannot vouch that no one else
+    /// took our locks (our lease ran out, or the window is closed): they
+    /// are lost.
+    Lost,
+}
+
 /// Sets up the session's streams on a new connection: a resumed session
 /// goes on where the server stopped taking in our stream; a new one
-/// (the server restarted, or our lease ran out) starts both streams
-/// afresh, and what was in flight is lost. `false` if the server's count
-/// is impossible (nothing is sent; the caller reconnects).
-pub(crate) fn settle(inner: &Inner, w: &Welcomed) -> bool {
+/// starts both streams afresh, and what was in flight is lost. `now` is
+/// when the old session was last known to be needed (the lease rule in
+/// `lease`). `None` if the server's count is impossible (nothing is sent;
+/// the caller reconnects).
+pub(crate) fn settle(inner: &Inner, w: &Welcomed, now: Instant) -> Option<Settled> {
     if w.resumed {
         if inner.outbox.resume(w.received) {
-            return true;
+            return Some(Settled::Resumed);
         }
         tracing::error!(received = w.received, "the server's count of our stream is impossible; reconnecting");
-        return false;
+        return None;
     }
     // Under the tables' lock, which a request holds from its sending to
-    // its listing: none is dropped from the stream yet left listed, or
-    // sent in the new stream yet forgotten.
+    // its listing, and a grant holds while it is recorded: none is dropped
+    // from the stream yet left listed, or sent in the new stream yet
+    // forgotten, or recorded as held after the loss below.
     let mut t = inner.tables.lock();
+    let in_time = inner.lease.lock().holds_at(now);
+    let settled = if w.restarted && w.recovering && in_time { Settled::Reclaim } else { Settled::Lost };
+    *inner.lease.lock() = Lease::new(w.lease, w.sent);
+    inner.generation.fetch_add(1, Ordering::Relaxed);
     inner.outbox.open();
     t.pending.clear();
     inner.received.store(0, Ordering::Relaxed);
-    true
+    if settled == Settled::Lost {
+        drop(t);
+        lose_all(inner);
+    }
+    Some(settled)
 }
 
 /// Bytes of the server's stream taken in between acknowledgements (the
@@ -109,13 +176,16 @@ const ACK_EVERY: u64 = 16 << 10;
 
 /// Drives one connection until it drops; [`settle`] has set its streams
 /// up.
-pub(crate) async fn run(inner: Arc<Inner>, conn: Conn, resumed: bool) {
+pub(crate) async fn run(inner: Arc<Inner>, conn: Conn, settled: Settled) {
     let Conn { mut frames, wr } = conn;
     let outbox = inner.outbox.clone();
     let tables = inner.clone();
     let writer = tokio::spawn(outbox.write_to(wr, move || tables.tables.lock().pending.len() > 1));
-    if !resumed {
+    if settled == Settled::Reclaim {
         reclaim(&inner);
+    }
+    if settled != Settled::Resumed {
+        resend_waits(&inner);
     }
     // Where the server's stream stood when this connection began (modulo
     // 2^64: the welcome counts in `consumed` but not in the stream).
@@ -128,7 +198,7 @@ pub(crate) async fn run(inner: Arc<Inner>, conn: Conn, resumed: bool) {
                 let received = origin.wrapping_add(frames.decoder().consumed());
                 inner.received.store(received, Ordering::Relaxed);
                 if received - acked >= ACK_EVERY {
-                    let _ = inner.outbox.send(&ClientMsgRef::Request { id: 0, op: &Op::Renew { received } });
+                    inner.send_unanswered(&Op::Renew { received });
                     acked = received;
                 }
             }
@@ -143,52 +213,151 @@ pub(crate) async fn run(inner: Arc<Inner>, conn: Conn, resumed: bool) {
     writer.abort();
 }
 
-/// After the server lost our session (it restarted, or our lease ran
-/// out): claim back every lock we hold, then ask again for what we waited
-/// for. In that order: during the recovery window the server holds back
-/// a connection's new requests, and the reclaims behind them with them.
+/// What the client holds: each kind's POSIX, OFD and flock locks on each
+/// resource (from the local table), and the DLM locks by handle.
+struct Held {
+    records: Vec<(Kind, Vec<u8>, Vec<interlock_core::HeldLock>)>,
+    dlm: Vec<(u64, crate::DlmEntry)>,
+}
+
+/// Every lock the client holds.
+fn held(inner: &Inner) -> Held {
+    let t = inner.tables.lock();
+    let mut records = Vec::new();
+    for (kind, resource) in &t.local_resources {
+        let ns = if *kind == Kind::Flock { Namespace::Flock } else { Namespace::Record };
+        // POSIX and OFD locks share a namespace: each kind takes its own.
+        let mine = inner.local.locks(resource, ns).unwrap_or_default();
+        let mine = mine.into_iter().filter(|l| owner::kind(l.owner) == *kind).collect();
+        records.push((*kind, resource.clone(), mine));
+    }
+    Held { records, dlm: t.dlm.iter().map(|(h, e)| (*h, e.clone())).collect() }
+}
+
+/// The handle a caller knows a DLM lock by (its first, before reclaims).
+fn known_handle(inner: &Inner, handle: u64) -> u64 {
+    known_handle_locked(&inner.tables.lock().alias, handle)
+}
+
+/// The session ended without the server vouching for our locks: each is
+/// reported lost and dropped from the client's tables (local owners
+/// waiting behind a lost lock go on to the server).
+fn lose_all(inner: &Inner) {
+    let Held { records, dlm } = held(inner);
+    let mut lost = Vec::new();
+    for (kind, resource, locks) in records {
+        let mut owners: Vec<u32> = locks.iter().map(|l| owner::number(l.owner)).collect();
+        owners.dedup();
+        for number in owners {
+            lose_record(inner, kind, &resource, number);
+            lost.push(LostLock { resource: resource.clone(), kind, owner: number, handle: None });
+        }
+    }
+    {
+        let mut t = inner.tables.lock();
+        t.local_resources.clear();
+        t.dlm.clear();
+    }
+    for (handle, (resource, number, ..)) in dlm {
+        let handle = Some(known_handle(inner, handle));
+        lost.push(LostLock { resource, kind: Kind::Dlm, owner: number, handle });
+    }
+    inner.tables.lock().alias.clear();
+    inner.losses.report(lost);
+}
+
+/// Drops an owner's locks on a resource from the local table.
+fn lose_record(inner: &Inner, kind: Kind, resource: &[u8], number: u32) {
+    let local = owner::id(kind, 0, number);
+    if let Ok(resp) = inner.local.release_owner(resource, local, kind.into()) {
+        local_effects(inner, resp.effects);
+    }
+}
+
+/// After a server restart within our lease: claim back every lock we
+/// hold, each answered; a refused reclaim (someone else holds it now, or
+/// the window closed) is a lost lock. Then ask again for what we waited
+/// for ([`resend_waits`]). In that order: during the recovery window the
+/// server holds back a connection's new requests, and the reclaims behind
+/// them with them.
 fn reclaim(inner: &Arc<Inner>) {
-    let (resources, dlm) = {
-        let t = inner.tables.lock();
-        (t.local_resources.iter().cloned().collect::<Vec<_>>(), t.dlm.clone())
-    };
-    for (kind, resource) in resources {
-        let ns = if kind == Kind::Flock { Namespace::Flock } else { Namespace::Record };
-        // POSIX and OFD locks share a namespace: each kind replays its own.
-        let mine = inner.local.locks(&resource, ns).unwrap_or_default();
-        for l in mine.into_iter().filter(|l| l.owner & (3 << 62) == kind.owner_tag()) {
+    let Held { records, dlm } = held(inner);
+    for (kind, resource, locks) in records {
+        for l in locks {
             let target = Target {
                 resource: resource.clone(),
                 kind,
-                owner: l.owner as u32,
+                owner: owner::number(l.owner),
                 start: l.range.start(),
                 end: l.range.end(),
             };
-            let op = Op::Lock { target, mode: l.mode as u8, wait: false, reclaim: true };
-            let _ = inner.outbox.send(&ClientMsgRef::Request { id: 0, op: &op });
+            reclaim_one(inner, target, l.mode as u8, None);
         }
     }
     for (old, (resource, owner, mode, start, end)) in dlm {
-        let id = inner.next_id.fetch_add(1, Ordering::Relaxed);
         let target = Target { resource, kind: Kind::Dlm, owner, start, end };
-        let (tx, rx) = oneshot::channel();
-        inner.tables.lock().pending.insert(id, tx);
-        let op = Op::Lock { target, mode, wait: false, reclaim: true };
-        let _ = inner.outbox.send(&ClientMsgRef::Request { id, op: &op });
-        let weak = Arc::downgrade(inner);
-        tokio::spawn(async move {
-            if let (Ok(Reply::Granted(g)), Some(inner)) = (rx.await, weak.upgrade())
-                && let Some(new) = g.handle
-            {
-                let mut t = inner.tables.lock();
-                if let Some(entry) = t.dlm.remove(&old) {
-                    t.dlm.insert(new, entry);
-                }
-                t.alias.insert(old, new);
-            }
-        });
+        reclaim_one(inner, target, mode, Some(old));
     }
-    for (&id, w) in &inner.tables.lock().waits {
+}
+
+/// Sends one reclaim; its answer moves a DLM lock to its new handle, or
+/// reports the lock lost.
+fn reclaim_one(inner: &Arc<Inner>, target: Target, mode: u8, handle: Option<u64>) {
+    let id = inner.next_id.fetch_add(1, Ordering::Relaxed);
+    let (tx, rx) = oneshot::channel();
+    inner.tables.lock().pending.insert(id, tx);
+    let op = Op::Lock { target: target.clone(), mode, wait: false, reclaim: true };
+    if inner.outbox.send(&ClientMsgRef::Request { id, op: &op }).is_err() {
+        return;
+    }
+    let weak = Arc::downgrade(inner);
+    tokio::spawn(async move {
+        let reply = rx.await;
+        let Some(inner) = weak.upgrade() else { return };
+        match (reply, handle) {
+            (Ok(Reply::Granted(g)), Some(old)) => {
+                if let Some(new) = g.handle {
+                    let mut t = inner.tables.lock();
+                    if let Some(entry) = t.dlm.remove(&old) {
+                        t.dlm.insert(new, entry);
+                    }
+                    let first = known_handle_locked(&t.alias, old);
+                    t.alias.insert(first, new);
+                }
+            }
+            (Ok(Reply::Granted(_)), None) => {}
+            // Refused, or the session changed again before the answer.
+            (_, handle) => {
+                tracing::warn!(resource = %String::from_utf8_lossy(&target.resource), "reclaim refused");
+                if let Some(old) = handle {
+                    inner.tables.lock().dlm.remove(&old);
+                } else {
+                    lose_record(&inner, target.kind, &target.resource, target.owner);
+                }
+                let lost = LostLock {
+                    resource: target.resource,
+                    kind: target.kind,
+                    owner: target.owner,
+                    handle: handle.map(|h| known_handle(&inner, h)),
+                };
+                inner.losses.report([lost]);
+            }
+        }
+    });
+}
+
+/// The first handle of a DLM lock now known by `handle`, with the alias
+/// table in hand.
+fn known_handle_locked(alias: &foldhash::HashMap<u64, u64>, handle: u64) -> u64 {
+    alias.iter().find(|(_, new)| **new == handle).map_or(handle, |(old, _)| *old)
+}
+
+/// In a new session, asks again for what we waited for: the old session's
+/// waits went with it. Their answers come through each wait's
+/// `grant_tx`.
+fn resend_waits(inner: &Inner) {
+    let t = inner.tables.lock();
+    for (&id, w) in &t.waits {
         if w.grant_tx.is_some() {
             let _ = inner.outbox.send(&ClientMsgRef::Request { id, op: &w.op });
         }
@@ -200,6 +369,7 @@ fn dispatch(inner: &Arc<Inner>, msg: ServerMsg) {
     if matches!(msg, ServerMsg::Reply { .. }) {
         inner.outbox.replied();
     }
+    let generation = inner.generation.load(Ordering::Relaxed);
     match msg {
         ServerMsg::Reply { id: 0, .. } => {}
         ServerMsg::Reply { id, reply } => {
@@ -222,12 +392,17 @@ fn dispatch(inner: &Arc<Inner>, msg: ServerMsg) {
                         t.abandoned.remove(&id);
                     }
                 }
+            } else if !matches!(reply, Reply::Queued)
+                && let Some(tx) = t.waits.get_mut(&id).and_then(|w| w.grant_tx.take())
+            {
+                // A wait sent again in a new session, answered at once.
+                let _ = tx.send(Answer { reply, generation });
             }
         }
         ServerMsg::Granted { id, grant } => {
             let mut t = inner.tables.lock();
             if let Some(tx) = t.waits.get_mut(&id).and_then(|w| w.grant_tx.take()) {
-                let _ = tx.send(grant);
+                let _ = tx.send(Answer { reply: Reply::Granted(grant), generation });
             } else if let Some(op) = t.abandoned.remove(&id) {
                 // The wait was dropped but the grant won the race: give
                 // the lock back.
@@ -253,5 +428,5 @@ pub(crate) fn give_back(inner: &Inner, op: Op, grant: GrantInfo) {
         (Op::Lock { target, .. }, _) => Op::Unlock { target },
         _ => return,
     };
-    let _ = inner.outbox.send(&ClientMsgRef::Request { id: 0, op: &undo });
+    inner.send_unanswered(&undo);
 }

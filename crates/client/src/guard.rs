@@ -5,11 +5,11 @@
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use interlock_proto::{ClientMsgRef, GrantInfo, Op, Reply};
+use interlock_proto::{ClientMsgRef, Op, Reply};
 use tokio::sync::oneshot;
 
 use crate::connection::give_back;
-use crate::{Inner, LockSpec, local_effects};
+use crate::{Answer, Inner, LockSpec, local_effects};
 
 /// A lock request in flight. Dropped before it is answered, it withdraws
 /// the request and gives back a grant that raced the drop: one already in
@@ -24,8 +24,8 @@ pub(crate) struct WaitGuard<'a> {
     /// Still in flight: a drop withdraws it.
     pub live: bool,
     pub reply_rx: oneshot::Receiver<Reply>,
-    /// For a blocking request, where its pushed grant arrives.
-    pub grant_rx: Option<oneshot::Receiver<GrantInfo>>,
+    /// For a blocking request, where its grant arrives.
+    pub grant_rx: Option<oneshot::Receiver<Answer>>,
 }
 
 impl WaitGuard<'_> {
@@ -52,7 +52,10 @@ impl Drop for WaitGuard<'_> {
             let Some(op) = t.waits.remove(&self.id).map(|w| w.op).or_else(|| self.op.take()) else { return };
             t.abandoned.insert(self.id, op);
         }
-        let mut pushed = || self.grant_rx.as_mut().and_then(|rx| rx.try_recv().ok());
+        let mut pushed = || match self.grant_rx.as_mut().and_then(|rx| rx.try_recv().ok()) {
+            Some(Answer { reply: Reply::Granted(g), .. }) => Some(g),
+            _ => None,
+        };
         let grant = match self.reply_rx.try_recv() {
             Ok(Reply::Granted(g)) => Some(g),
             Ok(Reply::Queued) => pushed(),

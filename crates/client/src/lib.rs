@@ -5,11 +5,16 @@
 //!   the server on the same connection.
 //! - Sessions with leases: the client renews in the background; after a
 //!   lost connection it reconnects with backoff and resumes its session
-//!   (keeping its locks), and every request, reply and grant that was on
-//!   the wire takes effect exactly once (requests made meanwhile wait for
-//!   the new connection); if the server restarted, it reclaims every lock
-//!   it holds during the server's recovery window, and the requests that
-//!   were in flight fail with [`ClientError::ConnectionLost`].
+//!   (keeping its locks; resuming takes the session's secret), and every
+//!   request, reply and grant that was on the wire takes effect exactly
+//!   once (requests made meanwhile wait for the new connection).
+//! - At most one holder: if the server restarted while the client's lease
+//!   still ran, the client reclaims every lock it holds during the
+//!   server's recovery window. If its lease ran out instead (a partition,
+//!   a stopped process), or a reclaim is refused, the locks are lost:
+//!   never reclaimed, and reported to the caller ([`Client::lost_locks`],
+//!   [`LostLock`]), who must stop acting under them. Requests that were in
+//!   flight fail with [`ClientError::ConnectionLost`].
 //! - Blocking locks are futures: dropping one withdraws the wait at the
 //!   server (and gives back a grant that raced the drop).
 //! - Local first (seed 002): for POSIX, OFD and flock locks the client
@@ -46,19 +51,24 @@
 
 mod connection;
 mod guard;
+mod lease;
+mod lost;
 mod outbox;
 
 use foldhash::{HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use interlock_core::{Effect, LockKind, LockRequest, LockSpace, Mode, Outcome, Range};
-use interlock_proto::{ClientMsgRef, ConflictInfo, GrantInfo, Kind, Op, Reply, StatusInfo, Target};
+use interlock_proto::{ClientMsgRef, ConflictInfo, GrantInfo, Kind, Op, Reply, Secret, StatusInfo, Target, owner};
 use parking_lot::Mutex;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, watch};
 
 use guard::{LocalWait, WaitGuard};
+use lease::Lease;
+use lost::Losses;
+pub use lost::LostLock;
 use outbox::Outbox;
 
 /// What went wrong.
@@ -68,6 +78,21 @@ pub enum ClientError {
     Connect { addr: String, source: std::io::Error },
     #[error("server refused: {0}")]
     Refused(String),
+    /// The server refused the token (a wrong one, or none where one is
+    /// needed).
+    #[error("server refused: {0}")]
+    Auth(String),
+    /// A time limit ran out; the message says at which step.
+    #[error("{0}")]
+    Timeout(String),
+    /// A request that does not wait, made while the server's recovery
+    /// window after a restart lasts (only reclaims are served then).
+    #[error("the server restarted and is in its recovery window ({} ms left); only reclaims are served until it ends", .0.as_millis())]
+    Recovering(Duration),
+    /// The lock was lost while the request completed: the session's lease
+    /// ran out (see [`Client::lost_locks`]).
+    #[error("the lock was lost: the session's lease ran out")]
+    LockLost,
     /// The request's session is gone: the server restarted, or the lease
     /// ran out before the client reconnected (then the client reclaims
     /// its locks in a new session), or the client was closed. A dropped
@@ -91,6 +116,9 @@ pub struct ClientOptions {
     /// Send every request to the server, without the local lock table (for
     /// measurements of the server alone).
     pub no_local: bool,
+    /// How long connecting and the handshake may take, each time
+    /// (reconnects included); `None`: as long as the system allows.
+    pub connect_timeout: Option<Duration>,
 }
 
 /// A lock to take or give back.
@@ -129,6 +157,12 @@ impl LockSpec {
         self.kind != Kind::Dlm
     }
 
+    /// Refuses what the server would: a name over the engine's limit
+    /// (said here, not as a frame over the protocol's limit).
+    fn check(&self) -> Result<(), ClientError> {
+        check_name(&self.resource)
+    }
+
     /// This lock as a request to the local table.
     fn local_request(&self, wait: bool) -> LockRequest<'_> {
         LockRequest {
@@ -143,18 +177,24 @@ impl LockSpec {
 }
 
 /// A local owner id: a POSIX owner and an OFD owner with the same number
-/// are different owners.
-fn local_owner(kind: Kind, owner: u32) -> u64 {
-    kind.owner_tag() | u64::from(owner)
+/// are different owners (session 0: the table is the client's own).
+fn local_owner(kind: Kind, number: u32) -> u64 {
+    owner::id(kind, 0, number)
 }
 
 fn core_kind(k: Kind) -> LockKind {
-    match k {
-        Kind::Posix => LockKind::Posix,
-        Kind::Ofd => LockKind::Ofd,
-        Kind::Flock => LockKind::Flock,
-        Kind::Dlm => LockKind::Dlm,
+    k.into()
+}
+
+fn check_name(resource: &[u8]) -> Result<(), ClientError> {
+    if resource.len() > interlock_core::MAX_NAME_LEN {
+        return Err(ClientError::Invalid(format!(
+            "the name is {} bytes; the limit is {}",
+            resource.len(),
+            interlock_core::MAX_NAME_LEN
+        )));
     }
+    Ok(())
 }
 
 /// A blocking callback: a DLM lock of ours blocks someone.
@@ -167,13 +207,16 @@ pub struct Blocking {
     pub wanted: u8,
 }
 
+/// A DLM lock held: (resource, owner, mode, start, end).
+pub(crate) type DlmEntry = (Vec<u8>, u32, u8, u64, u64);
+
 #[derive(Default)]
 struct Tables {
     /// Request id -> where its reply goes.
     pending: HashMap<u64, oneshot::Sender<Reply>>,
     /// Blocking requests, from sending until their future is done with
-    /// them: the request, to send again if the server restarted, or to
-    /// give back a grant that races a drop.
+    /// them: the request, to send again in a new session, or to give back
+    /// a grant that races a drop.
     waits: HashMap<u64, Waiting>,
     /// Queued requests whose future was dropped: a grant that still comes
     /// is given back.
@@ -185,8 +228,8 @@ struct Tables {
     local_waits: HashMap<u64, oneshot::Sender<()>>,
     /// Resources with locks in the local table (for reclaim).
     local_resources: HashSet<(Kind, Vec<u8>)>,
-    /// DLM locks held: handle -> (resource, owner, mode, start, end).
-    dlm: HashMap<u64, (Vec<u8>, u32, u8, u64, u64)>,
+    /// DLM locks held, by handle.
+    dlm: HashMap<u64, DlmEntry>,
     /// After a reclaim, the new handle of a DLM lock the user knows by its
     /// old one.
     alias: HashMap<u64, u64>,
@@ -197,6 +240,19 @@ struct Inner {
     options: ClientOptions,
     next_id: AtomicU64,
     session: AtomicU64,
+    /// What resuming the session takes.
+    secret: Mutex<Secret>,
+    /// The server's start number at the last welcome.
+    boot: AtomicU64,
+    /// The session's lease, as far as answered requests prove it.
+    lease: Mutex<Lease>,
+    /// Counts sessions: a grant answered in one session and recorded in a
+    /// later one was lost between (changed under the tables' lock).
+    generation: AtomicU64,
+    losses: Losses,
+    /// Requests sent, renewals included (for `status --watch`, which
+    /// leaves its own out).
+    sent: AtomicU64,
     /// Bytes of the session's stream from the server taken in so far.
     received: AtomicU64,
     lease_ms: AtomicU64,
@@ -222,30 +278,52 @@ impl Inner {
         let (reply_tx, reply_rx) = oneshot::channel();
         let mut t = self.tables.lock();
         self.outbox.send(&ClientMsgRef::Request { id, op: &op })?;
+        self.sent.fetch_add(1, Ordering::Relaxed);
         t.pending.insert(id, reply_tx);
+        let generation = self.generation.load(Ordering::Relaxed);
         if wait {
             let (grant_tx, grant_rx) = oneshot::channel();
             t.waits.insert(id, Waiting { grant_tx: Some(grant_tx), op });
-            Ok(Submitted { reply_rx, grant_rx: Some(grant_rx), op: None })
+            Ok(Submitted { reply_rx, grant_rx: Some(grant_rx), op: None, generation })
         } else {
-            Ok(Submitted { reply_rx, grant_rx: None, op: Some(op) })
+            Ok(Submitted { reply_rx, grant_rx: None, op: Some(op), generation })
+        }
+    }
+
+    /// Sends a request whose reply nobody awaits (acknowledgements,
+    /// give-backs, reclaims of POSIX locks).
+    fn send_unanswered(&self, op: &Op) {
+        if self.outbox.send(&ClientMsgRef::Request { id: 0, op }).is_ok() {
+            self.sent.fetch_add(1, Ordering::Relaxed);
         }
     }
 }
 
 /// A blocking request in `Tables::waits`.
 struct Waiting {
-    /// Where its pushed grant goes; taken when the grant is delivered
-    /// (the request stays listed until its future is done with it).
-    grant_tx: Option<oneshot::Sender<GrantInfo>>,
+    /// Where its grant goes (pushed, or the reply to the request sent
+    /// again in a new session), or the refusal of a request sent again;
+    /// taken when delivered (the request stays listed until its future is
+    /// done with it).
+    grant_tx: Option<oneshot::Sender<Answer>>,
     op: Op,
+}
+
+/// A blocking request's outcome, and the session (generation) in which it
+/// came.
+pub(crate) struct Answer {
+    reply: Reply,
+    generation: u64,
 }
 
 /// A request on its way: see [`Inner::submit`].
 struct Submitted {
     reply_rx: oneshot::Receiver<Reply>,
-    grant_rx: Option<oneshot::Receiver<GrantInfo>>,
+    grant_rx: Option<oneshot::Receiver<Answer>>,
     op: Option<Op>,
+    /// The session it was sent in: its reply, if any, comes in it (the
+    /// replies awaited are dropped when the session changes).
+    generation: u64,
 }
 
 /// A connection to an interlock server. Cheap to clone; all clones share
@@ -278,6 +356,12 @@ impl Client {
             options,
             next_id: AtomicU64::new(1),
             session: AtomicU64::new(0),
+            secret: Mutex::default(),
+            boot: AtomicU64::new(0),
+            lease: Mutex::new(Lease::new(Duration::ZERO, Instant::now())),
+            generation: AtomicU64::new(0),
+            losses: Losses::default(),
+            sent: AtomicU64::new(0),
             received: AtomicU64::new(0),
             lease_ms: AtomicU64::new(0),
             outbox: Arc::default(),
@@ -287,6 +371,7 @@ impl Client {
             closed: AtomicBool::new(false),
         });
         let welcomed = connection::handshake(&inner).await?;
+        *inner.lease.lock() = Lease::new(welcomed.lease, welcomed.sent);
         let client = Client { inner: inner.clone(), _last: Arc::new(LastHandle(inner)) };
         client.start(welcomed.conn);
         Ok(client)
@@ -295,6 +380,26 @@ impl Client {
     /// The session id the server gave this client.
     pub fn session(&self) -> u64 {
         self.inner.session.load(Ordering::Relaxed)
+    }
+
+    /// Counts the locks this client has lost so far (see [`LostLock`]):
+    /// await `changed()`, then read them with [`Client::lost_since`]. A
+    /// lock is lost when the session's lease runs out (the server gave it
+    /// to others) or a reclaim after a server restart is refused; whoever
+    /// acts under a lost lock must stop.
+    pub fn lost_locks(&self) -> watch::Receiver<usize> {
+        self.inner.losses.watch()
+    }
+
+    /// The locks lost after the first `from`.
+    pub fn lost_since(&self, from: usize) -> Vec<LostLock> {
+        self.inner.losses.since(from)
+    }
+
+    /// Requests this client has sent, renewals and acknowledgements
+    /// included.
+    pub fn requests_sent(&self) -> u64 {
+        self.inner.sent.load(Ordering::Relaxed)
     }
 
     /// Blocking callbacks for this client's DLM locks (the first call takes
@@ -312,26 +417,30 @@ impl Client {
         tokio::spawn(async move {
             // The first connection has nothing to reclaim (its session is
             // new, not lost), so it counts as resumed.
-            let mut conn = Some((conn, true));
+            let mut conn = Some((conn, connection::Settled::Resumed));
             while !inner.closed() {
-                let (c, resumed) = match conn.take() {
+                let (c, settled) = match conn.take() {
                     Some(c) => c,
                     None => match connection::reconnect(&inner).await {
-                        Some(w) if connection::settle(&inner, &w) => (w.conn, w.resumed),
-                        // Cannot happen with a sound server; not in a hot loop.
-                        Some(_) => {
-                            tokio::time::sleep(Duration::from_secs(1)).await;
-                            continue;
-                        }
+                        Some(w) => match connection::settle(&inner, &w, Instant::now()) {
+                            Some(settled) => (w.conn, settled),
+                            // Cannot happen with a sound server; not in a hot loop.
+                            None => {
+                                tokio::time::sleep(Duration::from_secs(1)).await;
+                                continue;
+                            }
+                        },
                         None => break,
                     },
                 };
-                connection::run(inner.clone(), c, resumed).await;
+                connection::run(inner.clone(), c, settled).await;
             }
             // For good: what is in flight or sent later will not be
-            // answered.
+            // answered, and blocking requests will not be granted.
             inner.outbox.close();
-            inner.tables.lock().pending.clear();
+            let mut t = inner.tables.lock();
+            t.pending.clear();
+            t.waits.clear();
         });
         let weak = Arc::downgrade(&self.inner);
         tokio::spawn(async move {
@@ -342,8 +451,21 @@ impl Client {
                 };
                 tokio::time::sleep(every).await;
                 let Some(inner) = weak.upgrade() else { return };
+                // Answered, a renewal proves the lease ran at least a lease
+                // past its sending (see `lease`); while the answer is
+                // late, the next renewal goes anyway.
                 let received = inner.received.load(Ordering::Relaxed);
-                let _ = inner.outbox.send(&ClientMsgRef::Request { id: 0, op: &Op::Renew { received } });
+                let id = inner.next_id.fetch_add(1, Ordering::Relaxed);
+                let sent_at = Instant::now();
+                let Ok(sent) = inner.submit(id, Op::Renew { received }, false) else { continue };
+                let generation = sent.generation;
+                drop(inner);
+                if let Ok(Ok(Reply::Done)) = tokio::time::timeout(every, sent.reply_rx).await
+                    && let Some(inner) = weak.upgrade()
+                    && inner.generation.load(Ordering::Relaxed) == generation
+                {
+                    inner.lease.lock().confirm(sent_at);
+                }
             }
         });
     }
@@ -353,6 +475,7 @@ impl Client {
         let sent = self.inner.submit(id, op, false)?;
         match sent.reply_rx.await.map_err(|_| ClientError::ConnectionLost)? {
             Reply::Error(e) => Err(ClientError::Server(e)),
+            Reply::Recovering { left_ms } => Err(ClientError::Recovering(Duration::from_millis(left_ms))),
             r => Ok(r),
         }
     }
@@ -360,12 +483,25 @@ impl Client {
     /// Takes a lock, waiting as long as it takes. Dropping the future
     /// withdraws the request.
     pub async fn lock(&self, spec: &LockSpec) -> Result<GrantInfo, ClientError> {
-        self.acquire(spec, true).await?.ok_or(ClientError::Server("a blocking request was refused".into()))
+        self.acquire(spec, true, None).await?.ok_or(ClientError::Server("a blocking request was refused".into()))
     }
 
     /// Takes a lock if it is free now; `None` if it is not.
     pub async fn try_lock(&self, spec: &LockSpec) -> Result<Option<GrantInfo>, ClientError> {
-        self.acquire(spec, false).await
+        self.acquire(spec, false, None).await
+    }
+
+    /// Takes a lock (waiting for it if `wait`) by `deadline`: `None` if it
+    /// was held by others until then (or, without `wait`, now). If the
+    /// server has not answered by then, [`ClientError::Timeout`]: a slow
+    /// server is not a held lock. The request is withdrawn either way.
+    pub async fn lock_by(
+        &self,
+        spec: &LockSpec,
+        wait: bool,
+        deadline: Instant,
+    ) -> Result<Option<GrantInfo>, ClientError> {
+        self.acquire(spec, wait, Some(deadline)).await
     }
 
     /// Whether the local table mirrors this client's locks.
@@ -373,7 +509,19 @@ impl Client {
         !self.inner.options.no_local
     }
 
-    async fn acquire(&self, spec: &LockSpec, wait: bool) -> Result<Option<GrantInfo>, ClientError> {
+    async fn acquire(
+        &self,
+        spec: &LockSpec,
+        wait: bool,
+        deadline: Option<Instant>,
+    ) -> Result<Option<GrantInfo>, ClientError> {
+        spec.check()?;
+        let by = |deadline: Option<Instant>| async move {
+            match deadline {
+                Some(d) => tokio::time::sleep_until(d.into()).await,
+                None => std::future::pending().await,
+            }
+        };
         let local = spec.local() && self.local_table();
         if local {
             let range = spec.range;
@@ -388,7 +536,10 @@ impl Client {
                 }
                 // Wait here, behind the other local owner, without asking
                 // the server anything.
-                self.wait_locally(spec).await?;
+                tokio::select! {
+                    r = self.wait_locally(spec) => r?,
+                    () = by(deadline) => return Ok(None),
+                }
             }
         }
         let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
@@ -402,23 +553,45 @@ impl Client {
             reply_rx: sent.reply_rx,
             grant_rx: sent.grant_rx,
         };
-        let reply = (&mut guard.reply_rx).await.map_err(|_| ClientError::ConnectionLost)?;
-        let grant = match (reply, guard.grant_rx.as_mut()) {
-            (Reply::Granted(g), _) => g,
-            (Reply::Queued, Some(grant_rx)) => grant_rx.await.map_err(|_| ClientError::ConnectionLost)?,
-            (other, _) => {
-                guard.done();
-                return match other {
-                    Reply::WouldBlock => Ok(None),
-                    Reply::Deadlock => Err(ClientError::Deadlock),
-                    Reply::Error(e) => Err(ClientError::Server(e)),
-                    other => Err(ClientError::Server(format!("unexpected reply {other:?}"))),
-                };
+        let blocking = guard.grant_rx.is_some();
+        let reply = tokio::select! {
+            r = &mut guard.reply_rx => match r {
+                Ok(r) => r,
+                // The session changed before the reply came: a blocking
+                // request is sent again in the new one (its answer comes
+                // through `grant_rx`), any other failed.
+                Err(_) if blocking => Reply::Queued,
+                Err(_) => return Err(ClientError::ConnectionLost),
+            },
+            () = by(deadline) => {
+                return Err(ClientError::Timeout("the server did not answer the lock request in time".into()));
             }
         };
+        let mut generation = sent.generation;
+        let reply = match (reply, guard.grant_rx.as_mut()) {
+            (Reply::Queued, Some(grant_rx)) => tokio::select! {
+                a = grant_rx => {
+                    let a = a.map_err(|_| ClientError::ConnectionLost)?;
+                    generation = a.generation;
+                    a.reply
+                }
+                // Held by others until the deadline.
+                () = by(deadline) => return Ok(None),
+            },
+            (reply, _) => reply,
+        };
         guard.done();
-        self.record(spec, &grant, local);
-        Ok(Some(grant))
+        match reply {
+            Reply::Granted(g) => {
+                self.record(spec, &g, local, generation)?;
+                Ok(Some(g))
+            }
+            Reply::WouldBlock => Ok(None),
+            Reply::Deadlock => Err(ClientError::Deadlock),
+            Reply::Error(e) => Err(ClientError::Server(e)),
+            Reply::Recovering { left_ms } => Err(ClientError::Recovering(Duration::from_millis(left_ms))),
+            other => Err(ClientError::Server(format!("unexpected reply {other:?}"))),
+        }
     }
 
     /// Queues `spec` in the local table and waits until no other local
@@ -448,18 +621,30 @@ impl Client {
         }
     }
 
-    /// Mirrors a grant into the local table.
-    fn record(&self, spec: &LockSpec, grant: &GrantInfo, local: bool) {
+    /// Mirrors a grant made in session `generation` into the client's
+    /// tables; if the session has changed since, the lock was lost with it
+    /// (its lease ran out): [`ClientError::LockLost`]. Under the tables'
+    /// lock, as the loss of a session is, so a grant is either recorded
+    /// before a loss (and reported lost with the rest) or refused here.
+    fn record(&self, spec: &LockSpec, grant: &GrantInfo, local: bool, generation: u64) -> Result<(), ClientError> {
+        let mut t = self.inner.tables.lock();
+        if self.inner.generation.load(Ordering::Relaxed) != generation {
+            return Err(ClientError::LockLost);
+        }
+        let mut effects = Vec::new();
         if local {
             if let Ok(resp) = self.inner.local.lock(&spec.local_request(false)) {
-                local_effects(&self.inner, resp.effects);
+                effects = resp.effects;
             }
-            self.inner.tables.lock().local_resources.insert((spec.kind, spec.resource.clone()));
+            t.local_resources.insert((spec.kind, spec.resource.clone()));
         }
         if let Some(h) = grant.handle {
             let entry = (spec.resource.clone(), spec.owner, spec.mode as u8, spec.range.start(), spec.range.end());
-            self.inner.tables.lock().dlm.insert(h, entry);
+            t.dlm.insert(h, entry);
         }
+        drop(t);
+        local_effects(&self.inner, effects);
+        Ok(())
     }
 
     /// Releases `spec.range` of the owner (POSIX, OFD, flock). Sent at
@@ -468,6 +653,7 @@ impl Client {
         if spec.kind == Kind::Dlm {
             return Err(ClientError::Invalid("DLM locks are released with dlm_unlock".into()));
         }
+        spec.check()?;
         let reply = self.request(Op::Unlock { target: spec.target() });
         if self.local_table() {
             let (owner, kind) = (spec.local_owner(), spec.core_kind());
@@ -505,6 +691,7 @@ impl Client {
 
     /// `F_GETLK` at the server.
     pub async fn test(&self, spec: &LockSpec) -> Result<Option<ConflictInfo>, ClientError> {
+        spec.check()?;
         match self.request(Op::Test { target: spec.target(), mode: spec.mode as u8 }).await? {
             Reply::Conflict(c) => Ok(c),
             other => Err(ClientError::Server(format!("unexpected reply {other:?}"))),
@@ -542,14 +729,20 @@ impl Client {
         let op = Op::DlmConvert { resource: resource.to_vec(), owner, handle, mode: mode as u8, wait, lvb: None };
         let sent = self.inner.submit(id, op, wait)?;
         let reply = sent.reply_rx.await.map_err(|_| ClientError::ConnectionLost);
-        let out = match (reply, sent.grant_rx) {
-            (Ok(Reply::Granted(g)), _) => Ok(Some(g)),
-            (Ok(Reply::Queued), Some(grant_rx)) => grant_rx.await.map(Some).map_err(|_| ClientError::ConnectionLost),
-            (Ok(Reply::WouldBlock), _) => Ok(None),
-            (Ok(Reply::Deadlock), _) => Err(ClientError::Deadlock),
-            (Ok(Reply::Error(e)), _) => Err(ClientError::Server(e)),
-            (Ok(other), _) => Err(ClientError::Server(format!("unexpected reply {other:?}"))),
-            (Err(e), _) => Err(e),
+        let reply = match (reply, sent.grant_rx) {
+            (Ok(Reply::Queued), Some(grant_rx)) => {
+                grant_rx.await.map(|a| a.reply).map_err(|_| ClientError::ConnectionLost)
+            }
+            (reply, _) => reply,
+        };
+        let out = match reply {
+            Ok(Reply::Granted(g)) => Ok(Some(g)),
+            Ok(Reply::WouldBlock) => Ok(None),
+            Ok(Reply::Deadlock) => Err(ClientError::Deadlock),
+            Ok(Reply::Error(e)) => Err(ClientError::Server(e)),
+            Ok(Reply::Recovering { left_ms }) => Err(ClientError::Recovering(Duration::from_millis(left_ms))),
+            Ok(other) => Err(ClientError::Server(format!("unexpected reply {other:?}"))),
+            Err(e) => Err(e),
         };
         let mut t = self.inner.tables.lock();
         t.waits.remove(&id);

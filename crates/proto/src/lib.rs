@@ -1,4 +1,4 @@
-//! interlock's wire protocol, version 2.
+//! interlock's wire protocol, version 3.
 //!
 //! A connection carries frames both ways: a 4-byte big-endian length, then
 //! that many bytes of a [postcard](https://docs.rs/postcard)-encoded
@@ -18,6 +18,10 @@
 //! rest again. So no request, reply or push is lost or doubled when a
 //! connection drops (version 2; version 1 lost them).
 //!
+//! Resuming a session takes the 128-bit secret its [`ServerMsg::Welcome`]
+//! gave: nothing else the server ever says (a conflict names the holder's
+//! session) lets another client act on a session (version 3).
+//!
 //! Every decode is of untrusted bytes: a frame over [`MAX_FRAME`] or that
 //! does not decode is an error, never a panic (fuzzed by property tests).
 
@@ -29,7 +33,7 @@ use serde::{Deserialize, Serialize};
 pub use unacked::Unacked;
 
 /// The protocol version this build speaks.
-pub const VERSION: u32 = 2;
+pub const VERSION: u32 = 3;
 /// The largest frame either side accepts, in bytes.
 pub const MAX_FRAME: usize = 64 << 10;
 
@@ -42,14 +46,55 @@ pub enum Kind {
     Dlm,
 }
 
-impl Kind {
-    /// The top two bits of an engine owner id: owners of different kinds
-    /// (a process, an open file) with the same number are different
-    /// owners, and the engine tells owners apart by id alone.
-    pub fn owner_tag(self) -> u64 {
-        (self as u64) << 62
+impl From<Kind> for interlock_core::LockKind {
+    fn from(k: Kind) -> Self {
+        match k {
+            Kind::Posix => interlock_core::LockKind::Posix,
+            Kind::Ofd => interlock_core::LockKind::Ofd,
+            Kind::Flock => interlock_core::LockKind::Flock,
+            Kind::Dlm => interlock_core::LockKind::Dlm,
+        }
     }
 }
+
+/// The layout of an engine owner id, the one home for it: the kind in the
+/// top two bits (a process and an open file with the same number are
+/// different owners, and the engine tells owners apart by id alone), the
+/// session in the next 30 (0 in a client's own table), the client's
+/// number for the owner in the low 32.
+pub mod owner {
+    use super::Kind;
+
+    /// Session ids fit in this many bits.
+    pub const SESSION_BITS: u32 = 30;
+    const SESSION_MASK: u64 = (1 << SESSION_BITS) - 1;
+
+    /// The engine's id for the client's owner `number` of `kind` in
+    /// session `session` (which must fit in [`SESSION_BITS`]).
+    pub fn id(kind: Kind, session: u64, number: u32) -> u64 {
+        debug_assert!(session <= SESSION_MASK);
+        ((kind as u64) << 62) | (session << 32) | u64::from(number)
+    }
+
+    /// The session of an owner id.
+    pub fn session(id: u64) -> u64 {
+        (id >> 32) & SESSION_MASK
+    }
+
+    /// The kind of an owner id.
+    pub fn kind(id: u64) -> Kind {
+        [Kind::Posix, Kind::Ofd, Kind::Flock, Kind::Dlm][(id >> 62) as usize]
+    }
+
+    /// The client's number for the owner.
+    pub fn number(id: u64) -> u32 {
+        id as u32
+    }
+}
+
+/// A session's secret: 128 random bits, issued in the welcome, needed to
+/// resume the session.
+pub type Secret = [u8; 16];
 
 /// A request's lock: which resource, which of the client's owners, which
 /// bytes (inclusive; `end = i64::MAX` for "to end of file") and mode
@@ -125,14 +170,16 @@ pub enum ClientMsg {
     /// The first message. `session`: resume that session (after a
     /// reconnect within the lease, or to reclaim locks after a server
     /// restart); `received`: the bytes of its stream from the server taken
-    /// in so far (the server sends the rest again). Later versions only
-    /// add fields at the end, so any version's hello decodes far enough
-    /// to be refused by its version.
+    /// in so far (the server sends the rest again); `secret`: the
+    /// session's secret from its welcome (zeros for a new session). Later
+    /// versions only add fields at the end, so any version's hello decodes
+    /// far enough to be refused by its version.
     Hello {
         version: u32,
         token: Option<String>,
         session: Option<u64>,
         received: u64,
+        secret: Secret,
     },
     Request {
         id: u64,
@@ -153,7 +200,7 @@ pub struct GrantInfo {
 }
 
 /// A conflicting lock, as `F_GETLK` reports it. `owner` is the server's
-/// id for the owner: its kind in the top two bits ([`Kind::owner_tag`]),
+/// id for the owner (see [`owner`]): its kind in the top two bits,
 /// then the session (30 bits), then the client's owner number (32 bits).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ConflictInfo {
@@ -174,6 +221,9 @@ pub struct StatusInfo {
     pub uptime_ms: u64,
     /// Milliseconds left in the recovery window after a restart (0: none).
     pub recovering_ms: u64,
+    /// Open connections, and the most the server takes.
+    pub connections: u64,
+    pub max_connections: u64,
 }
 
 /// The answer to one request.
@@ -191,6 +241,12 @@ pub enum Reply {
     Status(StatusInfo),
     /// Bad input or a limit: a clear message; the session goes on.
     Error(String),
+    /// A request that does not wait, made during the recovery window after
+    /// a server restart (only reclaims are served then): this long is
+    /// left of it.
+    Recovering {
+        left_ms: u64,
+    },
 }
 
 /// Server to client.
@@ -199,7 +255,11 @@ pub enum ServerMsg {
     /// `resumed`: the session asked for in Hello was found (locks kept);
     /// then `received` is the bytes of the client's stream the server
     /// took in, and the client sends the rest again. `recovering`: the
-    /// server restarted and accepts reclaims for this long.
+    /// server restarted and accepts reclaims for this long. `secret`:
+    /// what resuming this session takes. `boot`: the server's start
+    /// number, which grows at every start: a client that finds its session
+    /// gone tells a restart (it may reclaim in the window) from the end of
+    /// its lease (its locks are lost) by it.
     Welcome {
         version: u32,
         session: u64,
@@ -207,9 +267,14 @@ pub enum ServerMsg {
         resumed: bool,
         recovering_ms: u64,
         received: u64,
+        secret: Secret,
+        boot: u64,
     },
+    /// The connection is refused and closes. `auth`: for a wrong or
+    /// missing token (a client reports that apart from other refusals).
     Refused {
         reason: String,
+        auth: bool,
     },
     Reply {
         id: u64,
@@ -382,7 +447,7 @@ pub fn reader<T, R: tokio::io::AsyncRead>(io: R) -> tokio_util::codec::FramedRea
 /// after a reconnect) without copying it.
 #[derive(Serialize)]
 pub enum ClientMsgRef<'a> {
-    Hello { version: u32, token: Option<&'a str>, session: Option<u64>, received: u64 },
+    Hello { version: u32, token: Option<&'a str>, session: Option<u64>, received: u64, secret: Secret },
     Request { id: u64, op: &'a Op },
 }
 
@@ -412,21 +477,30 @@ mod tests {
         assert_eq!(decode::<ServerMsg>(&encode(&s)).unwrap(), s);
     }
 
-    /// The bytes of version 2, spelled out: postcard varints, enum
+    /// The bytes of version 3, spelled out: postcard varints, enum
     /// variants by index, byte strings as length then bytes. A change
     /// here is a new protocol version.
     #[test]
-    fn version_2_bytes() {
+    fn version_3_bytes() {
         assert_eq!(encode(&lock_request()), [1, 7, 0, 2, b'a', b'b', 1, 3, 0, 9, 5, 1, 0]);
         let unlock = Op::DlmUnlock { resource: b"r".to_vec(), owner: 1, handle: 300, lvb: Some(vec![9]) };
         assert_eq!(encode(&unlock), [5, 1, b'r', 1, 0xac, 0x02, 1, 1, 9]);
         let grant = ServerMsg::Granted { id: 2, grant: GrantInfo { fence: 1, lvb: None, handle: Some(4) } };
         assert_eq!(encode(&grant), [3, 2, 1, 0, 1, 4]);
-        let hello = ClientMsg::Hello { version: 2, token: None, session: Some(5), received: 130 };
-        assert_eq!(encode(&hello), [0, 2, 0, 1, 5, 0x82, 0x01]);
-        let welcome =
-            ServerMsg::Welcome { version: 2, session: 5, lease_ms: 1, resumed: true, recovering_ms: 0, received: 3 };
-        assert_eq!(encode(&welcome), [0, 2, 5, 1, 1, 0, 3]);
+        let hello = ClientMsg::Hello { version: 3, token: None, session: Some(5), received: 130, secret: [7; 16] };
+        assert_eq!(encode(&hello)[..], [&[0u8, 3, 0, 1, 5, 0x82, 0x01][..], &[7; 16]].concat());
+        let welcome = ServerMsg::Welcome {
+            version: 3,
+            session: 5,
+            lease_ms: 1,
+            resumed: true,
+            recovering_ms: 0,
+            received: 3,
+            secret: [1; 16],
+            boot: 2,
+        };
+        assert_eq!(encode(&welcome)[..], [&[0u8, 3, 5, 1, 1, 0, 3][..], &[1; 16], &[2]].concat());
+        assert_eq!(encode(&Reply::Recovering { left_ms: 5 }), [8, 5]);
         assert_eq!(encode(&Op::Renew { received: 1 }), [7, 1]);
     }
 
@@ -434,9 +508,10 @@ mod tests {
     /// far enough to read its version.
     #[test]
     fn a_later_hello_decodes_to_its_version() {
-        let mut bytes = encode(&ClientMsg::Hello { version: 3, token: None, session: None, received: 0 });
+        let mut bytes =
+            encode(&ClientMsg::Hello { version: 4, token: None, session: None, received: 0, secret: [0; 16] });
         bytes.extend_from_slice(&[9, 9, 9]);
-        assert!(matches!(decode::<ClientMsg>(&bytes).unwrap(), ClientMsg::Hello { version: 3, .. }));
+        assert!(matches!(decode::<ClientMsg>(&bytes).unwrap(), ClientMsg::Hello { version: 4, .. }));
     }
 
     /// Frames written in place decode with the reading codec, in order,
@@ -448,12 +523,14 @@ mod tests {
             Op::Unlock { target: Target { resource: b"abc".to_vec(), kind: Kind::Posix, owner: 1, start: 0, end: 5 } };
         let mut out = BytesMut::new();
         write_frame(&ClientMsgRef::Request { id: 9, op: &op }, &mut out).unwrap();
-        let hello = ClientMsg::Hello { version: VERSION, token: Some("t".into()), session: None, received: 4 };
+        let hello =
+            ClientMsg::Hello { version: VERSION, token: Some("t".into()), session: None, received: 4, secret: [3; 16] };
         write_frame(&hello, &mut out).unwrap();
         // Larger than the stack buffer of the fast path.
         let big = ClientMsg::Request { id: 10, op: Op::Close { resource: vec![3; 2000], kind: Kind::Ofd, owner: 2 } };
         write_frame(&big, &mut out).unwrap();
-        let hello_ref = ClientMsgRef::Hello { version: VERSION, token: Some("t"), session: None, received: 4 };
+        let hello_ref =
+            ClientMsgRef::Hello { version: VERSION, token: Some("t"), session: None, received: 4, secret: [3; 16] };
         let total = out.len() as u64;
         let mut reader = Reader::<ClientMsg>::default();
         assert_eq!(reader.decode(&mut out).unwrap().unwrap(), ClientMsg::Request { id: 9, op });

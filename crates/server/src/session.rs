@@ -1,25 +1,27 @@
 //! Sessions: what each client holds and waits for, its connection, its
-//! lease.
+//! lease, its secret.
 //!
-//! One mutex guards the table; it is held only for map updates (never
-//! across I/O or an engine call), and the engine is always called outside
-//! it.
+//! One mutex guards the table; it is held only for map updates and O(1)
+//! engine look-ups (never across I/O or an engine call that changes
+//! locks). Time is passed in (`now`), so leases are tested without sleeps.
+//!
+//! Resuming a session takes its secret (128 random bits, issued in the
+//! welcome): a hello that names a live session with the wrong secret is
+//! refused and the session is untouched. Nothing the server discloses (a
+//! conflict names the holder's session) lets another client act on it.
 
-use foldhash::{HashMap, HashSet};
+use foldhash::HashMap;
 use std::hash::{BuildHasher, RandomState};
 use std::time::{Duration, Instant};
 
 use interlock_core::{LockKind, Range, WaitId};
-use interlock_proto::{GrantInfo, Kind, ServerMsg, Target};
+use interlock_proto::owner::SESSION_BITS;
+use interlock_proto::{GrantInfo, Kind, Secret, ServerMsg, Target};
 use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
 use crate::wire::Wire;
 use crate::{Limits, Shared};
-
-/// Session ids fit in 30 bits, below the two kind bits of an engine owner
-/// id (`owner_id` in the crate root).
-pub(crate) const SESSION_BITS: u32 = 30;
 
 /// Something a session must give back when it ends.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -37,7 +39,7 @@ impl Track {
     pub fn held(target: &Target, owner: u64, handle: Option<u64>) -> Track {
         match (target.kind, handle) {
             (Kind::Dlm, Some(handle)) => Track::Dlm { resource: target.resource.clone(), owner, handle },
-            (k, _) => Track::Owned { resource: target.resource.clone(), kind: crate::kind(k), owner },
+            (k, _) => Track::Owned { resource: target.resource.clone(), kind: k.into(), owner },
         }
     }
 
@@ -69,6 +71,8 @@ pub(crate) struct Raced {
 }
 
 struct Session {
+    /// What resuming it takes.
+    secret: Secret,
     /// Its stream to the client, across connections.
     wire: Arc<Wire>,
     /// Held by the connection that serves the session's requests, for its
@@ -79,10 +83,26 @@ struct Session {
     /// over, or the session ended.
     stop: CancellationToken,
     last_seen: Instant,
-    held: HashSet<Track>,
+    /// What it holds, with the engine's count of locks in each (an owner's
+    /// ranges on a resource after merges and splits; 1 for a DLM lock).
+    held: HashMap<Track, usize>,
+    /// The sum of the counts in `held`: what `max_locks` bounds.
+    locks: usize,
     /// Request id -> its queued wait.
     waits: HashMap<u64, Waiting>,
 }
+
+impl Session {
+    /// Sets what `t` holds to `count` locks (0: nothing, forgotten).
+    fn set_count(&mut self, t: Track, count: usize) {
+        let old = if count == 0 { self.held.remove(&t) } else { self.held.insert(t, count) };
+        self.locks = self.locks + count - old.unwrap_or(0);
+    }
+}
+
+/// A hello named a live session with the wrong secret.
+#[derive(Debug)]
+pub(crate) struct BadResume;
 
 #[derive(Default)]
 struct State {
@@ -109,42 +129,52 @@ impl Sessions {
         self.state.lock().sessions.len()
     }
 
-    /// Takes over session `want` for a new connection if it is alive
-    /// (resumed: the connection serving it is stopped), else opens a new
-    /// session (with id `want` if it is free, so a client reclaiming
-    /// after a restart keeps its owner ids).
-    pub fn attach(&self, want: Option<u64>) -> Attached {
+    /// Takes over session `want` for a new connection if it is alive and
+    /// `secret` is its secret (resumed: the connection serving it is
+    /// stopped), else opens a new session with a fresh id and secret (a
+    /// session that ended, by its lease or a restart, is never resumed).
+    /// A live session named with the wrong secret is refused and left as
+    /// it was. `fresh` is called for a new session's secret.
+    pub fn attach(
+        &self,
+        want: Option<u64>,
+        secret: &Secret,
+        now: Instant,
+        fresh: impl FnOnce() -> Secret,
+    ) -> Result<Attached, BadResume> {
         let mut st = self.state.lock();
         if let Some(sid) = want
             && let Some(s) = st.sessions.get_mut(&sid)
         {
+            if !same_secret(&s.secret, secret) {
+                return Err(BadResume);
+            }
             s.stop.cancel();
             s.stop = CancellationToken::new();
-            s.last_seen = Instant::now();
-            return Attached::of(sid, true, s);
+            s.last_seen = now;
+            return Ok(Attached::of(sid, true, s));
         }
-        let sid = match want.filter(|&w| w != 0 && w < 1 << SESSION_BITS) {
-            Some(w) => w,
-            None => loop {
-                st.counter += 1;
-                let c = st.counter;
-                let sid = self.ids.hash_one(c) & ((1 << SESSION_BITS) - 1);
-                if sid != 0 && !st.sessions.contains_key(&sid) {
-                    break sid;
-                }
-            },
+        let sid = loop {
+            st.counter += 1;
+            let c = st.counter;
+            let sid = self.ids.hash_one(c) & ((1 << SESSION_BITS) - 1);
+            if sid != 0 && !st.sessions.contains_key(&sid) {
+                break sid;
+            }
         };
         let session = Session {
+            secret: fresh(),
             wire: Arc::default(),
             turn: Arc::default(),
             stop: CancellationToken::new(),
-            last_seen: Instant::now(),
-            held: HashSet::default(),
+            last_seen: now,
+            held: HashMap::default(),
+            locks: 0,
             waits: HashMap::default(),
         };
         let attached = Attached::of(sid, false, &session);
         st.sessions.insert(sid, session);
-        attached
+        Ok(attached)
     }
 
     /// The client took in the session's stream up to `received`.
@@ -153,23 +183,22 @@ impl Sessions {
         st.sessions.get(&sid).map_or(Ok(()), |s| s.wire.ack(received))
     }
 
-    /// The client was heard from: renews its lease. Whether the session
-    /// is still alive (the reaper may have ended it).
-    pub fn touch(&self, sid: u64) -> bool {
+    /// The client was heard from at `now`: renews its lease. Whether the
+    /// session is still alive (the reaper may have ended it).
+    pub fn touch(&self, sid: u64, now: Instant) -> bool {
         match self.state.lock().sessions.get_mut(&sid) {
             Some(s) => {
-                s.last_seen = Instant::now();
+                s.last_seen = now;
                 true
             }
             None => false,
         }
     }
 
-    /// Sessions not heard from for `lease`, counting silence from
-    /// `since` at the earliest (the end of the recovery window, during
-    /// which the server holds their requests back).
-    pub fn expired(&self, lease: Duration, since: Instant) -> Vec<u64> {
-        let now = Instant::now();
+    /// Sessions not heard from for `lease` at `now`, counting silence
+    /// from `since` at the earliest (the end of the recovery window,
+    /// during which the server holds their requests back). O(sessions).
+    pub fn expired(&self, lease: Duration, since: Instant, now: Instant) -> Vec<u64> {
         let st = self.state.lock();
         let silent = |s: &Session| now.saturating_duration_since(s.last_seen.max(since)) > lease;
         st.sessions.iter().filter(|(_, s)| silent(s)).map(|(&id, _)| id).collect()
@@ -187,51 +216,41 @@ impl Sessions {
             }
             out.push(w.track);
         }
-        out.extend(s.held);
+        out.extend(s.held.into_keys());
         Some(out)
     }
 
-    pub fn check_limits(&self, sid: u64, limits: &Limits, wait: bool) -> Result<(), String> {
+    /// Refuses a request that could take the session past a limit:
+    /// `adds` is the most locks it can add (a POSIX lock inside another
+    /// of another mode splits it in three: 2).
+    pub fn check_limits(&self, sid: u64, limits: &Limits, wait: bool, adds: usize) -> Result<(), String> {
         let st = self.state.lock();
         let Some(s) = st.sessions.get(&sid) else { return Err("session ended".into()) };
-        if s.held.len() >= limits.max_locks {
-            return Err(format!("session limit reached: {} locks held (max_locks)", limits.max_locks));
+        if s.locks + adds > limits.max_locks {
+            return Err(format!(
+                "session limit reached: {} locks held, and this request could add {adds} (max-locks {})",
+                s.locks, limits.max_locks
+            ));
         }
         if wait && s.waits.len() >= limits.max_waiters {
-            return Err(format!("session limit reached: {} requests queued (max_waiters)", limits.max_waiters));
+            return Err(format!("session limit reached: {} requests queued (max-waiters)", limits.max_waiters));
         }
         Ok(())
     }
 
-    /// Records what a grant left to give back; hands it back if the
-    /// session has ended meanwhile (then the caller gives it back).
-    pub fn track(&self, sid: u64, t: Track) -> Result<(), Track> {
+    /// Records what `t` holds now, as `count` says (the engine's count,
+    /// asked under the table's lock, so a grant to the same owner racing
+    /// this, which the engine makes and then `granted` records under this
+    /// lock, is either counted here or recorded after). If the session has
+    /// ended meanwhile, hands `t` back for the caller to give back.
+    pub fn set_held(&self, sid: u64, t: Track, count: impl FnOnce(&Track) -> usize) -> Result<(), Track> {
         match self.state.lock().sessions.get_mut(&sid) {
             Some(s) => {
-                s.held.insert(t);
+                let n = count(&t);
+                s.set_count(t, n);
                 Ok(())
             }
             None => Err(t),
-        }
-    }
-
-    /// Forgets `t` unless `still_held()` says the engine still has it.
-    /// Asked under the table's lock, so a grant to the same owner racing
-    /// this (the engine grants, then `granted` records it, under this
-    /// lock) is either seen by `still_held` or recorded after.
-    pub fn untrack_unless(&self, sid: u64, t: &Track, still_held: impl FnOnce() -> bool) {
-        let mut st = self.state.lock();
-        if let Some(s) = st.sessions.get_mut(&sid)
-            && s.held.contains(t)
-            && !still_held()
-        {
-            s.held.remove(t);
-        }
-    }
-
-    pub fn untrack(&self, sid: u64, t: &Track) {
-        if let Some(s) = self.state.lock().sessions.get_mut(&sid) {
-            s.held.remove(t);
         }
     }
 
@@ -239,6 +258,8 @@ impl Sessions {
     /// with another connection), returns it instead. If the session has
     /// ended meanwhile, hands back what the caller must give back: the
     /// wait, or the lock its early grant left.
+    /// `count` is the engine's count of what a grant left (see
+    /// [`Sessions::set_held`]).
     pub fn queued(
         &self,
         sid: u64,
@@ -246,6 +267,7 @@ impl Sessions {
         track: Track,
         target: &Target,
         owner: u64,
+        count: impl FnOnce(&Track) -> usize,
     ) -> Result<Option<GrantInfo>, Track> {
         let mut st = self.state.lock();
         let Track::Wait { wait, .. } = &track else { unreachable!("queued takes a wait") };
@@ -258,7 +280,9 @@ impl Sessions {
         }
         if let Some(g) = st.early.remove(&wait) {
             if let Some(s) = st.sessions.get_mut(&sid) {
-                s.held.insert(Track::held(target, owner, g.handle));
+                let t = Track::held(target, owner, g.handle);
+                let n = count(&t);
+                s.set_count(t, n);
             }
             return Ok(Some(g));
         }
@@ -269,8 +293,9 @@ impl Sessions {
         Ok(None)
     }
 
-    /// A queued request was granted: track it and push the grant.
-    pub fn granted(&self, wait: WaitId, grant: GrantInfo) -> Delivered {
+    /// A queued request was granted: track it (`count`: see
+    /// [`Sessions::set_held`]) and push the grant.
+    pub fn granted(&self, wait: WaitId, grant: GrantInfo, count: impl FnOnce(&Track) -> usize) -> Delivered {
         let mut st = self.state.lock();
         let Some((sid, id)) = st.waits.remove(&wait) else {
             if let Some(r) = st.raced.remove(&wait) {
@@ -281,7 +306,9 @@ impl Sessions {
         };
         let Some(s) = st.sessions.get_mut(&sid) else { return Delivered::Kept };
         if let Some(w) = s.waits.remove(&id) {
-            s.held.insert(Track::held(&w.target, w.owner, grant.handle));
+            let t = Track::held(&w.target, w.owner, grant.handle);
+            let n = count(&t);
+            s.set_count(t, n);
         }
         send(s, ServerMsg::Granted { id, grant })
     }
@@ -324,6 +351,7 @@ impl Sessions {
 pub(crate) struct Attached {
     pub sid: u64,
     pub resumed: bool,
+    pub secret: Secret,
     pub wire: Arc<Wire>,
     /// Lock it before serving requests (the previous connection may
     /// still be stopping); it holds the bytes of the client's stream
@@ -336,7 +364,7 @@ pub(crate) struct Attached {
 
 impl Attached {
     fn of(sid: u64, resumed: bool, s: &Session) -> Attached {
-        Attached { sid, resumed, wire: s.wire.clone(), turn: s.turn.clone(), stop: s.stop.clone() }
+        Attached { sid, resumed, secret: s.secret, wire: s.wire.clone(), turn: s.turn.clone(), stop: s.stop.clone() }
     }
 }
 
@@ -350,6 +378,11 @@ pub(crate) enum Delivered {
     /// The grant of a withdrawn wait (see [`Raced`]): the caller releases
     /// it.
     Release(Raced, GrantInfo),
+}
+
+/// Constant-time comparison of secrets, so timing tells nothing.
+pub(crate) fn same_secret(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 /// Appends to the session's stream. No I/O here: the caller kicks the

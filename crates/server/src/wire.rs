@@ -256,7 +256,7 @@ mod tests {
         assert!(wire.attach(wr.clone(), 0));
         // Held until opened: a kick writes nothing, the welcome goes first.
         wire.kick();
-        let welcome = ServerMsg::Refused { reason: "first".into() };
+        let welcome = ServerMsg::Refused { reason: "first".into(), auth: false };
         write_all(&wr, &frame(&welcome)).await.unwrap();
         wire.open();
         wire.flush().await.unwrap();

@@ -33,7 +33,7 @@ pub struct Args {
     #[arg(long, default_value_t = 1_000_000)]
     records: u64,
     /// Seconds per durable run.
-    #[arg(long, default_value_t = 2.0)]
+    #[arg(long, default_value_t = 2.0, value_parser = crate::args::positive_seconds)]
     seconds: f64,
     /// Where to put the logs (default: the current directory). Each run
     /// uses a fresh subdirectory, removed after. On tmpfs fsync costs

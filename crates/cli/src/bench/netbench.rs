@@ -13,7 +13,7 @@ use interlock_proto::Kind;
 use serde_json::json;
 
 use super::{Report, base_row};
-use crate::net::runtime;
+use crate::remote::runtime;
 
 #[derive(clap::Args)]
 pub struct BlockingArgs {
@@ -27,7 +27,7 @@ pub struct BlockingArgs {
     #[arg(long, default_value_t = 10)]
     hold: u64,
     /// Seconds of the run phase.
-    #[arg(long, default_value_t = 5.0)]
+    #[arg(long, default_value_t = 5.0, value_parser = crate::args::positive_seconds)]
     duration: f64,
     /// Use this server instead of starting one.
     #[arg(long)]
@@ -64,7 +64,7 @@ pub struct NetArgs {
     #[arg(long, default_value_t = 1024)]
     names: u64,
     /// Seconds to run.
-    #[arg(long, default_value_t = 3.0)]
+    #[arg(long, default_value_t = 3.0, value_parser = crate::args::positive_seconds)]
     duration: f64,
     /// Use this server instead of starting one.
     #[arg(long)]

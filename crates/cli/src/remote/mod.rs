@@ -1,0 +1,61 @@
+//! The commands that talk to a server (`serve`, `lock`, `status`) and what
+//! they share: where the server is, the token, the runtime, and how a
+//! client error becomes an exit status.
+
+pub mod lock;
+pub mod serve;
+pub mod status;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use interlock_client::{ClientError, ClientOptions};
+
+use crate::{args, exit};
+
+/// Where the server is and how to prove we may talk to it.
+#[derive(clap::Args, Clone, Debug)]
+pub struct ServerArgs {
+    /// Server address, HOST:PORT.
+    #[arg(long, env = "INTERLOCK_SERVER", default_value = "127.0.0.1:7420", value_parser = args::server)]
+    pub server: String,
+    /// File holding the shared-secret token (or set INTERLOCK_TOKEN).
+    #[arg(long, env = "INTERLOCK_TOKEN_FILE")]
+    pub token_file: Option<PathBuf>,
+    /// Seconds that connecting and the handshake may take, each time.
+    #[arg(long, default_value = "10", value_parser = args::positive_seconds, value_name = "SECS")]
+    pub connect_timeout: f64,
+}
+
+impl ServerArgs {
+    pub fn options(&self) -> Result<ClientOptions, String> {
+        Ok(ClientOptions {
+            token: token(self.token_file.as_ref())?,
+            no_local: false,
+            connect_timeout: Some(Duration::from_secs_f64(self.connect_timeout)),
+        })
+    }
+}
+
+/// The token from `--token-file`, else `INTERLOCK_TOKEN`.
+fn token(file: Option<&PathBuf>) -> Result<Option<String>, String> {
+    match file {
+        Some(f) => std::fs::read_to_string(f)
+            .map(|t| Some(t.trim().to_string()))
+            .map_err(|e| format!("cannot read token file {}: {e}", f.display())),
+        None => Ok(std::env::var("INTERLOCK_TOKEN").ok().filter(|t| !t.is_empty())),
+    }
+}
+
+/// The exit status for a failure to reach or use the server.
+pub fn status_of(e: &ClientError) -> u8 {
+    match e {
+        ClientError::Auth(_) => exit::AUTH,
+        ClientError::Invalid(_) => exit::USAGE,
+        _ => exit::UNAVAILABLE,
+    }
+}
+
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime")
+}

@@ -1,0 +1,216 @@
+//! `interlock serve`: settings from the command line and a config file,
+//! checked, then the server.
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use super::{runtime, token};
+use crate::{args, exit};
+
+#[derive(clap::Args)]
+pub struct ServeArgs {
+    /// A TOML file of settings: the options below, by the same names
+    /// (`listen = "0.0.0.0:7420"`, `lease-ms = 3000`, ...; paths relative
+    /// to the file). Options given on the command line override it.
+    #[arg(long, env = "INTERLOCK_CONFIG")]
+    config: Option<PathBuf>,
+    #[command(flatten)]
+    settings: ServeSettings,
+}
+
+/// The server's settings, from the command line or the config file (the
+/// command line wins); unset ones take the defaults shown.
+#[derive(clap::Args, serde::Deserialize, Default)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+struct ServeSettings {
+    /// Address to listen on. Off loopback, --token-file is required
+    /// [default: 127.0.0.1:7420].
+    #[arg(long)]
+    listen: Option<std::net::SocketAddr>,
+    /// Directory for the server's state, held by one server at a time
+    /// [default: ./interlock-data].
+    #[arg(long)]
+    data: Option<PathBuf>,
+    /// File holding the shared-secret token clients must present (keep it
+    /// readable by its owner only).
+    #[arg(long)]
+    token_file: Option<PathBuf>,
+    /// Milliseconds a silent client keeps its session (and locks), from
+    /// 100 [default: 5000].
+    #[arg(long, value_parser = args::lease_ms)]
+    lease_ms: Option<u64>,
+    /// Milliseconds after a restart during which clients reclaim their
+    /// locks (new requests wait until it ends). 0: none [default: 10000].
+    #[arg(long)]
+    recovery_ms: Option<u64>,
+    /// Locks one session may hold, every byte range counted
+    /// [default: 100000].
+    #[arg(long, value_parser = args::count)]
+    max_locks: Option<usize>,
+    /// Requests one session may have queued [default: 10000].
+    #[arg(long, value_parser = args::count)]
+    max_waiters: Option<usize>,
+    /// Requests of one connection read ahead of writing their replies. The
+    /// server reads nothing more from a connection whose replies it cannot
+    /// write, so a client that does not read its replies is held back
+    /// [default: 4096].
+    #[arg(long, value_parser = args::count)]
+    max_in_flight: Option<usize>,
+    /// Connections open at once. At the limit, connections that have not
+    /// said hello make room for new ones; past it, new ones are refused
+    /// [default: the open-file limit less 64, at least 16].
+    #[arg(long, value_parser = args::count)]
+    max_connections: Option<usize>,
+}
+
+impl ServeSettings {
+    /// Each setting from `self`, else from `file`.
+    fn or(self, file: ServeSettings) -> ServeSettings {
+        ServeSettings {
+            listen: self.listen.or(file.listen),
+            data: self.data.or(file.data),
+            token_file: self.token_file.or(file.token_file),
+            lease_ms: self.lease_ms.or(file.lease_ms),
+            recovery_ms: self.recovery_ms.or(file.recovery_ms),
+            max_locks: self.max_locks.or(file.max_locks),
+            max_waiters: self.max_waiters.or(file.max_waiters),
+            max_in_flight: self.max_in_flight.or(file.max_in_flight),
+            max_connections: self.max_connections.or(file.max_connections),
+        }
+    }
+
+    /// The settings in a config file. Relative paths in it are relative
+    /// to the file's directory, so it means the same from anywhere. Its
+    /// values pass the same checks as the command line's.
+    fn read(path: &std::path::Path) -> Result<ServeSettings, String> {
+        let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read config {}: {e}", path.display()))?;
+        let mut s: ServeSettings = toml::from_str(&text).map_err(|e| format!("config {}: {e}", path.display()))?;
+        let dir = path.parent().unwrap_or(std::path::Path::new("."));
+        s.data = s.data.map(|d| dir.join(d));
+        s.token_file = s.token_file.map(|t| dir.join(t));
+        let bad = |key: &str, e: String| format!("config {}: {key}: {e}", path.display());
+        if let Some(v) = s.lease_ms {
+            args::lease_ms(&v.to_string()).map_err(|e| bad("lease-ms", e))?;
+        }
+        for (key, v) in [
+            ("max-locks", s.max_locks),
+            ("max-waiters", s.max_waiters),
+            ("max-in-flight", s.max_in_flight),
+            ("max-connections", s.max_connections),
+        ] {
+            if let Some(v) = v {
+                args::count(&v.to_string()).map_err(|e| bad(key, e))?;
+            }
+        }
+        Ok(s)
+    }
+
+    /// The server's configuration, defaults filled in.
+    fn config(self, fd_limit: u64) -> Result<interlock_server::Config, String> {
+        let token = self.token_file.as_ref().map(|f| token(Some(f))).transpose()?.flatten();
+        if token.as_deref() == Some("") {
+            return Err("the token file is empty".into());
+        }
+        if let Some(f) = &self.token_file {
+            warn_if_shared(f);
+        }
+        let defaults = interlock_server::Limits::default();
+        Ok(interlock_server::Config {
+            listen: self.listen.unwrap_or_else(|| "127.0.0.1:7420".parse().expect("valid address")),
+            data: self.data.unwrap_or_else(|| "./interlock-data".into()),
+            token,
+            lease: Duration::from_millis(self.lease_ms.unwrap_or(5000)),
+            recovery: Duration::from_millis(self.recovery_ms.unwrap_or(10_000)),
+            limits: interlock_server::Limits {
+                max_locks: self.max_locks.unwrap_or(defaults.max_locks),
+                max_waiters: self.max_waiters.unwrap_or(defaults.max_waiters),
+                max_in_flight: self.max_in_flight.unwrap_or(defaults.max_in_flight),
+                max_connections: self.max_connections.unwrap_or_else(|| default_max_connections(fd_limit)),
+            },
+        })
+    }
+}
+
+/// Connections the server takes by default: the open-file limit less 64
+/// (the listener, the data directory's files, the connections at their
+/// limit being refused), at least 16.
+fn default_max_connections(fd_limit: u64) -> usize {
+    fd_limit.saturating_sub(64).max(16) as usize
+}
+
+/// A token readable by group or others is a token others may have.
+fn warn_if_shared(path: &std::path::Path) {
+    use std::os::unix::fs::PermissionsExt;
+    if let Ok(m) = std::fs::metadata(path)
+        && m.permissions().mode() & 0o077 != 0
+    {
+        tracing::warn!(
+            file = %path.display(),
+            mode = format!("{:o}", m.permissions().mode() & 0o777),
+            "the token file is readable by group or others; chmod 600 it"
+        );
+    }
+}
+
+/// Raises the soft open-file limit to the hard one (as redis and etcd
+/// do: each connection is a file) and returns it.
+fn raise_fd_limit() -> u64 {
+    // SAFETY: getrlimit and setrlimit with a valid resource and pointer.
+    unsafe {
+        let mut l = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut l) != 0 {
+            return 1024;
+        }
+        if l.rlim_cur < l.rlim_max {
+            let raised = libc::rlimit { rlim_cur: l.rlim_max, rlim_max: l.rlim_max };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
+                l.rlim_cur = l.rlim_max;
+            }
+        }
+        l.rlim_cur
+    }
+}
+
+pub fn serve(args: ServeArgs) -> ExitCode {
+    init_logging();
+    let file = match &args.config {
+        Some(path) => ServeSettings::read(path),
+        None => Ok(ServeSettings::default()),
+    };
+    let fd_limit = raise_fd_limit();
+    let config = match file.and_then(|file| args.settings.or(file).config(fd_limit)) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("interlock serve: {e}");
+            return ExitCode::from(exit::USAGE);
+        }
+    };
+    if config.limits.max_connections as u64 + 32 > fd_limit {
+        tracing::warn!(
+            max_connections = config.limits.max_connections,
+            fd_limit,
+            "max-connections is near or above the open-file limit; accepts will fail before it is reached"
+        );
+    }
+    match runtime().block_on(interlock_server::run(config, |addr| println!("interlock: listening on {addr}"))) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("interlock serve: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Logs to stderr, filtered by `INTERLOCK_LOG`, in colour only on a
+/// terminal.
+pub fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("INTERLOCK_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_writer(std::io::stderr)
+        .try_init();
+}

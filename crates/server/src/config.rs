@@ -1,0 +1,69 @@
+//! How a server runs, and why it may not start.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Per-session and per-server limits. Each one bounds memory that a client
+/// could otherwise grow at will; each refusal names the limit.
+#[derive(Clone, Debug)]
+pub struct Limits {
+    /// Locks a session may hold, counted as the engine stores them: every
+    /// byte range of every POSIX, OFD and flock owner after merges and
+    /// splits, and every DLM lock.
+    pub max_locks: usize,
+    /// Requests a session may have queued at once.
+    pub max_waiters: usize,
+    /// Requests of one connection read ahead of writing their replies. The
+    /// server reads nothing more from a connection whose replies it cannot
+    /// write: a client that pipelines without reading is slowed down, and
+    /// cannot make the server buffer without bound.
+    pub max_in_flight: usize,
+    /// Connections open at once. At the limit, the oldest connection that
+    /// has not yet said hello makes room for a new one (so a flood of idle
+    /// connections cannot lock out `interlock status`); when every one is
+    /// a session, the new one is refused with a message naming the limit.
+    pub max_connections: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits { max_locks: 100_000, max_waiters: 10_000, max_in_flight: 4096, max_connections: 4096 }
+    }
+}
+
+/// How a server runs.
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub listen: SocketAddr,
+    /// Where the server keeps its state (the start number and the fencing
+    /// floor); held with a lock file while the server runs.
+    pub data: PathBuf,
+    /// Shared secret clients must present; required off loopback.
+    pub token: Option<String>,
+    /// A session whose client has not been heard from for this long is
+    /// ended and its locks released.
+    pub lease: Duration,
+    /// After a restart, how long clients may reclaim their locks.
+    pub recovery: Duration,
+    pub limits: Limits,
+}
+
+/// Why a server did not start.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    #[error("refusing to listen on {0} without a token: use --token-file (a token is required off loopback)")]
+    TokenRequired(SocketAddr),
+    #[error("{path}: {source}")]
+    Data { path: PathBuf, source: std::io::Error },
+    #[error("{0} is not a directory: --data names the directory where the server keeps its state")]
+    DataNotDir(PathBuf),
+    #[error(
+        "{0} is in use by another interlock server (its lock file is held); two servers on one data directory would grant the same locks twice"
+    )]
+    DataInUse(PathBuf),
+    #[error("{path}: {what}; refusing to start rather than let fencing tokens go backwards")]
+    Exhausted { path: PathBuf, what: String },
+    #[error("cannot listen on {addr}: {source}")]
+    Listen { addr: SocketAddr, source: std::io::Error },
+}

@@ -1,0 +1,248 @@
+//! One client connection: the handshake (version, token, session and its
+//! secret), then the loop that reads requests, answers each at once and
+//! writes the session's stream back.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::BytesMut;
+use futures::{FutureExt, StreamExt};
+use interlock_proto::{self as proto, ClientMsg, Op, Reply, ServerMsg};
+use tokio::net::TcpStream;
+use tokio_util::sync::CancellationToken;
+
+use crate::dispatch::{Gate, handle, recovery_gate};
+use crate::session::{self, same_secret};
+use crate::wire::{self, Wire};
+use crate::{Inner, end_session};
+
+/// How long a new connection has to say hello.
+const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// One client connection. `evicted` is cancelled if the server needs
+/// its place before it has said hello (see `Limits::max_connections`);
+/// `greeted` is called once it has.
+pub(crate) async fn connection(
+    inner: Arc<Inner>,
+    stream: TcpStream,
+    peer: SocketAddr,
+    evicted: CancellationToken,
+    greeted: impl FnOnce(),
+) {
+    let (rd, mut wr) = stream.into_split();
+    let mut source = proto::reader::<ClientMsg, _>(rd);
+    let hello = tokio::select! {
+        () = evicted.cancelled() => {
+            tracing::debug!(%peer, "closing a connection that has not said hello, to make room");
+            return;
+        }
+        read = tokio::time::timeout(HELLO_TIMEOUT, source.next()) => match read {
+            Ok(Some(Ok(msg))) => msg,
+            Ok(Some(Err(e))) => {
+                tracing::warn!(%peer, error = %e, "garbage instead of hello; closing");
+                return;
+            }
+            _ => return,
+        },
+    };
+    greeted();
+    let refuse = |reason: String| ServerMsg::Refused { reason, auth: false };
+    let ClientMsg::Hello { version, token, session, received, secret } = hello else {
+        let _ = proto::send(&mut wr, &refuse("the first message must be Hello".into())).await;
+        return;
+    };
+    if version != proto::VERSION {
+        let why = format!("unsupported protocol version {version}; this server speaks {}", proto::VERSION);
+        let _ = proto::send(&mut wr, &refuse(why)).await;
+        return;
+    }
+    if let Some(want) = &inner.config.token
+        && !token.as_deref().is_some_and(|t| same_secret(t.as_bytes(), want.as_bytes()))
+    {
+        tracing::warn!(%peer, "refused: wrong or missing token");
+        let reason = "authentication failed: wrong or missing token".into();
+        let _ = proto::send(&mut wr, &ServerMsg::Refused { reason, auth: true }).await;
+        return;
+    }
+    let attached = match inner.sessions.attach(session, &secret, Instant::now(), crate::fresh_secret) {
+        Ok(a) => a,
+        Err(session::BadResume) => {
+            tracing::warn!(%peer, session = ?session, "refused: resume with the wrong secret");
+            let _ = proto::send(&mut wr, &refuse("cannot resume that session: wrong secret".into())).await;
+            return;
+        }
+    };
+    let wr = Arc::new(wr);
+    let Some((session, mut turn)) = take_over(&inner, attached, received, &wr, peer).await else { return };
+    let mut welcome = BytesMut::new();
+    wire::put(
+        &mut welcome,
+        &ServerMsg::Welcome {
+            version: proto::VERSION,
+            session: session.sid,
+            lease_ms: inner.config.lease.as_millis() as u64,
+            resumed: session.resumed,
+            recovering_ms: inner.recovering().map_or(0, |d| d.as_millis() as u64),
+            received: *turn,
+            secret: session.secret,
+            boot: inner.boot,
+        },
+    );
+    let serve = async {
+        // Ahead of the stream, which waits for it (`Wire::attach`).
+        wire::write_all(&wr, &welcome).await.ok()?;
+        session.wire.open();
+        Some(serve_connection(&inner, session.sid, peer, &mut source, &session.wire, &mut turn).await)
+    };
+    // Stopped at any await, it leaves the session whole: see
+    // `serve_connection`.
+    let bye = tokio::select! {
+        () = session.stop.cancelled() => false,
+        bye = serve => bye == Some(true),
+    };
+    session.wire.detach(&wr);
+    if bye {
+        end_session(&inner, session.sid);
+    }
+}
+
+/// Gives the session attached (resumed or new) to a new connection:
+/// waits for the turn of the connection that served it (stopped by the
+/// attach), then has the session's stream resent from `received`. A
+/// session whose stream cannot be resent from there (it piled up past its
+/// limit while the client did not acknowledge it) cannot resume: it ends,
+/// and the client is given a new one (its locks are lost, and it says so
+/// to its callers). `None`: a newer connection took over meanwhile.
+async fn take_over(
+    inner: &Inner,
+    mut session: session::Attached,
+    received: u64,
+    wr: &Arc<tokio::net::tcp::OwnedWriteHalf>,
+    peer: SocketAddr,
+) -> Option<(session::Attached, tokio::sync::OwnedMutexGuard<u64>)> {
+    loop {
+        let turn = session.turn.clone().lock_owned().await;
+        if session.stop.is_cancelled() {
+            return None;
+        }
+        if session.wire.attach(wr.clone(), if session.resumed { received } else { 0 }) {
+            return Some((session, turn));
+        }
+        tracing::warn!(%peer, session = session.sid, received, "the session's stream cannot be resent from there; ending it");
+        drop(turn);
+        end_session(inner, session.sid);
+        session = inner.sessions.attach(None, &session.secret, Instant::now(), crate::fresh_secret).ok()?;
+    }
+}
+
+/// What the connection does next.
+enum Next {
+    Frame(Option<Result<ClientMsg, proto::ReadError>>),
+    Flush,
+}
+
+/// Serves one connection's requests, answering each at once. A burst of
+/// pipelined requests is read, answered into the session's stream (see
+/// [`Wire`]) and written back in one write. It reads ahead at most
+/// `max_in_flight` requests before writing their replies, and reads
+/// nothing while it cannot write: a client that does not read its
+/// replies is held back. Between bursts it writes what other tasks pushed
+/// and could not write themselves. `served` counts the bytes of the
+/// client's stream served, request by request. Returns whether the client
+/// said `Bye`.
+async fn serve_connection(
+    inner: &Inner,
+    sid: u64,
+    peer: SocketAddr,
+    source: &mut tokio_util::codec::FramedRead<tokio::net::tcp::OwnedReadHalf, proto::Reader<ClientMsg>>,
+    wire: &Wire,
+    served: &mut u64,
+) -> bool {
+    let limit = inner.config.limits.max_in_flight.max(1);
+    let mut unflushed = 0usize;
+    let mut touched = false;
+    // Where the client's stream stood when this connection began (modulo
+    // 2^64: the hello counts in `consumed` but not in the stream).
+    let origin = served.wrapping_sub(source.decoder().consumed());
+    if wire.flush().await.is_err() {
+        return false;
+    }
+    loop {
+        let next = if unflushed == 0 {
+            tokio::select! {
+                () = wire.ready() => Next::Flush,
+                f = source.next() => Next::Frame(f),
+            }
+        } else if unflushed < limit
+            && let Some(f) = source.next().now_or_never()
+        {
+            Next::Frame(f)
+        } else {
+            Next::Flush
+        };
+        let (id, op) = match next {
+            Next::Flush => {
+                if wire.flush().await.is_err() {
+                    return false;
+                }
+                unflushed = 0;
+                touched = false;
+                continue;
+            }
+            Next::Frame(f) => match read_request(f, sid, peer) {
+                Some(req) => req,
+                None => return false,
+            },
+        };
+        // Once per batch of requests read together: it renews the lease
+        // and checks that the session has not ended. (A session that ends
+        // while a request runs gets back what that request obtained: see
+        // `session_gone`.)
+        if !touched {
+            if !inner.sessions.touch(sid, Instant::now()) {
+                return false;
+            }
+            touched = true;
+        }
+        // After a restart, only reclaims (and releases) go through until
+        // the window ends.
+        let reply = match recovery_gate(inner, &op) {
+            Gate::Go => None,
+            Gate::Wait(left) => {
+                tokio::time::sleep(left).await;
+                None
+            }
+            Gate::Refuse(left) => Some(Reply::Recovering { left_ms: left.as_millis().max(1) as u64 }),
+        };
+        let bye = matches!(op, Op::Bye);
+        let reply = reply.unwrap_or_else(|| handle(inner, sid, id, op));
+        // Behind any push this request made: a grant that raced a cancel
+        // reaches the client before the cancel's reply. Served and
+        // answered with no await between: a connection stopped at an
+        // await has each request it read either served and answered in
+        // the stream, or neither.
+        wire.append(&ServerMsg::Reply { id, reply });
+        *served = origin.wrapping_add(source.decoder().consumed());
+        unflushed += 1;
+        if bye {
+            let _ = wire.flush().await;
+            return true;
+        }
+    }
+}
+
+/// The request read, or `None` (logged) if the connection must close.
+fn read_request(read: Option<Result<ClientMsg, proto::ReadError>>, sid: u64, peer: SocketAddr) -> Option<(u64, Op)> {
+    match read? {
+        Ok(ClientMsg::Request { id, op }) => Some((id, op)),
+        Ok(ClientMsg::Hello { .. }) => {
+            tracing::warn!(%peer, session = sid, "second hello; closing the connection");
+            None
+        }
+        Err(e) => {
+            tracing::warn!(%peer, session = sid, error = %e, "bad request; closing the connection");
+            None
+        }
+    }
+}

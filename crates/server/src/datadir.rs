@@ -1,0 +1,252 @@
+//! The data directory: held by one server at a time, and what it remembers
+//! across restarts, the start number and the fencing floor.
+//!
+//! Fencing tokens must grow for the life of a data directory, so storage
+//! can refuse a writer whose lock has moved on even after the server
+//! restarted. A token is `floor + fence`, where `fence` is the engine's
+//! per-resource counter (from 1 in each run, growing with every exclusive
+//! grant) and `floor` lies above every token of every earlier run: each
+//! run durably reserves the tokens `[floor, floor + reserved)` before it
+//! issues any of them (a block at start, another each time a counter
+//! reaches the end of the reservation), and the next run's floor is the
+//! end of the last reservation. No arithmetic here can wrap: a start whose
+//! reservation would pass `u64::MAX` is refused.
+//!
+//! On disk: `DIR/lock` (held with an exclusive `flock` while the server
+//! runs; a second server on the directory is refused) and
+//! `DIR/server.json` (`{"epoch": N, "fence_reserved": F}`, replaced
+//! atomically: written to a temporary file, synced, renamed, directory
+//! synced). A directory from before the floor (no `fence_reserved`) had
+//! tokens `epoch << 40 | fence`; its floor is `(epoch + 1) << 40`.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use parking_lot::Mutex;
+
+use crate::ServerError;
+
+/// Tokens reserved at a time: one fsync per 4 billion exclusive grants on
+/// one resource.
+pub(crate) const FENCE_BLOCK: u64 = 1 << 32;
+
+#[derive(serde::Serialize, serde::Deserialize, Default, Clone, Copy, Debug, PartialEq, Eq)]
+struct Persisted {
+    /// The number of the last start.
+    epoch: u64,
+    /// Every token issued so far is below this.
+    #[serde(default)]
+    fence_reserved: Option<u64>,
+}
+
+/// A data directory held by this process.
+pub(crate) struct DataDir {
+    path: PathBuf,
+    /// Held for the server's life: the `flock` is the exclusion.
+    _lock: File,
+    /// What the last run left, `None` on a first start.
+    previous: Option<Persisted>,
+}
+
+/// What a start left: its number, and the tokens it may issue.
+pub(crate) struct Start {
+    pub boot: u64,
+    /// The directory had been used before: the server restarted.
+    pub restarted: bool,
+    pub fences: Fences,
+}
+
+impl DataDir {
+    /// Creates the directory if needed and holds it. O(1).
+    pub fn open(path: &Path) -> Result<DataDir, ServerError> {
+        let err = |p: &Path| {
+            let path = p.to_path_buf();
+            move |source| ServerError::Data { path, source }
+        };
+        if path.exists() && !path.is_dir() {
+            return Err(ServerError::DataNotDir(path.to_path_buf()));
+        }
+        std::fs::create_dir_all(path).map_err(err(path))?;
+        let lock_path = path.join("lock");
+        let lock =
+            File::options().create(true).truncate(false).write(true).open(&lock_path).map_err(err(&lock_path))?;
+        match lock.try_lock() {
+            Ok(()) => {}
+            Err(std::fs::TryLockError::WouldBlock) => return Err(ServerError::DataInUse(path.to_path_buf())),
+            Err(std::fs::TryLockError::Error(e)) => return Err(err(&lock_path)(e)),
+        }
+        let state = path.join("server.json");
+        let previous = match std::fs::read(&state) {
+            Ok(b) => Some(serde_json::from_slice(&b).map_err(|e| ServerError::Data {
+                path: state.clone(),
+                source: std::io::Error::new(std::io::ErrorKind::InvalidData, e),
+            })?),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) => return Err(err(&state)(e)),
+        };
+        Ok(DataDir { path: path.to_path_buf(), _lock: lock, previous })
+    }
+
+    /// Counts a start and reserves its first block of tokens, durably,
+    /// before any is issued. Call it only once the server can serve (a
+    /// failed start counts nothing).
+    pub fn start(self, block: u64) -> Result<(Start, DataDir), ServerError> {
+        let state = self.path.join("server.json");
+        let exhausted = |what: &str| ServerError::Exhausted { path: state.clone(), what: what.into() };
+        let prev = self.previous.unwrap_or_default();
+        let boot = prev.epoch.checked_add(1).ok_or_else(|| exhausted("the start number is at its maximum"))?;
+        let floor = match (self.previous, prev.fence_reserved) {
+            (None, _) => 0,
+            (Some(_), Some(f)) => f,
+            // Tokens of the old layout were below (epoch + 1) << 40.
+            (Some(_), None) => (prev.epoch + 1)
+                .checked_mul(1 << 40)
+                .ok_or_else(|| exhausted("the old start number leaves no fencing tokens above its own"))?,
+        };
+        let reserved = floor.checked_add(block).ok_or_else(|| exhausted("fencing tokens are used up"))?;
+        let file = StateFile { path: state, epoch: boot };
+        file.write(reserved)?;
+        let fences = Fences { floor, reserved: AtomicU64::new(block), block, file: Mutex::new(file) };
+        let restarted = self.previous.is_some();
+        Ok((Start { boot, restarted, fences }, DataDir { previous: None, ..self }))
+    }
+}
+
+/// `server.json`, rewritten atomically.
+struct StateFile {
+    path: PathBuf,
+    epoch: u64,
+}
+
+impl StateFile {
+    fn write(&self, fence_reserved: u64) -> Result<(), ServerError> {
+        let bytes = serde_json::to_vec(&Persisted { epoch: self.epoch, fence_reserved: Some(fence_reserved) })
+            .expect("serializes");
+        let dir = self.path.parent().expect("in the data directory");
+        let tmp = dir.join("server.json.tmp");
+        (|| -> std::io::Result<()> {
+            let mut f = File::create(&tmp)?;
+            std::io::Write::write_all(&mut f, &bytes)?;
+            f.sync_all()?;
+            std::fs::rename(&tmp, &self.path)?;
+            File::open(dir)?.sync_all()
+        })()
+        .map_err(|source| ServerError::Data { path: self.path.clone(), source })
+    }
+}
+
+/// The fencing tokens of one run: see the module docs.
+pub(crate) struct Fences {
+    floor: u64,
+    /// Counters below this may be issued: their tokens are reserved.
+    reserved: AtomicU64,
+    block: u64,
+    file: Mutex<StateFile>,
+}
+
+impl Fences {
+    /// The token of the engine's per-resource counter `fence`. O(1): one
+    /// atomic load, and an fsync once per `block` grants on one resource.
+    pub fn token(&self, fence: u64) -> u64 {
+        if fence >= self.reserved.load(Ordering::Acquire) {
+            self.reserve(fence);
+        }
+        // No overflow: `floor + reserved` was checked before it was stored.
+        self.floor + fence
+    }
+
+    /// Durably reserves tokens up to past `floor + fence`. A server that
+    /// cannot stops: a token issued without its reservation could be
+    /// issued again after a restart.
+    #[cold]
+    fn reserve(&self, fence: u64) {
+        let file = self.file.lock();
+        let mut reserved = self.reserved.load(Ordering::Acquire);
+        while fence >= reserved {
+            let next = reserved.checked_add(self.block).filter(|r| r.checked_add(self.floor).is_some());
+            let Some(next) = next else {
+                tracing::error!("fencing tokens are used up; stopping rather than issue one twice");
+                std::process::abort();
+            };
+            if let Err(e) = file.write(self.floor + next) {
+                tracing::error!(error = %e, "cannot reserve fencing tokens; stopping rather than issue one twice");
+                std::process::abort();
+            }
+            reserved = next;
+            self.reserved.store(reserved, Ordering::Release);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn start(dir: &Path, block: u64) -> (Start, DataDir) {
+        DataDir::open(dir).unwrap().start(block).unwrap()
+    }
+
+    fn state(dir: &Path) -> Persisted {
+        serde_json::from_slice(&std::fs::read(dir.join("server.json")).unwrap()).unwrap()
+    }
+
+    /// Tokens grow across restarts and across reservations within a run,
+    /// whatever each run's counters reached.
+    #[test]
+    fn tokens_grow_for_the_life_of_the_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut last = 0;
+        for (run, grants) in [5u64, 17, 1, 40].into_iter().enumerate() {
+            let (s, held) = start(dir.path(), 8);
+            assert_eq!(s.boot, run as u64 + 1);
+            assert_eq!(s.restarted, run > 0);
+            for fence in 1..=grants {
+                let t = s.fences.token(fence);
+                assert!(t > last, "run {run}: token {t} after {last}");
+                last = t;
+            }
+            drop(held);
+        }
+    }
+
+    #[test]
+    fn a_second_holder_is_refused_and_the_first_keeps_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let held = DataDir::open(dir.path()).unwrap();
+        assert!(matches!(DataDir::open(dir.path()), Err(ServerError::DataInUse(_))));
+        drop(held);
+        DataDir::open(dir.path()).unwrap();
+    }
+
+    /// The old layout's tokens (`epoch << 40 | fence`) stay below the new
+    /// floor; a start number or floor at the top is refused, not wrapped.
+    #[test]
+    fn no_overflow_path() {
+        let dir = tempfile::tempdir().unwrap();
+        let put = |text: &str| std::fs::write(dir.path().join("server.json"), text).unwrap();
+        put(r#"{"epoch": 3}"#);
+        let (s, held) = start(dir.path(), 8);
+        assert!(s.fences.token(1) > (3 << 40 | ((1 << 40) - 1)));
+        drop(held);
+        for bad in [
+            r#"{"epoch": 16777216}"#,
+            &format!(r#"{{"epoch": {}}}"#, u64::MAX),
+            r#"{"epoch": 1, "fence_reserved": 18446744073709551610}"#,
+        ] {
+            put(bad);
+            let before = state(dir.path());
+            let r = DataDir::open(dir.path()).unwrap().start(8);
+            assert!(matches!(r, Err(ServerError::Exhausted { .. })), "{bad}");
+            assert_eq!(state(dir.path()), before, "a refused start changes nothing");
+        }
+    }
+
+    #[test]
+    fn a_file_is_not_a_data_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("f");
+        std::fs::write(&file, "").unwrap();
+        assert!(matches!(DataDir::open(&file), Err(ServerError::DataNotDir(_))));
+    }
+}
