@@ -250,9 +250,6 @@ struct Inner {
     /// later one was lost between (changed under the tables' lock).
     generation: AtomicU64,
     losses: Losses,
-    /// Requests sent, renewals included (for `status --watch`, which
-    /// leaves its own out).
-    sent: AtomicU64,
     /// Bytes of the session's stream from the server taken in so far.
     received: AtomicU64,
     lease_ms: AtomicU64,
@@ -278,7 +275,6 @@ impl Inner {
         let (reply_tx, reply_rx) = oneshot::channel();
         let mut t = self.tables.lock();
         self.outbox.send(&ClientMsgRef::Request { id, op: &op })?;
-        self.sent.fetch_add(1, Ordering::Relaxed);
         t.pending.insert(id, reply_tx);
         let generation = self.generation.load(Ordering::Relaxed);
         if wait {
@@ -293,9 +289,7 @@ impl Inner {
     /// Sends a request whose reply nobody awaits (acknowledgements,
     /// give-backs, reclaims of POSIX locks).
     fn send_unanswered(&self, op: &Op) {
-        if self.outbox.send(&ClientMsgRef::Request { id: 0, op }).is_ok() {
-            self.sent.fetch_add(1, Ordering::Relaxed);
-        }
+        if self.outbox.send(&ClientMsgRef::Request { id: 0, op }).is_ok() {}
     }
 }
 
@@ -361,7 +355,6 @@ impl Client {
             lease: Mutex::new(Lease::new(Duration::ZERO, Instant::now())),
             generation: AtomicU64::new(0),
             losses: Losses::default(),
-            sent: AtomicU64::new(0),
             received: AtomicU64::new(0),
             lease_ms: AtomicU64::new(0),
             outbox: Arc::default(),
@@ -394,12 +387,6 @@ impl Client {
     /// The locks lost after the first `from`.
     pub fn lost_since(&self, from: usize) -> Vec<LostLock> {
         self.inner.losses.since(from)
-    }
-
-    /// Requests this client has sent, renewals and acknowledgements
-    /// included.
-    pub fn requests_sent(&self) -> u64 {
-        self.inner.sent.load(Ordering::Relaxed)
     }
 
     /// Blocking callbacks for this client's DLM locks (the first call takes

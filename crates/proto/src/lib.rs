@@ -217,6 +217,7 @@ pub struct StatusInfo {
     pub resources: u64,
     pub locks: u64,
     pub waiters: u64,
+    /// Requests served, renewals (keep-alives) not counted.
     pub requests: u64,
     pub uptime_ms: u64,
     /// Milliseconds left in the recovery window after a restart (0: none).

@@ -87,8 +87,13 @@ pub(crate) fn deliver(inner: &Inner, resource: &[u8], effects: Vec<Effect>) {
 }
 
 /// One request, answered at once.
+///
+/// Renewals are not counted in `requests`: they are the protocol's
+/// keep-alives, and a watcher of the request rate would see its own.
 pub(crate) fn handle(inner: &Inner, sid: u64, id: u64, op: Op) -> Reply {
-    inner.requests.fetch_add(1, Ordering::Relaxed);
+    if !matches!(op, Op::Renew { .. }) {
+        inner.requests.fetch_add(1, Ordering::Relaxed);
+    }
     match execute(inner, sid, id, op) {
         Ok(r) => r,
         Err(e) => Reply::Error(e),

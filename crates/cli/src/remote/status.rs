@@ -81,11 +81,10 @@ fn status_json(s: &StatusInfo, rate: f64) -> serde_json::Value {
 
 /// A line per interval: the counters, and requests per second over the
 /// interval (from the server's own uptime clock; the watcher's own
-/// requests, status and renewals, not counted). When the server restarts
+/// status requests not counted, and the server counts no renewals). When the server restarts
 /// (its uptime goes back) or cannot be reached, it says so and goes on.
 async fn watch(client: &Client, every: Duration, json: bool) -> Result<(), ClientError> {
     let mut last = client.status().await?;
-    let mut mine = client.requests_sent();
     if !json {
         println!("{:>10} {:>10} {:>10} {:>10} {:>12}", "sessions", "resources", "locks", "waiters", "requests/s");
     }
@@ -99,13 +98,12 @@ async fn watch(client: &Client, every: Duration, json: bool) -> Result<(), Clien
                 continue;
             }
         };
-        let sent = client.requests_sent();
         if now.uptime_ms < last.uptime_ms {
             eprintln!("interlock status: the server restarted; still watching");
         } else {
             let secs = now.uptime_ms.saturating_sub(last.uptime_ms).max(1) as f64 / 1000.0;
-            // Ours reach the server before its answer to our status.
-            let rate = now.requests.saturating_sub(last.requests).saturating_sub(sent - mine) as f64 / secs;
+            // Our own: this status request (renewals are not counted).
+            let rate = now.requests.saturating_sub(last.requests + 1) as f64 / secs;
             if json {
                 println!("{}", status_json(&now, rate));
             } else {
@@ -115,6 +113,6 @@ async fn watch(client: &Client, every: Duration, json: bool) -> Result<(), Clien
                 );
             }
         }
-        (last, mine) = (now, sent);
+        last = now;
     }
 }

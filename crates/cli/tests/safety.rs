@@ -1,0 +1,650 @@
+//! At most one holder, and no client can harm another (issue 10): each
+//! test names a way two parties once held one lock, or one client harmed
+//! others, and fails if it comes back. Through the real binary where the
+//! finding came from it; every wait is on state (a process, `status`),
+//! bounded, never a sleep that assumes timing.
+
+mod common;
+
+use std::io::Write;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+use interlock_client::LockSpec;
+use interlock_core::{Mode, Range};
+use interlock_proto::{ClientMsg, Kind, ServerMsg};
+
+/// A child process killed when the test ends, failed or not.
+struct Reaped(Child);
+
+impl std::ops::Deref for Reaped {
+    type Target = Child;
+    fn deref(&self) -> &Child {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Reaped {
+    fn deref_mut(&mut self) -> &mut Child {
+        &mut self.0
+    }
+}
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Polls `f` every 20 ms until it holds, for at most `limit`.
+fn until(limit: Duration, what: &str, mut f: impl FnMut() -> bool) {
+    let t = Instant::now();
+    while !f() {
+        assert!(t.elapsed() < limit, "not within {limit:?}: {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A process's exit status, if it exits within `limit`.
+fn exits_within(child: &mut Child, limit: Duration) -> Option<std::process::ExitStatus> {
+    let t = Instant::now();
+    loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            return Some(s);
+        }
+        if t.elapsed() > limit {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn signal(pid: u32, sig: i32) {
+    // SAFETY: signalling a process of this test.
+    unsafe { libc::kill(pid as i32, sig) };
+}
+
+fn alive(pid: i32) -> bool {
+    // SAFETY: signal 0 only checks.
+    unsafe { libc::kill(pid, 0) == 0 }
+}
+
+/// The pid a command wrote to `file`, once it has.
+fn pid_in(file: &std::path::Path) -> i32 {
+    let mut pid = None;
+    until(Duration::from_secs(10), "the command wrote its pid", || {
+        pid = std::fs::read_to_string(file).ok().and_then(|s| s.trim().parse().ok());
+        pid.is_some()
+    });
+    pid.unwrap()
+}
+
+/// `interlock lock --nowait NAME -- true`: 0 if the lock is free.
+fn try_lock_cli(addr: &str, name: &str) -> Option<i32> {
+    lock_cmd(addr, &[name, "--nowait", "--", "true"]).status().unwrap().code()
+}
+
+/// The server's counters, through a short-lived client.
+fn status(addr: &str) -> interlock_proto::StatusInfo {
+    rt().block_on(async {
+        let c = client(addr).await;
+        let s = c.status().await.unwrap();
+        c.bye().await.unwrap();
+        s
+    })
+}
+
+/// Item 1: SIGINT, SIGTERM and SIGHUP reach the command, and the lock is
+/// held until it exits; the wrapper exits with the command's status.
+#[test]
+fn signals_are_forwarded_and_the_lock_is_held_until_the_command_exits() {
+    let (data, server) = long_lease_server();
+    for (sig, name) in [(libc::SIGTERM, "TERM"), (libc::SIGINT, "INT"), (libc::SIGHUP, "HUP")] {
+        let log = data.path().join(format!("log-{name}"));
+        let script = format!(
+            "trap 'echo got >> {0}; while [ ! -e {0}.go ]; do sleep 0.02; done; exit 3' {name}; echo ready >> {0}; \
+             while :; do sleep 0.02; done",
+            log.display()
+        );
+        let mut wrapper = Reaped(lock_cmd(&server.addr, &["sig", "--", "sh", "-c", &script]).spawn().unwrap());
+        until(Duration::from_secs(10), "the command runs", || std::fs::read_to_string(&log).is_ok());
+        signal(wrapper.id(), sig);
+        until(Duration::from_secs(10), "the command got the signal", || {
+            std::fs::read_to_string(&log).unwrap().contains("got")
+        });
+        // The command is still finishing: the lock is still held.
+        assert_eq!(try_lock_cli(&server.addr, "sig"), Some(1), "SIG{name}: held while the command runs");
+        assert!(wrapper.try_wait().unwrap().is_none(), "SIG{name}: the wrapper waits for its command");
+        std::fs::write(format!("{}.go", log.display()), "").unwrap();
+        let status = exits_within(&mut wrapper, Duration::from_secs(10)).expect("exits");
+        assert_eq!(status.code(), Some(3), "SIG{name}: the command's own status");
+        assert_eq!(try_lock_cli(&server.addr, "sig"), Some(0), "free once the command is done");
+    }
+}
+
+/// Item 1: a wrapper killed by SIGKILL takes its command with it, long
+/// before its lease could free the lock (60 s here).
+#[test]
+fn a_killed_wrapper_takes_its_command_with_it() {
+    let (data, server) = long_lease_server();
+    let pidfile = data.path().join("pid");
+    let script = format!("echo $$ > {}; exec sleep 60", pidfile.display());
+    let mut wrapper = lock_cmd(&server.addr, &["k", "--", "sh", "-c", &script]).spawn().unwrap();
+    let pid = pid_in(&pidfile);
+    wrapper.kill().unwrap();
+    wrapper.wait().unwrap();
+    until(Duration::from_secs(3), "the command died with its wrapper", || !alive(pid));
+}
+
+/// Item 2: a wrapper stopped past its lease (a stand-in for a partition):
+/// another client takes the lock meanwhile; when the wrapper resumes it
+/// must not take the lock back, and stops its command (SIGTERM) and exits
+/// 75.
+#[test]
+fn a_lost_lease_stops_the_command_and_is_never_reclaimed() {
+    let data = tempfile::tempdir().unwrap();
+    let server = ServerProc::start(data.path(), "127.0.0.1:0", &["--lease-ms", "600"]);
+    let log = data.path().join("log");
+    let script =
+        format!("trap 'echo term >> {0}; exit 0' TERM; echo run >> {0}; while :; do sleep 0.02; done", log.display());
+    let mut wrapper = Reaped(lock_cmd(&server.addr, &["lease", "--", "sh", "-c", &script]).spawn().unwrap());
+    until(Duration::from_secs(10), "the command runs", || std::fs::read_to_string(&log).is_ok());
+    signal(wrapper.id(), libc::SIGSTOP);
+    // Only the status client's own session is left once the lease ran out.
+    until(Duration::from_secs(10), "the stopped wrapper's lease ran out", || status(&server.addr).sessions == 1);
+    assert_eq!(try_lock_cli(&server.addr, "lease"), Some(0), "another client takes the lock");
+    signal(wrapper.id(), libc::SIGCONT);
+    let status = exits_within(&mut wrapper, Duration::from_secs(15)).expect("the wrapper stops");
+    assert_eq!(status.code(), Some(75), "the lock-lost status");
+    assert!(std::fs::read_to_string(&log).unwrap().contains("term"), "the command was told to stop");
+    assert_eq!(status_locks(&server.addr), 0, "the lost lock was never taken back");
+}
+
+fn status_locks(addr: &str) -> u64 {
+    status(addr).locks
+}
+
+/// Item 2, in the library: a client whose lease ran out reports each lost
+/// lock, does not reclaim it, and a grant that arrives for the old session
+/// is not taken for a held lock.
+#[test]
+fn the_client_reports_lost_locks_and_never_reclaims_them() {
+    let data = tempfile::tempdir().unwrap();
+    let server = ServerProc::start(data.path(), "127.0.0.1:0", &["--lease-ms", "400"]);
+    // A relay we can freeze: the client hears nothing and says nothing.
+    let relay = Relay::start(&server.addr);
+    rt().block_on(async {
+        let a = client(&relay.addr).await;
+        let posix = LockSpec {
+            resource: b"f".to_vec(),
+            kind: Kind::Posix,
+            owner: 4,
+            mode: Mode::EX,
+            range: Range::new(0, 9).unwrap(),
+        };
+        a.lock(&posix).await.unwrap();
+        let dlm = a.lock(&spec("d", 2)).await.unwrap();
+        let mut lost = a.lost_locks();
+        relay.freeze();
+        // The server ends the silent session, and another client takes
+        // both locks.
+        let b = client(&server.addr).await;
+        let t = Instant::now();
+        b.lock(&LockSpec { owner: 9, ..posix.clone() }).await.unwrap();
+        b.lock(&spec("d", 1)).await.unwrap();
+        assert!(t.elapsed() >= Duration::from_millis(300), "only the lease freed them");
+        relay.thaw();
+        tokio::time::timeout(Duration::from_secs(10), lost.wait_for(|&n| n >= 2)).await.unwrap().unwrap();
+        let mut got = a.lost_since(0);
+        got.sort_by_key(|l| l.owner);
+        assert_eq!(got.len(), 2, "{got:?}");
+        assert_eq!((got[0].kind, got[0].owner, got[0].handle), (Kind::Dlm, 2, dlm.handle));
+        assert_eq!((got[1].kind, got[1].owner, &got[1].resource[..]), (Kind::Posix, 4, &b"f"[..]));
+        // Nothing was reclaimed: B still holds both, alone.
+        let st = b.status().await.unwrap();
+        assert_eq!(st.locks, 2);
+        assert_eq!(a.try_lock(&posix).await.unwrap(), None, "A's local table forgot the lost lock");
+    });
+}
+
+/// Item 3: the holder's session id is disclosed by a conflict; naming it
+/// in a hello without the session's secret is refused, and the victim
+/// keeps its session and its lock.
+#[test]
+fn a_session_cannot_be_taken_over_without_its_secret() {
+    use std::io::Read;
+    let (_data, server) = long_lease_server();
+    rt().block_on(async {
+        let victim = client(&server.addr).await;
+        let posix = |owner| LockSpec {
+            resource: b"h".to_vec(),
+            kind: Kind::Posix,
+            owner,
+            mode: Mode::EX,
+            range: Range::new(0, 0).unwrap(),
+        };
+        victim.lock(&posix(1)).await.unwrap();
+        let attacker = client(&server.addr).await;
+        let c = attacker.test(&posix(2)).await.unwrap().expect("a conflict");
+        let sid = interlock_proto::owner::session(c.owner);
+        assert_eq!(sid, victim.session(), "the conflict discloses the session");
+        for received in [0, 12345, u64::MAX] {
+            let mut s = std::net::TcpStream::connect(&server.addr).unwrap();
+            let hello = ClientMsg::Hello {
+                version: interlock_proto::VERSION,
+                token: None,
+                session: Some(sid),
+                received,
+                secret: [0; 16],
+            };
+            s.write_all(&raw_frame(&hello)).unwrap();
+            match interlock_proto::decode::<ServerMsg>(&read_raw_frame(&mut s)).unwrap() {
+                ServerMsg::Refused { reason, .. } => assert!(reason.contains("secret"), "{reason}"),
+                other => panic!("a resume without the secret must be refused: {other:?}"),
+            }
+            assert_eq!(s.read(&mut [0u8; 1]).unwrap(), 0, "and its connection closed");
+        }
+        assert_eq!(attacker.try_lock(&posix(2)).await.unwrap(), None, "the victim still holds its lock");
+        victim.unlock(&posix(1)).await.expect("the victim's session goes on");
+        assert!(attacker.try_lock(&posix(2)).await.unwrap().is_some());
+    });
+}
+
+/// Item 4: `--max-locks` counts locks as the engine stores them: one
+/// owner's 2,000 disjoint ranges on one resource are 2,000 locks.
+#[test]
+fn max_locks_counts_every_range() {
+    let data = tempfile::tempdir().unwrap();
+    let server = ServerProc::start(data.path(), "127.0.0.1:0", &["--max-locks", "1000"]);
+    rt().block_on(async {
+        let c = client(&server.addr).await;
+        let mut refused = None;
+        for i in 0..2000u64 {
+            let s = LockSpec {
+                resource: b"many".to_vec(),
+                kind: Kind::Posix,
+                owner: 1,
+                mode: Mode::EX,
+                range: Range::new(i * 2, i * 2).unwrap(),
+            };
+            if let Err(e) = c.lock(&s).await {
+                refused = Some((i, e.to_string()));
+                break;
+            }
+        }
+        let (at, why) = refused.expect("refused before 2,000 ranges");
+        assert!((998..=1000).contains(&at), "refused at {at}");
+        assert!(why.contains("max-locks"), "{why}");
+        assert!(c.status().await.unwrap().locks <= 1000);
+        // Releasing makes room again; a merge is not refused for it.
+        c.close(b"many", Kind::Posix, 1).await.unwrap();
+        let whole =
+            LockSpec { resource: b"many".to_vec(), kind: Kind::Posix, owner: 1, mode: Mode::EX, range: Range::WHOLE };
+        c.lock(&whole).await.unwrap();
+    });
+}
+
+/// Item 5: a flood of idle connections under a low open-file limit does
+/// not keep `interlock status` out.
+#[test]
+fn idle_connections_do_not_lock_out_status() {
+    let data = tempfile::tempdir().unwrap();
+    let cmd = format!("ulimit -n 64 && exec {BIN} serve --data {} --listen 127.0.0.1:0", data.path().display());
+    let mut child = Command::new("sh")
+        .args(["-c", &cmd])
+        .env("INTERLOCK_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let addr = {
+        use std::io::BufRead;
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.as_mut().unwrap()).read_line(&mut line).unwrap();
+        line.trim().strip_prefix("interlock: listening on ").unwrap().to_string()
+    };
+    let server = ServerProc { child, addr };
+    let idle: Vec<std::net::TcpStream> =
+        (0..200).map(|_| std::net::TcpStream::connect(&server.addr).unwrap()).collect();
+    let t = Instant::now();
+    let out = Command::new(BIN)
+        .args(["status", "--json", "--connect-timeout", "8", "--server", &server.addr])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "status: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(t.elapsed() < Duration::from_secs(5), "status answered in {:?}", t.elapsed());
+    let s: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(s["max_connections"], 16, "the default from the open-file limit");
+    drop(idle);
+}
+
+/// A server that accepts and then says nothing; with `welcome`, it says
+/// welcome and then nothing.
+fn silent_server(welcome: bool) -> (String, std::thread::JoinHandle<()>) {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap().to_string();
+    let h = std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for s in l.incoming().take(3) {
+            let mut s = s.unwrap();
+            if welcome {
+                let _ = read_raw_frame(&mut s);
+                let w = ServerMsg::Welcome {
+                    version: interlock_proto::VERSION,
+                    session: 1,
+                    lease_ms: 60_000,
+                    resumed: false,
+                    recovering_ms: 0,
+                    received: 0,
+                    secret: [1; 16],
+                    boot: 1,
+                };
+                let body = interlock_proto::encode(&w);
+                s.write_all(&(body.len() as u32).to_be_bytes()).unwrap();
+                s.write_all(&body).unwrap();
+            }
+            held.push(s);
+        }
+        std::thread::sleep(Duration::from_secs(20));
+    });
+    (addr, h)
+}
+
+fn run_with_stderr(mut c: Command) -> (Option<i32>, String, Duration) {
+    let t = Instant::now();
+    let out = c.stderr(Stdio::piped()).output().unwrap();
+    (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned(), t.elapsed())
+}
+
+/// Item 6: `--timeout` and `--nowait` against a server that accepts but
+/// never answers end in time, and say which step timed out.
+#[test]
+fn a_silent_server_is_a_timeout_not_a_held_lock() {
+    let (addr, _h) = silent_server(false);
+    let (code, err, took) = run_with_stderr(lock_cmd(&addr, &["x", "--timeout", "1", "--", "true"]));
+    assert_eq!(code, Some(69), "{err}");
+    assert!(err.contains("handshake") && !err.contains("held"), "{err}");
+    assert!(took < Duration::from_secs(5), "{took:?}");
+    let (code, err, took) =
+        run_with_stderr(lock_cmd(&addr, &["x", "--nowait", "--connect-timeout", "1", "--", "true"]));
+    assert_eq!(code, Some(69), "{err}");
+    assert!(err.contains("handshake"), "{err}");
+    assert!(took < Duration::from_secs(5), "{took:?}");
+    let (addr, _h) = silent_server(true);
+    let (code, err, took) =
+        run_with_stderr(lock_cmd(&addr, &["x", "--nowait", "--connect-timeout", "1", "--", "true"]));
+    assert_eq!(code, Some(69), "{err}");
+    assert!(err.contains("did not answer the lock request"), "{err}");
+    assert!(took < Duration::from_secs(5), "{took:?}");
+}
+
+/// Item 7: Ctrl-C on a wrapper that still waits withdraws its wait before
+/// it exits: the lock then goes to the next waiter at once, not a lease
+/// later (60 s here).
+#[test]
+fn an_interrupted_wait_is_withdrawn() {
+    let (_data, server) = long_lease_server();
+    let rt = rt();
+    let holder = rt.block_on(client(&server.addr));
+    let g = rt.block_on(holder.lock(&spec("w", 1))).unwrap();
+    let mut waiter = Reaped(lock_cmd(&server.addr, &["w", "--", "true"]).spawn().unwrap());
+    until(Duration::from_secs(10), "the wrapper waits", || status(&server.addr).waiters == 1);
+    signal(waiter.id(), libc::SIGINT);
+    let s = exits_within(&mut waiter, Duration::from_secs(5)).expect("the wrapper exits");
+    assert_eq!(s.code(), Some(130));
+    assert_eq!(status(&server.addr).waiters, 0, "withdrawn before the wrapper exited");
+    rt.block_on(holder.dlm_unlock(b"w", 1, g.handle.unwrap(), None)).unwrap();
+    assert_eq!(try_lock_cli(&server.addr, "w"), Some(0), "free at once");
+}
+
+/// Items 8 and 9: a second server on a data directory is refused; a
+/// start that fails (port in use) counts nothing; a start number at its
+/// maximum is refused, never wrapped; fencing tokens grow across restarts.
+#[test]
+fn the_data_directory_is_held_and_tokens_only_grow() {
+    let data = tempfile::tempdir().unwrap();
+    let first = ServerProc::start(data.path(), "127.0.0.1:0", &[]);
+    let fence = |addr: &str| {
+        rt().block_on(async {
+            let c = client(addr).await;
+            let g = c.lock(&spec("f", 1)).await.unwrap();
+            c.bye().await.unwrap();
+            g.fence
+        })
+    };
+    let f1 = fence(&first.addr);
+    let serve = |dir: &std::path::Path, listen: &str| {
+        let mut c = Command::new(BIN);
+        c.args(["serve", "--data", dir.to_str().unwrap(), "--listen", listen]);
+        run_with_stderr(c)
+    };
+    let (code, err, _) = serve(data.path(), "127.0.0.1:0");
+    assert_eq!(code, Some(1));
+    assert!(err.contains("in use by another interlock server"), "{err}");
+    let state = || std::fs::read_to_string(data.path().join("server.json")).unwrap();
+    let other = tempfile::tempdir().unwrap();
+    drop(ServerProc::start(other.path(), "127.0.0.1:0", &[]));
+    let before = std::fs::read_to_string(other.path().join("server.json")).unwrap();
+    let (code, err, _) = serve(other.path(), &first.addr);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("cannot listen"), "{err}");
+    assert_eq!(std::fs::read_to_string(other.path().join("server.json")).unwrap(), before, "nothing counted");
+    let addr = first.addr.clone();
+    drop(first);
+    let second = ServerProc::start(data.path(), &addr, &["--recovery-ms", "0"]);
+    let f2 = fence(&second.addr);
+    assert!(f2 > f1, "{f2} after {f1}");
+    drop(second);
+    let saved = state();
+    std::fs::write(data.path().join("server.json"), format!("{{\"epoch\": {}}}", u64::MAX)).unwrap();
+    let (code, err, _) = serve(data.path(), "127.0.0.1:0");
+    assert_eq!(code, Some(1));
+    assert!(err.contains("maximum"), "{err}");
+    std::fs::write(data.path().join("server.json"), saved).unwrap();
+    let file = data.path().join("a-file");
+    std::fs::write(&file, "").unwrap();
+    let (code, err, _) = serve(&file, "127.0.0.1:0");
+    assert_eq!(code, Some(1));
+    assert!(err.contains("not a directory"), "{err}");
+}
+
+/// Item 10: during the recovery window `status` answers at once and says
+/// so, and `lock --nowait` fails at once, saying why.
+#[test]
+fn the_recovery_window_is_visible_and_nowait_does_not_wait_for_it() {
+    let data = tempfile::tempdir().unwrap();
+    let args = ["--recovery-ms", "30000"];
+    drop(ServerProc::start(data.path(), "127.0.0.1:0", &args));
+    let server = ServerProc::start(data.path(), "127.0.0.1:0", &args);
+    let t = Instant::now();
+    let out = Command::new(BIN).args(["status", "--server", &server.addr]).output().unwrap();
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stdout).contains("recovering"), "{}", String::from_utf8_lossy(&out.stdout));
+    let (code, err, _) = run_with_stderr(lock_cmd(&server.addr, &["r", "--nowait", "--", "true"]));
+    assert_eq!(code, Some(1));
+    assert!(err.contains("recovery window"), "{err}");
+    assert!(t.elapsed() < Duration::from_secs(10), "both at once: {:?}", t.elapsed());
+}
+
+/// Item 12: every bad number is a usage error, never a panic (101) or a
+/// silent zero.
+#[test]
+fn bad_numbers_are_usage_errors() {
+    let cases: &[&[&str]] = &[
+        &["lock", "x", "--timeout", "inf", "--", "true"],
+        &["lock", "x", "--timeout", "1e30", "--", "true"],
+        &["lock", "x", "--timeout", "nan", "--", "true"],
+        &["lock", "x", "--timeout=-1", "--", "true"],
+        &["lock", "x", "--connect-timeout", "0", "--", "true"],
+        &["status", "--watch", "1e300"],
+        &["bench", "net", "--duration", "inf"],
+        &["bench", "blocking", "--duration", "nan"],
+        &["serve", "--lease-ms", "0"],
+        &["serve", "--max-locks", "0"],
+        &["lock", "x", "--server", "localhost", "--", "true"],
+        &["lock", "x", "--server", "a b:1", "--", "true"],
+    ];
+    for args in cases {
+        let (code, err, _) = run_with_stderr({
+            let mut c = Command::new(BIN);
+            c.args(*args);
+            c
+        });
+        assert_eq!(code, Some(2), "{args:?}: {err}");
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+    }
+}
+
+/// Item 13: messages and statuses a user can act on.
+#[test]
+fn messages_name_the_problem() {
+    let (_data, server) = long_lease_server();
+    let long = "n".repeat(70_000);
+    let (code, err, _) = run_with_stderr(lock_cmd(&server.addr, &[&long, "--", "true"]));
+    assert_eq!(code, Some(2));
+    assert!(err.contains("the limit is 256") && !err.contains("frame"), "{err}");
+    let help = Command::new(BIN).args(["lock", "--help"]).output().unwrap();
+    let help = String::from_utf8_lossy(&help.stdout);
+    assert!(help.contains("nl (null"), "--mode nl is documented");
+    assert_eq!(lock_cmd(&server.addr, &["m", "--mode", "nl", "--", "true"]).status().unwrap().code(), Some(0));
+    // Logs carry no colour codes when stderr is not a terminal.
+    let data = tempfile::tempdir().unwrap();
+    let mut c = Command::new(BIN);
+    c.args(["serve", "--data", data.path().to_str().unwrap(), "--listen", &server.addr]);
+    let (_, err, _) = run_with_stderr(c);
+    assert!(!err.contains('\x1b'), "{err:?}");
+}
+
+/// Item 13: `journal dump | head` ends quietly when the reader goes.
+#[test]
+fn journal_dump_into_a_closed_pipe_ends_quietly() {
+    use interlock_journal::Options;
+    use interlock_journal::changelog::{Changelog, ChangelogOptions, Record, RecordType};
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let cl = Changelog::open(dir.path(), Options::default(), ChangelogOptions::default()).unwrap();
+        let mut last = 0;
+        for i in 0..20_000u64 {
+            let r = Record {
+                rtype: RecordType::CREAT,
+                flags: 0,
+                time_ns: 0,
+                target: i,
+                parent: 1,
+                name: format!("file-{i}").into_bytes(),
+                source: None,
+                uid: 0,
+                gid: 0,
+                jobid: None,
+            };
+            last = cl.append(&r).unwrap().unwrap();
+        }
+        cl.journal().wait_durable(last).unwrap();
+    }
+    let mut child = Command::new(BIN)
+        .args(["journal", "dump", dir.path().to_str().unwrap()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = [0u8; 64];
+    std::io::Read::read_exact(child.stdout.as_mut().unwrap(), &mut first).unwrap();
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(out.stderr.is_empty(), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// Item 13: `status --watch` counts no renewals (a short lease renews
+/// often) nor its own requests, and watches through a restart of the
+/// server.
+#[test]
+fn status_watch_leaves_its_own_requests_out_and_survives_a_restart() {
+    use std::io::{BufRead, BufReader};
+    let data = tempfile::tempdir().unwrap();
+    let args = ["--lease-ms", "200", "--recovery-ms", "0"];
+    let server = ServerProc::start(data.path(), "127.0.0.1:0", &args);
+    let addr = server.addr.clone();
+    let mut watcher = Reaped(
+        Command::new(BIN)
+            .args(["status", "--json", "--watch", "0.2", "--server", &addr])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let mut lines = BufReader::new(watcher.stdout.take().unwrap()).lines();
+    for _ in 0..8 {
+        let v: serde_json::Value = serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap();
+        assert_eq!(v["requests_per_sec"], 0.0, "no traffic but the watcher's own: {v}");
+    }
+    drop(server);
+    let again = ServerProc::start(data.path(), &addr, &args);
+    // Lines go on after the restart (uptime starts again).
+    let t = Instant::now();
+    loop {
+        let v: serde_json::Value = serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap();
+        if v["uptime_ms"].as_u64().unwrap() < 5_000 && t.elapsed() > Duration::from_millis(300) {
+            break;
+        }
+        assert!(t.elapsed() < Duration::from_secs(20), "the watch goes on after the restart");
+    }
+    watcher.kill().unwrap();
+    watcher.wait().unwrap();
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut watcher.stderr.take().unwrap(), &mut err).unwrap();
+    assert!(err.contains("still watching"), "{err}");
+    drop(again);
+}
+
+/// A TCP relay that can stop passing bytes both ways (a partition).
+struct Relay {
+    addr: String,
+    frozen: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Relay {
+    fn start(to: &str) -> Relay {
+        use std::sync::atomic::Ordering;
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap().to_string();
+        let frozen = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (to, f) = (to.to_string(), frozen.clone());
+        std::thread::spawn(move || {
+            for c in l.incoming() {
+                let Ok(c) = c else { return };
+                let Ok(s) = std::net::TcpStream::connect(&to) else { return };
+                for (mut from, mut into) in [(c.try_clone().unwrap(), s.try_clone().unwrap()), (s, c)] {
+                    let f = f.clone();
+                    std::thread::spawn(move || {
+                        let mut buf = [0u8; 16 << 10];
+                        loop {
+                            let n = match std::io::Read::read(&mut from, &mut buf) {
+                                Ok(0) | Err(_) => break,
+                                Ok(n) => n,
+                            };
+                            while f.load(Ordering::Relaxed) {
+                                std::thread::sleep(Duration::from_millis(10));
+                            }
+                            if into.write_all(&buf[..n]).is_err() {
+                                break;
+                            }
+                        }
+                        let _ = into.shutdown(std::net::Shutdown::Both);
+                    });
+                }
+            }
+        });
+        Relay { addr, frozen }
+    }
+
+    fn freeze(&self) {
+        self.frozen.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    fn thaw(&self) {
+        self.frozen.store(false, std::sync::atomic::Ordering::Relaxed);
+    }
+}
