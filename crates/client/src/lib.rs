@@ -503,12 +503,6 @@ impl Client {
         deadline: Option<Instant>,
     ) -> Result<Option<GrantInfo>, ClientError> {
         spec.check()?;
-        let by = |deadline: Option<Instant>| async move {
-            match deadline {
-                Some(d) => tokio::time::sleep_until(d.into()).await,
-                None => std::future::pending().await,
-            }
-        };
         let local = spec.local() && self.local_table();
         if local {
             let range = spec.range;
@@ -523,9 +517,9 @@ impl Client {
                 }
                 // Wait here, behind the other local owner, without asking
                 // the server anything.
-                tokio::select! {
-                    r = self.wait_locally(spec) => r?,
-                    () = by(deadline) => return Ok(None),
+                match within(deadline, self.wait_locally(spec)).await {
+                    Some(r) => r?,
+                    None => return Ok(None),
                 }
             }
         }
@@ -541,29 +535,25 @@ impl Client {
             grant_rx: sent.grant_rx,
         };
         let blocking = guard.grant_rx.is_some();
-        let reply = tokio::select! {
-            r = &mut guard.reply_rx => match r {
-                Ok(r) => r,
-                // The session changed before the reply came: a blocking
-                // request is sent again in the new one (its answer comes
-                // through `grant_rx`), any other failed.
-                Err(_) if blocking => Reply::Queued,
-                Err(_) => return Err(ClientError::ConnectionLost),
-            },
-            () = by(deadline) => {
-                return Err(ClientError::Timeout("the server did not answer the lock request in time".into()));
-            }
+        let reply = match within(deadline, &mut guard.reply_rx).await {
+            Some(Ok(r)) => r,
+            // The session changed before the reply came: a blocking
+            // request is sent again in the new one (its answer comes
+            // through `grant_rx`), any other failed.
+            Some(Err(_)) if blocking => Reply::Queued,
+            Some(Err(_)) => return Err(ClientError::ConnectionLost),
+            None => return Err(ClientError::Timeout("the server did not answer the lock request in time".into())),
         };
         let mut generation = sent.generation;
         let reply = match (reply, guard.grant_rx.as_mut()) {
-            (Reply::Queued, Some(grant_rx)) => tokio::select! {
-                a = grant_rx => {
+            (Reply::Queued, Some(grant_rx)) => match within(deadline, grant_rx).await {
+                Some(a) => {
                     let a = a.map_err(|_| ClientError::ConnectionLost)?;
                     generation = a.generation;
                     a.reply
                 }
                 // Held by others until the deadline.
-                () = by(deadline) => return Ok(None),
+                None => return Ok(None),
             },
             (reply, _) => reply,
         };
@@ -764,5 +754,14 @@ fn local_effects(inner: &Inner, effects: Vec<Effect>) {
         {
             let _ = tx.send(());
         }
+    }
+}
+
+/// `f`'s output, or `None` if `deadline` passes first. Without a deadline
+/// `f` is awaited as it is: the common, untimed lock pays for no timer.
+async fn within<F: std::future::Future>(deadline: Option<Instant>, f: F) -> Option<F::Output> {
+    match deadline {
+        Some(d) => tokio::time::timeout_at(d.into(), f).await.ok(),
+        None => Some(f.await),
     }
 }
