@@ -13,7 +13,8 @@ pub const UNAVAILABLE: u8 = 69;
 /// a partition, a stopped process): the command was stopped
 /// (EX_TEMPFAIL: running it again may succeed).
 pub const LOCK_LOST: u8 = 75;
-/// The server refused the token (EX_NOPERM).
+/// The server refused the token, or its TLS certificate is not trusted
+/// (EX_NOPERM).
 pub const AUTH: u8 = 77;
 /// The command was found but could not be run.
 pub const CANNOT_RUN: u8 = 126;

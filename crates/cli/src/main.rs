@@ -7,6 +7,7 @@ mod exit;
 mod journal_cmd;
 mod remote;
 mod replay;
+mod tls_init;
 
 use std::process::ExitCode;
 
@@ -43,13 +44,18 @@ enum Command {
     /// 1 if --nowait or --timeout could not get the lock (held, or the
     /// server is in its recovery window); 2 for a usage error; 69 if the
     /// server cannot be reached or did not answer in time; 75 if the lock
-    /// was lost while the command ran; 77 if the server refused the token;
+    /// was lost while the command ran; 77 if the server refused the token
+    /// or its TLS certificate is not trusted;
     /// 126 if the command cannot be run, 127 if it is not found. The
     /// command sees the lock's fencing token in INTERLOCK_FENCE.
     Lock(remote::lock::LockArgs),
     /// Live counters of a server: sessions, resources, locks, waiters,
     /// request rate.
     Status(remote::status::StatusArgs),
+    /// Make a private CA and a server certificate for TLS: writes
+    /// DIR/ca.pem (for clients' --tls-ca), DIR/server.pem and
+    /// DIR/server.key (for serve --tls-cert and --tls-key).
+    TlsInit(tls_init::TlsInitArgs),
     /// Tools for reproducing lock problems without a cluster.
     #[command(subcommand)]
     Debug(DebugCommand),
@@ -88,6 +94,13 @@ fn main() -> ExitCode {
         Command::Serve(args) => remote::serve::serve(args),
         Command::Lock(args) => remote::lock::lock(args),
         Command::Status(args) => remote::status::status(args),
+        Command::TlsInit(args) => match tls_init::run(args) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("interlock tls-init: {e}");
+                ExitCode::FAILURE
+            }
+        },
         Command::Debug(DebugCommand::PosixReplay) => {
             let stdin = std::io::stdin().lock();
             let stdout = std::io::stdout().lock();

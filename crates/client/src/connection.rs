@@ -10,18 +10,24 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use interlock_core::Namespace;
 use interlock_proto::{self as proto, ClientMsgRef, GrantInfo, Kind, Op, Reply, ServerMsg, Target, owner};
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::sync::oneshot;
 use tokio_util::codec::FramedRead;
 
 use crate::lease::Lease;
 use crate::{Answer, Blocking, ClientError, Inner, LostLock, local_effects};
 
+/// A connection's reading half, in clear or TLS.
+type ReadHalf = Box<dyn AsyncRead + Send + Unpin>;
+/// A connection's writing half, in clear or TLS. Writes end with a flush,
+/// which TLS needs to send its records.
+type WriteHalf = Box<dyn AsyncWrite + Send + Unpin>;
+
 /// A connection that said hello: its frames in, its bytes out.
 pub(crate) struct Conn {
-    frames: FramedRead<OwnedReadHalf, proto::Reader<ServerMsg>>,
-    wr: OwnedWriteHalf,
+    frames: FramedRead<ReadHalf, proto::Reader<ServerMsg>>,
+    wr: WriteHalf,
 }
 
 /// A connection's session, as the welcome gave it.
@@ -65,9 +71,26 @@ pub(crate) async fn handshake(inner: &Inner) -> Result<Welcomed, ClientError> {
     }
 }
 
-async fn hello(inner: &Inner, stream: TcpStream) -> Result<Welcomed, ClientError> {
+/// Splits a connection, after the TLS handshake if the client speaks TLS.
+async fn halves(inner: &Inner, stream: TcpStream) -> Result<(ReadHalf, WriteHalf), ClientError> {
     let _ = stream.set_nodelay(true);
-    let (rd, mut wr) = stream.into_split();
+    let Some(config) = &inner.options.tls else {
+        let (rd, wr) = stream.into_split();
+        return Ok((Box::new(rd), Box::new(wr)));
+    };
+    let addr = &inner.addr;
+    let failed = |reason: String| ClientError::Tls { addr: addr.clone(), reason };
+    let name = proto::tls::server_name(addr).map_err(|e| failed(e.to_string()))?;
+    let tls = tokio_rustls::TlsConnector::from(config.clone())
+        .connect(name, stream)
+        .await
+        .map_err(|e| failed(e.to_string()))?;
+    let (rd, wr) = tokio::io::split(tls);
+    Ok((Box::new(rd), Box::new(wr)))
+}
+
+async fn hello(inner: &Inner, stream: TcpStream) -> Result<Welcomed, ClientError> {
+    let (rd, mut wr) = halves(inner, stream).await?;
     let session = Some(inner.session.load(Ordering::Relaxed)).filter(|&s| s != 0);
     let secret = *inner.secret.lock();
     let hello = ClientMsgRef::Hello {
@@ -81,7 +104,8 @@ async fn hello(inner: &Inner, stream: TcpStream) -> Result<Welcomed, ClientError
     proto::send(&mut wr, &hello).await.map_err(|_| ClientError::ConnectionLost)?;
     // The reader is kept: pushes may follow the welcome in the same read.
     let mut frames = proto::reader(rd);
-    match frames.next().await.ok_or(ClientError::ConnectionLost)? {
+    let not_welcomed = || ClientError::Closed(inner.addr.clone());
+    match frames.next().await.ok_or_else(not_welcomed)? {
         Ok(ServerMsg::Welcome { session, lease_ms, resumed, received, secret, boot, recovering_ms, .. }) => {
             inner.session.store(session, Ordering::Relaxed);
             *inner.secret.lock() = secret;
@@ -100,7 +124,7 @@ async fn hello(inner: &Inner, stream: TcpStream) -> Result<Welcomed, ClientError
         Ok(ServerMsg::Refused { reason, auth: true }) => Err(ClientError::Auth(reason)),
         Ok(ServerMsg::Refused { reason, .. }) => Err(ClientError::Refused(reason)),
         Ok(_) => Err(ClientError::Server("unexpected answer to hello".into())),
-        Err(_) => Err(ClientError::ConnectionLost),
+        Err(_) => Err(not_welcomed()),
     }
 }
 

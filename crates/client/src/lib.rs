@@ -78,6 +78,16 @@ pub enum ClientError {
     Connect { addr: String, source: std::io::Error },
     #[error("server refused: {0}")]
     Refused(String),
+    /// The TLS handshake failed: the server's certificate is not trusted
+    /// or does not name its address, or the server does not speak TLS.
+    #[error("TLS with {addr}: {reason}")]
+    Tls { addr: String, reason: String },
+    /// The server closed the connection, or answered in another protocol,
+    /// before it welcomed us.
+    #[error(
+        "{0} did not welcome us: it closed the connection or spoke another protocol (if it serves TLS, give the client its CA with --tls-ca)"
+    )]
+    Closed(String),
     /// The server refused the token (a wrong one, or none where one is
     /// needed).
     #[error("server refused: {0}")]
@@ -119,6 +129,10 @@ pub struct ClientOptions {
     /// How long connecting and the handshake may take, each time
     /// (reconnects included); `None`: as long as the system allows.
     pub connect_timeout: Option<Duration>,
+    /// Speak TLS, trusting servers this configuration trusts (see
+    /// `interlock_proto::tls::client_config`); the certificate must name
+    /// the host of the server's address.
+    pub tls: Option<Arc<rustls::ClientConfig>>,
 }
 
 /// A lock to take or give back.

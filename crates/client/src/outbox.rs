@@ -133,7 +133,7 @@ impl Outbox {
                 out.sent.push(batch.clone());
                 batch
             };
-            if wr.write_all(&batch).await.is_err() {
+            if wr.write_all(&batch).await.is_err() || wr.flush().await.is_err() {
                 return;
             }
         }

@@ -25,6 +25,7 @@
 //! Every decode is of untrusted bytes: a frame over [`MAX_FRAME`] or that
 //! does not decode is an error, never a panic (fuzzed by property tests).
 
+pub mod tls;
 mod unacked;
 
 use bytes::{BufMut, BytesMut};
@@ -379,7 +380,9 @@ where
     use tokio::io::AsyncWriteExt;
     let mut out = BytesMut::new();
     write_frame(msg, &mut out).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
-    w.write_all(&out).await
+    w.write_all(&out).await?;
+    // TLS keeps records back until flushed.
+    w.flush().await
 }
 
 /// Why a connection's bytes could not be read as messages. Every one

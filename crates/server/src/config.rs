@@ -47,6 +47,38 @@ pub struct Config {
     /// After a restart, how long clients may reclaim their locks.
     pub recovery: Duration,
     pub limits: Limits,
+    /// Serve TLS with this certificate and key. Off loopback the server
+    /// refuses to start without it unless `insecure_plaintext` is set:
+    /// the token never crosses a network in clear by default.
+    pub tls: Option<TlsFiles>,
+    pub insecure_plaintext: bool,
+    /// Serve Prometheus metrics over HTTP at `/metrics` on this address.
+    pub metrics: Option<SocketAddr>,
+}
+
+/// The server's TLS certificate chain and private key, PEM files.
+#[derive(Clone, Debug)]
+pub struct TlsFiles {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
+impl Default for Config {
+    /// Loopback on port 7420, `./interlock-data`, no token, a 5 s lease,
+    /// a 10 s recovery window, the default limits, no TLS, no metrics.
+    fn default() -> Self {
+        Config {
+            listen: SocketAddr::from(([127, 0, 0, 1], 7420)),
+            data: PathBuf::from("./interlock-data"),
+            token: None,
+            lease: Duration::from_secs(5),
+            recovery: Duration::from_secs(10),
+            limits: Limits::default(),
+            tls: None,
+            insecure_plaintext: false,
+            metrics: None,
+        }
+    }
 }
 
 /// Why a server did not start.
@@ -54,6 +86,12 @@ pub struct Config {
 pub enum ServerError {
     #[error("refusing to listen on {0} without a token: use --token-file (a token is required off loopback)")]
     TokenRequired(SocketAddr),
+    #[error(
+        "refusing to serve {0} in clear off loopback: the token and every lock would cross the network unencrypted; give --tls-cert and --tls-key, or --insecure-plaintext on a network you trust"
+    )]
+    PlaintextRefused(SocketAddr),
+    #[error("TLS: {0}")]
+    Tls(#[from] interlock_proto::tls::TlsError),
     #[error("{path}: {source}")]
     Data { path: PathBuf, source: std::io::Error },
     #[error("{0} is not a directory: --data names the directory where the server keeps its state")]
@@ -64,6 +102,8 @@ pub enum ServerError {
     DataInUse(PathBuf),
     #[error("{path}: {what}; refusing to start rather than let fencing tokens go backwards")]
     Exhausted { path: PathBuf, what: String },
+    #[error("cannot listen on {addr}: {source}")]
+    Metrics { addr: SocketAddr, source: std::io::Error },
     #[error("cannot listen on {addr}: {source}")]
     Listen { addr: SocketAddr, source: std::io::Error },
 }

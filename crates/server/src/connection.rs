@@ -14,6 +14,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::dispatch::{Gate, handle, recovery_gate};
 use crate::session::{self, same_secret};
+use crate::transport::{self, Reader, Writer};
 use crate::wire::{self, Wire};
 use crate::{Inner, end_session};
 
@@ -30,31 +31,46 @@ pub(crate) async fn connection(
     evicted: CancellationToken,
     greeted: impl FnOnce(),
 ) {
-    let (rd, mut wr) = stream.into_split();
-    let mut source = proto::reader::<ClientMsg, _>(rd);
-    let hello = tokio::select! {
+    // The TLS handshake and the hello, within the hello timeout.
+    let greet = async {
+        let (rd, wr) = match &inner.tls {
+            None => transport::plain(stream),
+            Some(acceptor) => match transport::tls(stream, acceptor).await {
+                Ok(halves) => halves,
+                Err(e) => {
+                    tracing::warn!(%peer, error = %e, "TLS handshake failed; closing");
+                    return None;
+                }
+            },
+        };
+        let mut source = proto::reader::<ClientMsg, _>(rd);
+        match source.next().await? {
+            Ok(msg) => Some((msg, source, wr)),
+            Err(e) => {
+                tracing::warn!(%peer, error = %e, "garbage instead of hello; closing");
+                None
+            }
+        }
+    };
+    let (hello, mut source, wr) = tokio::select! {
         () = evicted.cancelled() => {
             tracing::debug!(%peer, "closing a connection that has not said hello, to make room");
             return;
         }
-        read = tokio::time::timeout(HELLO_TIMEOUT, source.next()) => match read {
-            Ok(Some(Ok(msg))) => msg,
-            Ok(Some(Err(e))) => {
-                tracing::warn!(%peer, error = %e, "garbage instead of hello; closing");
-                return;
-            }
+        read = tokio::time::timeout(HELLO_TIMEOUT, greet) => match read {
+            Ok(Some(greeted)) => greeted,
             _ => return,
         },
     };
     greeted();
     let refuse = |reason: String| ServerMsg::Refused { reason, auth: false };
     let ClientMsg::Hello { version, token, session, received, secret } = hello else {
-        let _ = proto::send(&mut wr, &refuse("the first message must be Hello".into())).await;
+        let _ = wire::send(&wr, &refuse("the first message must be Hello".into())).await;
         return;
     };
     if version != proto::VERSION {
         let why = format!("unsupported protocol version {version}; this server speaks {}", proto::VERSION);
-        let _ = proto::send(&mut wr, &refuse(why)).await;
+        let _ = wire::send(&wr, &refuse(why)).await;
         return;
     }
     if let Some(want) = &inner.config.token
@@ -62,18 +78,17 @@ pub(crate) async fn connection(
     {
         tracing::warn!(%peer, "refused: wrong or missing token");
         let reason = "authentication failed: wrong or missing token".into();
-        let _ = proto::send(&mut wr, &ServerMsg::Refused { reason, auth: true }).await;
+        let _ = wire::send(&wr, &ServerMsg::Refused { reason, auth: true }).await;
         return;
     }
     let attached = match inner.sessions.attach(session, &secret, Instant::now(), crate::fresh_secret) {
         Ok(a) => a,
         Err(session::BadResume) => {
             tracing::warn!(%peer, session = ?session, "refused: resume with the wrong secret");
-            let _ = proto::send(&mut wr, &refuse("cannot resume that session: wrong secret".into())).await;
+            let _ = wire::send(&wr, &refuse("cannot resume that session: wrong secret".into())).await;
             return;
         }
     };
-    let wr = Arc::new(wr);
     let Some((session, mut turn)) = take_over(&inner, attached, received, &wr, peer).await else { return };
     let mut welcome = BytesMut::new();
     wire::put(
@@ -118,7 +133,7 @@ async fn take_over(
     inner: &Inner,
     mut session: session::Attached,
     received: u64,
-    wr: &Arc<tokio::net::tcp::OwnedWriteHalf>,
+    wr: &Arc<Writer>,
     peer: SocketAddr,
 ) -> Option<(session::Attached, tokio::sync::OwnedMutexGuard<u64>)> {
     loop {
@@ -155,7 +170,7 @@ async fn serve_connection(
     inner: &Inner,
     sid: u64,
     peer: SocketAddr,
-    source: &mut tokio_util::codec::FramedRead<tokio::net::tcp::OwnedReadHalf, proto::Reader<ClientMsg>>,
+    source: &mut tokio_util::codec::FramedRead<Reader, proto::Reader<ClientMsg>>,
     wire: &Wire,
     served: &mut u64,
 ) -> bool {

@@ -19,7 +19,8 @@
 //!
 //! Layout: `config` (settings, start errors), `datadir` (the data
 //! directory's lock, start number and fencing floor), `session` (the
-//! session table), `wire` (a session's output stream), `dispatch`
+//! session table), `transport` (a connection's bytes, in clear or TLS), `wire` (a
+//! session's output stream), `dispatch`
 //! (requests onto the engine), `connection` (handshake and request loop).
 
 mod config;
@@ -27,6 +28,7 @@ mod connection;
 mod datadir;
 mod dispatch;
 mod session;
+mod transport;
 mod wire;
 
 use std::collections::VecDeque;
@@ -41,7 +43,7 @@ use parking_lot::Mutex;
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 
-pub use config::{Config, Limits, ServerError};
+pub use config::{Config, Limits, ServerError, TlsFiles};
 use datadir::{DataDir, FENCE_BLOCK, Fences};
 use session::Sessions;
 
@@ -56,6 +58,8 @@ pub(crate) struct Inner {
     recovery_until: Option<Instant>,
     requests: AtomicU64,
     conns: Conns,
+    /// Set when the server speaks TLS.
+    tls: Option<tokio_rustls::TlsAcceptor>,
 }
 
 /// A bound server, ready to serve.
@@ -75,6 +79,13 @@ impl Server {
         if !config.listen.ip().is_loopback() && config.token.is_none() {
             return Err(ServerError::TokenRequired(config.listen));
         }
+        if !config.listen.ip().is_loopback() && config.tls.is_none() && !config.insecure_plaintext {
+            return Err(ServerError::PlaintextRefused(config.listen));
+        }
+        let tls = match &config.tls {
+            Some(f) => Some(tokio_rustls::TlsAcceptor::from(interlock_proto::tls::server_config(&f.cert, &f.key)?)),
+            None => None,
+        };
         let data = DataDir::open(&config.data)?;
         let listener = TcpListener::bind(config.listen)
             .await
@@ -94,6 +105,7 @@ impl Server {
             recovery_until,
             requests: AtomicU64::new(0),
             conns: Conns::default(),
+            tls,
         });
         Ok(Server { listener, inner, _data: data })
     }
@@ -135,8 +147,11 @@ fn admit(inner: &Arc<Inner>, stream: TcpStream, peer: SocketAddr) {
         let mut out = bytes::BytesMut::new();
         let reason = format!("server busy: {max} connections open, the limit (max-connections)");
         wire::put(&mut out, &ServerMsg::Refused { reason, auth: false });
-        // Best effort, without waiting: the socket's buffer takes it.
-        let _ = stream.try_write(&out);
+        // Best effort, without waiting: the socket's buffer takes it. (A
+        // TLS client cannot read it before a handshake: it sees the close.)
+        if inner.tls.is_none() {
+            let _ = stream.try_write(&out);
+        }
         return;
     }
     inner.conns.open.fetch_add(1, Ordering::Relaxed);

@@ -31,8 +31,9 @@ use std::sync::Arc;
 use bytes::{Bytes, BytesMut};
 use interlock_proto::{self as proto, ServerMsg, Unacked};
 use parking_lot::Mutex;
-use tokio::net::tcp::OwnedWriteHalf;
 use tokio::sync::Notify;
+
+use crate::transport::Writer;
 
 /// Unacknowledged bytes a session may pile up (a client acknowledges
 /// every 16 KiB; this is reached only by one that does not, or by a
@@ -47,7 +48,7 @@ struct Out {
     /// Taken for writing, not yet acknowledged.
     unacked: Unacked,
     /// The session's connection, if it has one.
-    wr: Option<Arc<OwnedWriteHalf>>,
+    wr: Option<Arc<Writer>>,
     /// A task is writing a batch it took (or the welcome is going out).
     writing: bool,
     /// More than [`MAX_UNACKED`] piled up and was dropped.
@@ -81,7 +82,7 @@ impl Wire {
     /// [`Wire::open`]). `false` if that cannot be: the bytes after
     /// `received` are gone (dropped past [`MAX_UNACKED`], or acknowledged
     /// already), or were never written. O(bytes after `received`).
-    pub fn attach(&self, wr: Arc<OwnedWriteHalf>, received: u64) -> bool {
+    pub fn attach(&self, wr: Arc<Writer>, received: u64) -> bool {
         let mut out = self.out.lock();
         let out = &mut *out;
         if out.broken {
@@ -100,7 +101,7 @@ impl Wire {
     }
 
     /// The connection `wr` is gone (if it is still the session's).
-    pub fn detach(&self, wr: &Arc<OwnedWriteHalf>) {
+    pub fn detach(&self, wr: &Arc<Writer>) {
         let mut out = self.out.lock();
         if out.wr.as_ref().is_some_and(|w| Arc::ptr_eq(w, wr)) {
             out.wr = None;
@@ -147,7 +148,7 @@ impl Wire {
         if let Ok(n) = wr.try_write(&out.pending) {
             out.take(n);
         }
-        let left = !out.pending.is_empty();
+        let left = !out.pending.is_empty() || wr.backlog();
         drop(out);
         if left {
             self.ready.notify_one();
@@ -171,7 +172,7 @@ impl Wire {
                     return Err(std::io::ErrorKind::OutOfMemory.into());
                 }
                 let Some(wr) = out.wr.clone() else { return Err(std::io::ErrorKind::NotConnected.into()) };
-                if out.pending.is_empty() {
+                if out.pending.is_empty() && !wr.backlog() {
                     out.writing = false;
                     return Ok(());
                 }
@@ -184,9 +185,10 @@ impl Wire {
     }
 }
 
-/// Writes all of `bytes` to a write half shared with pushing tasks.
-pub(crate) async fn write_all(wr: &OwnedWriteHalf, mut bytes: &[u8]) -> std::io::Result<()> {
-    while !bytes.is_empty() {
+/// Writes all of `bytes` (and any TLS backlog) to a write half shared
+/// with pushing tasks.
+pub(crate) async fn write_all(wr: &Writer, mut bytes: &[u8]) -> std::io::Result<()> {
+    while !bytes.is_empty() || wr.backlog() {
         wr.writable().await?;
         match wr.try_write(bytes) {
             Ok(n) => bytes = &bytes[n..],
@@ -195,6 +197,14 @@ pub(crate) async fn write_all(wr: &OwnedWriteHalf, mut bytes: &[u8]) -> std::io:
         }
     }
     Ok(())
+}
+
+/// Writes one message, for the exchanges before the session's stream is
+/// attached (refusals).
+pub(crate) async fn send(wr: &Writer, msg: &ServerMsg) -> std::io::Result<()> {
+    let mut out = BytesMut::new();
+    put(&mut out, msg);
+    write_all(wr, &out).await
 }
 
 /// Appends a message's frame. Every server message is far below the frame
@@ -223,12 +233,12 @@ mod tests {
     type Frames = tokio_util::codec::FramedRead<tokio::net::TcpStream, proto::Reader<ServerMsg>>;
 
     /// A connection: the server's halves, the client's reader.
-    async fn connection() -> (Arc<OwnedWriteHalf>, tokio::net::tcp::OwnedReadHalf, Frames) {
+    async fn connection() -> (Arc<Writer>, crate::transport::Reader, Frames) {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let client = tokio::net::TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
         let (server, _) = listener.accept().await.unwrap();
-        let (rd, wr) = server.into_split();
-        (Arc::new(wr), rd, proto::reader(client))
+        let (rd, wr) = crate::transport::plain(server);
+        (wr, rd, proto::reader(client))
     }
 
     async fn read(frames: &mut Frames, n: usize) -> Vec<ServerMsg> {

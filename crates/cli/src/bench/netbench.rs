@@ -69,6 +69,10 @@ pub struct NetArgs {
     /// Use this server instead of starting one.
     #[arg(long)]
     server: Option<String>,
+    /// Speak TLS to our own server (with a certificate made for the run),
+    /// to see what TLS costs.
+    #[arg(long, conflicts_with = "server")]
+    tls: bool,
     /// One JSON object per line instead of a table.
     #[arg(long)]
     json: bool,
@@ -77,33 +81,46 @@ pub struct NetArgs {
 /// A server of our own on a free loopback port, for the benchmark's life.
 struct OwnServer {
     addr: String,
+    /// What clients trust, if it speaks TLS.
+    tls: Option<std::sync::Arc<rustls::ClientConfig>>,
     _dir: tempfile::TempDir,
     _rt: tokio::runtime::Runtime,
 }
 
-fn own_server() -> Result<OwnServer, String> {
+/// Starts a server on a free loopback port; with `tls`, it speaks TLS
+/// with a certificate made for the run.
+fn own_server(tls: bool) -> Result<OwnServer, String> {
     let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
     let rt = runtime();
+    let (server_tls, client_tls) = if tls {
+        let files = crate::tls_init::generate(&dir.path().join("tls"), vec!["127.0.0.1".into()])?;
+        let client = interlock_proto::tls::client_config(&files.ca).map_err(|e| e.to_string())?;
+        (Some(interlock_server::TlsFiles { cert: files.cert, key: files.key }), Some(client))
+    } else {
+        (None, None)
+    };
     let config = interlock_server::Config {
         listen: "127.0.0.1:0".parse().expect("address"),
         data: dir.path().to_path_buf(),
-        token: None,
         lease: Duration::from_secs(10),
         recovery: Duration::ZERO,
-        limits: interlock_server::Limits::default(),
+        tls: server_tls,
+        ..interlock_server::Config::default()
     };
     let server = rt.block_on(interlock_server::Server::bind(config)).map_err(|e| e.to_string())?;
     let addr = server.local_addr().to_string();
     rt.spawn(server.serve(std::future::pending()));
-    Ok(OwnServer { addr, _dir: dir, _rt: rt })
+    Ok(OwnServer { addr, tls: client_tls, _dir: dir, _rt: rt })
 }
 
-fn server_addr(given: &Option<String>) -> Result<(String, Option<OwnServer>), String> {
+/// The server to measure (`given`, else one of our own) and the options
+/// to reach it with.
+fn server_addr(given: &Option<String>, tls: bool) -> Result<(String, ClientOptions, Option<OwnServer>), String> {
     match given {
-        Some(a) => Ok((a.clone(), None)),
+        Some(a) => Ok((a.clone(), ClientOptions::default(), None)),
         None => {
-            let s = own_server()?;
-            Ok((s.addr.clone(), Some(s)))
+            let s = own_server(tls)?;
+            Ok((s.addr.clone(), ClientOptions { tls: s.tls.clone(), ..ClientOptions::default() }, Some(s)))
         }
     }
 }
@@ -126,7 +143,7 @@ const BLOCKING_COLUMNS: &[(&str, &str)] = &[
 /// resource, hold H, unlock, sleep H, for D seconds; then each finishes
 /// its cycle. Ideal: the lock always held, so (D + P·H) / H grants.
 pub fn blocking(args: BlockingArgs) -> Result<(), String> {
-    let (addr, _own) = server_addr(&args.server)?;
+    let (addr, base, _own) = server_addr(&args.server, false)?;
     let hold = Duration::from_millis(args.hold.max(1));
     let (p, d) = (args.procs.max(1), args.duration);
     // The owners run on one thread, as in a client process: a grant then
@@ -138,7 +155,7 @@ pub fn blocking(args: BlockingArgs) -> Result<(), String> {
     let (counts, secs, gaps) = rt.block_on(async {
         let mut clients = Vec::new();
         for _ in 0..args.clients.max(1) {
-            let options = ClientOptions { no_local: args.no_local, ..ClientOptions::default() };
+            let options = ClientOptions { no_local: args.no_local, ..base.clone() };
             clients.push(Client::connect(&addr, options).await.map_err(|e| e.to_string())?);
         }
         let start = Instant::now();
@@ -317,14 +334,14 @@ const NET_COLUMNS: &[(&str, &str)] = &[
 
 /// Lock then unlock on distinct resources: each request is one op.
 pub fn net(args: NetArgs) -> Result<(), String> {
-    let (addr, _own) = server_addr(&args.server)?;
+    let (addr, base, _own) = server_addr(&args.server, args.tls)?;
     let rt = runtime();
     let d = Duration::from_secs_f64(args.duration);
     let names = args.names.max(1);
     let (ops, secs, hist) = rt.block_on(async {
         let mut clients = Vec::new();
         for _ in 0..args.clients.max(1) {
-            let options = ClientOptions { no_local: true, ..ClientOptions::default() };
+            let options = ClientOptions { no_local: true, ..base.clone() };
             clients.push(Client::connect(&addr, options).await.map_err(|e| e.to_string())?);
         }
         let start = Instant::now();
@@ -368,7 +385,8 @@ pub fn net(args: NetArgs) -> Result<(), String> {
         Ok::<_, String>((total, start.elapsed().as_secs_f64(), hist))
     })?;
     let mut report = Report::new(args.json, NET_COLUMNS);
-    let mut row = base_row("net", "lock-unlock", args.owners as u64, secs, ops);
+    let variant = if args.tls { "lock-unlock tls" } else { "lock-unlock" };
+    let mut row = base_row("net", variant, args.owners as u64, secs, ops);
     row.insert("owners".into(), json!(args.owners));
     row.insert("pipeline".into(), json!(args.pipeline));
     row.insert("names".into(), json!(names));

@@ -25,6 +25,10 @@ pub struct ServerArgs {
     /// Seconds that connecting and the handshake may take, each time.
     #[arg(long, default_value = "10", value_parser = args::positive_seconds, value_name = "SECS")]
     pub connect_timeout: f64,
+    /// Speak TLS to the server, trusting the CA certificates in this PEM
+    /// file; the server's certificate must name the host of --server.
+    #[arg(long, env = "INTERLOCK_TLS_CA", value_name = "FILE")]
+    pub tls_ca: Option<PathBuf>,
 }
 
 impl ServerArgs {
@@ -33,6 +37,12 @@ impl ServerArgs {
             token: token(self.token_file.as_ref())?,
             no_local: false,
             connect_timeout: Some(Duration::from_secs_f64(self.connect_timeout)),
+            tls: self
+                .tls_ca
+                .as_deref()
+                .map(interlock_proto::tls::client_config)
+                .transpose()
+                .map_err(|e| e.to_string())?,
         })
     }
 }
@@ -50,7 +60,7 @@ fn token(file: Option<&PathBuf>) -> Result<Option<String>, String> {
 /// The exit status for a failure to reach or use the server.
 pub fn status_of(e: &ClientError) -> u8 {
     match e {
-        ClientError::Auth(_) => exit::AUTH,
+        ClientError::Auth(_) | ClientError::Tls { .. } => exit::AUTH,
         ClientError::Invalid(_) => exit::USAGE,
         _ => exit::UNAVAILABLE,
     }

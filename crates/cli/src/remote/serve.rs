@@ -25,8 +25,8 @@ pub struct ServeArgs {
 #[derive(clap::Args, serde::Deserialize, Default)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 struct ServeSettings {
-    /// Address to listen on. Off loopback, --token-file is required
-    /// [default: 127.0.0.1:7420].
+    /// Address to listen on. Off loopback, --token-file is required, and
+    /// TLS unless --insecure-plaintext [default: 127.0.0.1:7420].
     #[arg(long)]
     listen: Option<std::net::SocketAddr>,
     /// Directory for the server's state, held by one server at a time
@@ -63,6 +63,23 @@ struct ServeSettings {
     /// [default: the open-file limit less 64, at least 16].
     #[arg(long, value_parser = args::count)]
     max_connections: Option<usize>,
+    /// PEM certificate chain (leaf first) to serve TLS with; needs
+    /// --tls-key. Clients then need --tls-ca.
+    #[arg(long, requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// PEM private key of --tls-cert.
+    #[arg(long, requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// Serve in clear off loopback. Without it a server listening off
+    /// loopback refuses to start without TLS: the token and every lock
+    /// name would cross the network unencrypted.
+    #[arg(long)]
+    #[serde(default)]
+    insecure_plaintext: bool,
+    /// Serve Prometheus metrics at http://ADDR/metrics (e.g.
+    /// 127.0.0.1:9420) [default: off].
+    #[arg(long, value_name = "ADDR")]
+    metrics: Option<std::net::SocketAddr>,
 }
 
 impl ServeSettings {
@@ -78,6 +95,10 @@ impl ServeSettings {
             max_waiters: self.max_waiters.or(file.max_waiters),
             max_in_flight: self.max_in_flight.or(file.max_in_flight),
             max_connections: self.max_connections.or(file.max_connections),
+            tls_cert: self.tls_cert.or(file.tls_cert),
+            tls_key: self.tls_key.or(file.tls_key),
+            insecure_plaintext: self.insecure_plaintext || file.insecure_plaintext,
+            metrics: self.metrics.or(file.metrics),
         }
     }
 
@@ -90,6 +111,11 @@ impl ServeSettings {
         let dir = path.parent().unwrap_or(std::path::Path::new("."));
         s.data = s.data.map(|d| dir.join(d));
         s.token_file = s.token_file.map(|t| dir.join(t));
+        s.tls_cert = s.tls_cert.map(|t| dir.join(t));
+        s.tls_key = s.tls_key.map(|t| dir.join(t));
+        if s.tls_cert.is_some() != s.tls_key.is_some() {
+            return Err(format!("config {}: tls-cert and tls-key go together", path.display()));
+        }
         let bad = |key: &str, e: String| format!("config {}: {key}: {e}", path.display());
         if let Some(v) = s.lease_ms {
             args::lease_ms(&v.to_string()).map_err(|e| bad("lease-ms", e))?;
@@ -129,6 +155,13 @@ impl ServeSettings {
                 max_in_flight: self.max_in_flight.unwrap_or(defaults.max_in_flight),
                 max_connections: self.max_connections.unwrap_or_else(|| default_max_connections(fd_limit)),
             },
+            tls: match (self.tls_cert, self.tls_key) {
+                (Some(cert), Some(key)) => Some(interlock_server::TlsFiles { cert, key }),
+                (None, None) => None,
+                _ => return Err("--tls-cert and --tls-key go together".into()),
+            },
+            insecure_plaintext: self.insecure_plaintext,
+            metrics: self.metrics,
         })
     }
 }
