@@ -52,6 +52,11 @@ enum Command {
     /// Live counters of a server: sessions, resources, locks, waiters,
     /// request rate.
     Status(remote::status::StatusArgs),
+    /// End a session at once, as if its lease had run out: its locks are
+    /// released and its waits withdrawn (force a dead client out; find its
+    /// session with `interlock status --resource NAME`). Exit 1 if there
+    /// is no such session.
+    Evict(remote::evict::EvictArgs),
     /// Make a private CA and a server certificate for TLS: writes
     /// DIR/ca.pem (for clients' --tls-ca), DIR/server.pem and
     /// DIR/server.key (for serve --tls-cert and --tls-key).
@@ -94,6 +99,7 @@ fn main() -> ExitCode {
         Command::Serve(args) => remote::serve::serve(args),
         Command::Lock(args) => remote::lock::lock(args),
         Command::Status(args) => remote::status::status(args),
+        Command::Evict(args) => remote::evict::evict(args),
         Command::TlsInit(args) => match tls_init::run(args) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {

@@ -61,7 +61,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use interlock_core::{Effect, LockKind, LockRequest, LockSpace, Mode, Outcome, Range};
-use interlock_proto::{ClientMsgRef, ConflictInfo, GrantInfo, Kind, Op, Reply, Secret, StatusInfo, Target, owner};
+use interlock_proto::{
+    ClientMsgRef, ConflictInfo, GrantInfo, Kind, Op, Reply, ResourceInfo, Secret, StatusInfo, Target, owner,
+};
 use parking_lot::Mutex;
 use tokio::sync::{mpsc, oneshot, watch};
 
@@ -747,6 +749,27 @@ impl Client {
     pub async fn status(&self) -> Result<StatusInfo, ClientError> {
         match self.request(Op::Status).await? {
             Reply::Status(s) => Ok(s),
+            other => Err(ClientError::Server(format!("unexpected reply {other:?}"))),
+        }
+    }
+
+    /// Who holds and who waits for `resource` at the server, in every lock
+    /// map (record, flock, DLM).
+    pub async fn inspect(&self, resource: &[u8]) -> Result<ResourceInfo, ClientError> {
+        match self.request(Op::Inspect { resource: resource.to_vec() }).await? {
+            Reply::Resource(r) => Ok(r),
+            Reply::Error(e) => Err(ClientError::Server(e)),
+            other => Err(ClientError::Server(format!("unexpected reply {other:?}"))),
+        }
+    }
+
+    /// Ends another session at once, as if its lease had run out: its
+    /// locks are released, its waits withdrawn, and its client learns that
+    /// it lost them.
+    pub async fn evict(&self, session: u64) -> Result<(), ClientError> {
+        match self.request(Op::Evict { session }).await? {
+            Reply::Done => Ok(()),
+            Reply::Error(e) => Err(ClientError::Server(e)),
             other => Err(ClientError::Server(format!("unexpected reply {other:?}"))),
         }
     }

@@ -316,7 +316,7 @@ impl Granted {
             .flat_map(|&root| self.forest.iter(root))
             .map(|id| {
                 let h = self.held(id);
-                HeldLock { owner: h.owner, range: self.range(id), mode: h.mode }
+                HeldLock { owner: h.owner, range: self.range(id), mode: h.mode, handle: h.handle }
             })
             .collect();
         out.sort();

@@ -70,4 +70,5 @@ pub use range::{OFFSET_MAX, Range};
 pub use space::{Config, LockSpace, MAX_LVB_LEN, MAX_NAME_LEN, Stats};
 pub use types::{
     Conflict, Effect, Grant, HeldLock, LockHandle, LockKind, LockRequest, Namespace, Outcome, Owner, Response, WaitId,
+    WaitingLock,
 };

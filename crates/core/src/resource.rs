@@ -38,7 +38,7 @@ use crate::deadlock::WaitGraph;
 use crate::granted::{Exempt, Granted, weakens};
 use crate::tree::NodeId;
 use crate::types::{
-    Conflict, Effect, Grant, HeldLock, LockHandle, LockKind, LockRequest, Outcome, Owner, Response, WaitId,
+    Conflict, Effect, Grant, HeldLock, LockHandle, LockKind, LockRequest, Outcome, Owner, Response, WaitId, WaitingLock,
 };
 use crate::waiters::{CONVERT_CLASS, NEW_CLASS, WaitQueue, Waiter};
 use crate::{Mode, Range, Set};
@@ -151,6 +151,10 @@ impl Resource {
 
     pub fn locks(&self) -> Vec<HeldLock> {
         self.granted.all()
+    }
+
+    pub fn waiting(&self) -> Vec<WaitingLock> {
+        self.waiters.all()
     }
 
     /// How many locks `owner` holds here (POSIX, OFD, flock). O(1).

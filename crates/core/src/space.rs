@@ -23,7 +23,9 @@ use smallvec::SmallVec;
 use crate::deadlock::WaitGraph;
 use crate::error::LockError;
 use crate::resource::{Ctx, Resource};
-use crate::types::{Conflict, HeldLock, LockHandle, LockKind, LockRequest, Namespace, Owner, Response, WaitId};
+use crate::types::{
+    Conflict, HeldLock, LockHandle, LockKind, LockRequest, Namespace, Owner, Response, WaitId, WaitingLock,
+};
 use crate::{Mode, Range};
 
 /// The longest resource name, in bytes.
@@ -278,6 +280,11 @@ impl LockSpace {
     /// Every lock held on a resource, sorted by owner then start. O(n log n).
     pub fn locks(&self, resource: &[u8], ns: Namespace) -> Result<Vec<HeldLock>, LockError> {
         Ok(self.with(ns, resource, false, |r, _| r.locks())?.unwrap_or_default())
+    }
+
+    /// Every request queued on a resource, in queue order. O(n).
+    pub fn waiting(&self, resource: &[u8], ns: Namespace) -> Result<Vec<WaitingLock>, LockError> {
+        Ok(self.with(ns, resource, false, |r, _| r.waiting())?.unwrap_or_default())
     }
 
     /// How many locks are held on `resource`. O(1) expected.

@@ -146,10 +146,22 @@ impl Response {
     }
 }
 
+/// One queued request, for status: who waits for which bytes in which
+/// mode.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WaitingLock {
+    pub id: WaitId,
+    pub owner: Owner,
+    pub range: Range,
+    pub mode: Mode,
+}
+
 /// One granted lock, for dumps and status.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub struct HeldLock {
     pub owner: Owner,
     pub range: Range,
     pub mode: Mode,
+    /// The DLM lock's handle; 0 for the other kinds.
+    pub handle: LockHandle,
 }

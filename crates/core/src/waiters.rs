@@ -29,7 +29,7 @@ use crate::Map;
 use std::collections::BTreeMap;
 
 use crate::tree::{Forest, NodeId, Root};
-use crate::types::{LockHandle, LockKind, Owner, WaitId};
+use crate::types::{LockHandle, LockKind, Owner, WaitId, WaitingLock};
 use crate::{Mode, Range};
 
 /// Conversions are served before new requests: their tickets sort first.
@@ -152,6 +152,18 @@ impl WaitQueue {
                 + q.by_ticket.len() * std::mem::size_of::<(u64, NodeId)>() * 2
                 + q.by_owner.capacity() * (std::mem::size_of::<(Owner, SmallVec<[WaitId; 1]>)>() + 1)
         })
+    }
+
+    /// Every waiter, in queue order (conversions first). O(n).
+    pub fn all(&self) -> Vec<WaitingLock> {
+        let Some(q) = &self.inner else { return Vec::new() };
+        q.by_ticket
+            .values()
+            .map(|&node| {
+                let w = q.forest.get(node);
+                WaitingLock { id: w.id, owner: w.owner, range: q.range(node), mode: w.mode }
+            })
+            .collect()
     }
 
     /// The next position in the queue: later than every queued waiter.

@@ -123,7 +123,7 @@ impl Model {
 
     fn dump(&self) -> Vec<HeldLock> {
         let mut v: Vec<HeldLock> =
-            self.locks.iter().map(|l| HeldLock { owner: l.owner, range: l.range, mode: l.mode }).collect();
+            self.locks.iter().map(|l| HeldLock { owner: l.owner, range: l.range, mode: l.mode, handle: 0 }).collect();
         v.sort();
         v
     }

@@ -34,7 +34,7 @@ use serde::{Deserialize, Serialize};
 pub use unacked::Unacked;
 
 /// The protocol version this build speaks.
-pub const VERSION: u32 = 3;
+pub const VERSION: u32 = 4;
 /// The largest frame either side accepts, in bytes.
 pub const MAX_FRAME: usize = 64 << 10;
 
@@ -163,6 +163,16 @@ pub enum Op {
     /// End the session now, releasing everything it holds (instead of at
     /// lease expiry).
     Bye,
+    /// Who holds and who waits for `resource`, in every lock map (record,
+    /// flock, DLM): [`Reply::Resource`].
+    Inspect {
+        #[serde(with = "serde_bytes")]
+        resource: Vec<u8>,
+    },
+    /// End session `session` now, as if its lease had run out: its locks
+    /// are released and its waits withdrawn (an operator forcing a dead
+    /// client out). Any client with the token may.
+    Evict { session: u64 },
 }
 
 /// Client to server.
@@ -228,6 +238,37 @@ pub struct StatusInfo {
     pub max_connections: u64,
 }
 
+/// One lock held or wanted, for [`Op::Inspect`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LockInfo {
+    pub session: u64,
+    pub kind: Kind,
+    /// The client's number for the owner.
+    pub owner: u32,
+    pub mode: u8,
+    pub start: u64,
+    pub end: u64,
+    /// Milliseconds since the owner first held a lock on the resource (for
+    /// a holder) or since the request was queued (for a waiter).
+    pub for_ms: u64,
+}
+
+/// Who holds and who waits for one resource. Each list holds at most
+/// [`ResourceInfo::MAX_LISTED`] entries (holders by owner then start,
+/// waiters in queue order); the totals count every one.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ResourceInfo {
+    pub holders: Vec<LockInfo>,
+    pub waiters: Vec<LockInfo>,
+    pub holders_total: u64,
+    pub waiters_total: u64,
+}
+
+impl ResourceInfo {
+    /// Entries listed per list: keeps the reply far below [`MAX_FRAME`].
+    pub const MAX_LISTED: usize = 256;
+}
+
 /// The answer to one request.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Reply {
@@ -249,6 +290,8 @@ pub enum Reply {
     Recovering {
         left_ms: u64,
     },
+    /// The answer to [`Op::Inspect`].
+    Resource(ResourceInfo),
 }
 
 /// Server to client.
@@ -485,7 +528,7 @@ mod tests {
     /// variants by index, byte strings as length then bytes. A change
     /// here is a new protocol version.
     #[test]
-    fn version_3_bytes() {
+    fn version_4_bytes() {
         assert_eq!(encode(&lock_request()), [1, 7, 0, 2, b'a', b'b', 1, 3, 0, 9, 5, 1, 0]);
         let unlock = Op::DlmUnlock { resource: b"r".to_vec(), owner: 1, handle: 300, lvb: Some(vec![9]) };
         assert_eq!(encode(&unlock), [5, 1, b'r', 1, 0xac, 0x02, 1, 1, 9]);
@@ -506,6 +549,28 @@ mod tests {
         assert_eq!(encode(&welcome)[..], [&[0u8, 3, 5, 1, 1, 0, 3][..], &[1; 16], &[2]].concat());
         assert_eq!(encode(&Reply::Recovering { left_ms: 5 }), [8, 5]);
         assert_eq!(encode(&Op::Renew { received: 1 }), [7, 1]);
+        assert_eq!(encode(&Op::Inspect { resource: b"r".to_vec() }), [10, 1, b'r']);
+        assert_eq!(encode(&Op::Evict { session: 5 }), [11, 5]);
+        assert_eq!(encode(&Reply::Resource(ResourceInfo::default())), [9, 0, 0, 0, 0]);
+    }
+
+    /// The fullest answer to an inspection fits in a frame.
+    #[test]
+    fn a_full_resource_answer_fits_a_frame() {
+        let most = LockInfo {
+            session: (1 << 30) - 1,
+            kind: Kind::Dlm,
+            owner: u32::MAX,
+            mode: 5,
+            start: u64::MAX,
+            end: u64::MAX,
+            for_ms: u64::MAX,
+        };
+        let list = vec![most; ResourceInfo::MAX_LISTED];
+        let info =
+            ResourceInfo { holders: list.clone(), waiters: list, holders_total: u64::MAX, waiters_total: u64::MAX };
+        let msg = ServerMsg::Reply { id: u64::MAX, reply: Reply::Resource(info) };
+        assert!(encode(&msg).len() < MAX_FRAME, "{}", encode(&msg).len());
     }
 
     /// A hello of any later version (fields added at its end) decodes

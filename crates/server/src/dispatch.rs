@@ -7,10 +7,10 @@
 //! table.
 
 use std::sync::atomic::Ordering;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use interlock_core::{Effect, LockKind, LockRequest, Mode, Outcome, Range};
-use interlock_proto::{self as proto, GrantInfo, Kind, Op, Reply, ServerMsg, Target, owner};
+use interlock_core::{Effect, LockKind, LockRequest, Mode, Namespace, Outcome, Range};
+use interlock_proto::{self as proto, GrantInfo, Kind, LockInfo, Op, Reply, ResourceInfo, ServerMsg, Target, owner};
 
 use crate::Inner;
 use crate::session::{Delivered, Raced, Track};
@@ -64,7 +64,7 @@ pub(crate) fn deliver(inner: &Inner, resource: &[u8], effects: Vec<Effect>) {
         match e {
             Effect::Granted { wait, grant, .. } => {
                 let info = inner.grant_info(grant);
-                match inner.sessions.granted(wait, info, |t| held_count(inner, t)) {
+                match inner.sessions.granted(wait, info, Instant::now(), |t| held_count(inner, t)) {
                     Delivered::Kick(wire) => wire.kick(),
                     Delivered::Release(r, g) => release_raced(inner, r, g),
                     Delivered::Kept => {}
@@ -138,6 +138,8 @@ pub(crate) fn recovery_gate(inner: &Inner, op: &Op) -> Gate {
         | Op::DlmUnlock { .. }
         | Op::Renew { .. }
         | Op::Status
+        | Op::Inspect { .. }
+        | Op::Evict { .. }
         | Op::Bye => Gate::Go,
         Op::Lock { wait: false, .. } | Op::DlmConvert { wait: false, .. } => Gate::Refuse(left),
         Op::Lock { .. } | Op::DlmConvert { .. } | Op::Test { .. } => Gate::Wait(left),
@@ -167,7 +169,7 @@ fn lock_reply(
         }
         Outcome::Queued(wait) => {
             let track = Track::Wait { resource: target.resource.clone(), kind: target.kind.into(), wait, owner };
-            match inner.sessions.queued(sid, id, track, target, owner, |t| held_count(inner, t)) {
+            match inner.sessions.queued((sid, id), track, target, owner, Instant::now(), |t| held_count(inner, t)) {
                 Ok(Some(info)) => Reply::Granted(info),
                 Ok(None) => Reply::Queued,
                 Err(gone) => session_gone(inner, gone),
@@ -214,7 +216,7 @@ fn execute(inner: &Inner, sid: u64, id: u64, op: Op) -> Result<Reply, String> {
             let reply = lock_reply(inner, sid, id, resp.outcome, &target, owner, |info| {
                 inner
                     .sessions
-                    .set_held(sid, Track::held(&target, owner, info.handle), |t| held_count(inner, t))
+                    .set_held(sid, Track::held(&target, owner, info.handle), Instant::now(), |t| held_count(inner, t))
                     .map_err(|gone| session_gone(inner, gone))
             });
             deliver(inner, &target.resource, resp.effects);
@@ -227,7 +229,7 @@ fn execute(inner: &Inner, sid: u64, id: u64, op: Op) -> Result<Reply, String> {
             let resp = inner.space.unlock(&target.resource, owner, k, range_of(&target)?).map_err(err)?;
             deliver(inner, &target.resource, resp.effects);
             let track = Track::Owned { resource: target.resource, kind: k, owner };
-            let _ = inner.sessions.set_held(sid, track, |t| held_count(inner, t));
+            let _ = inner.sessions.set_held(sid, track, Instant::now(), |t| held_count(inner, t));
             Ok(Reply::Done)
         }
         Op::Test { target, mode: m } => {
@@ -252,7 +254,7 @@ fn execute(inner: &Inner, sid: u64, id: u64, op: Op) -> Result<Reply, String> {
             let (owner, k) = (owner::id(k, sid, owner), LockKind::from(k));
             let resp = inner.space.release_owner(&resource, owner, k).map_err(err)?;
             let track = Track::Owned { resource: resource.clone(), kind: k, owner };
-            let _ = inner.sessions.set_held(sid, track, |t| held_count(inner, t));
+            let _ = inner.sessions.set_held(sid, track, Instant::now(), |t| held_count(inner, t));
             deliver(inner, &resource, resp.effects);
             Ok(Reply::Done)
         }
@@ -276,7 +278,12 @@ fn execute(inner: &Inner, sid: u64, id: u64, op: Op) -> Result<Reply, String> {
         Op::DlmUnlock { resource, owner, handle, lvb } => {
             let owner = owner::id(Kind::Dlm, sid, owner);
             let resp = inner.space.dlm_unlock(&resource, owner, handle, lvb.as_deref()).map_err(err)?;
-            let _ = inner.sessions.set_held(sid, Track::Dlm { resource: resource.clone(), owner, handle }, |_| 0);
+            let _ = inner.sessions.set_held(
+                sid,
+                Track::Dlm { resource: resource.clone(), owner, handle },
+                Instant::now(),
+                |_| 0,
+            );
             deliver(inner, &resource, resp.effects);
             Ok(Reply::Done)
         }
@@ -293,6 +300,49 @@ fn execute(inner: &Inner, sid: u64, id: u64, op: Op) -> Result<Reply, String> {
         }
         Op::Renew { received } => inner.sessions.ack(sid, received).map(|()| Reply::Done),
         Op::Status => Ok(Reply::Status(inner.status())),
+        Op::Inspect { resource } => inspect(inner, &resource, Instant::now()).map(Reply::Resource).map_err(err),
+        Op::Evict { session } => {
+            if !crate::end_session(inner, session) {
+                return Err(format!("no session {session} (it ended, or never was)"));
+            }
+            tracing::warn!(session, by = sid, "session evicted by an operator");
+            Ok(Reply::Done)
+        }
         Op::Bye => Ok(Reply::Done),
     }
+}
+
+/// Who holds and who waits for `resource`, in every lock map, at `now`.
+/// O(n log n) in the resource's locks (its lock list is sorted), plus
+/// O(1) per listed entry in the session table.
+fn inspect(inner: &Inner, resource: &[u8], now: Instant) -> Result<ResourceInfo, interlock_core::LockError> {
+    let info = |owner: u64, mode: Mode, range: Range, since: Option<Instant>| LockInfo {
+        session: owner::session(owner),
+        kind: owner::kind(owner),
+        owner: owner::number(owner),
+        mode: mode as u8,
+        start: range.start(),
+        end: range.end(),
+        for_ms: since.map_or(0, |t| now.saturating_duration_since(t).as_millis() as u64),
+    };
+    let mut out = ResourceInfo::default();
+    for ns in [Namespace::Record, Namespace::Flock, Namespace::Dlm] {
+        let held = inner.space.locks(resource, ns)?;
+        out.holders_total += held.len() as u64;
+        for h in held.into_iter().take(ResourceInfo::MAX_LISTED - out.holders.len()) {
+            let kind = owner::kind(h.owner);
+            let t = match kind {
+                Kind::Dlm => Track::Dlm { resource: resource.to_vec(), owner: h.owner, handle: h.handle },
+                k => Track::Owned { resource: resource.to_vec(), kind: k.into(), owner: h.owner },
+            };
+            let since = inner.sessions.held_since(owner::session(h.owner), &t);
+            out.holders.push(info(h.owner, h.mode, h.range, since));
+        }
+        let waiting = inner.space.waiting(resource, ns)?;
+        out.waiters_total += waiting.len() as u64;
+        for w in waiting.into_iter().take(ResourceInfo::MAX_LISTED - out.waiters.len()) {
+            out.waiters.push(info(w.owner, w.mode, w.range, inner.sessions.waiting_since(w.id)));
+        }
+    }
+    Ok(out)
 }

@@ -250,12 +250,14 @@ async fn reap(inner: Arc<Inner>) {
     }
 }
 
-/// Releases everything a session holds or waits for and forgets it.
-fn end_session(inner: &Inner, sid: u64) {
-    let Some(tracked) = inner.sessions.remove(sid) else { return };
+/// Releases everything a session holds or waits for and forgets it;
+/// whether there was such a session.
+fn end_session(inner: &Inner, sid: u64) -> bool {
+    let Some(tracked) = inner.sessions.remove(sid) else { return false };
     for t in tracked {
         dispatch::release_track(inner, t);
     }
+    true
 }
 
 /// A new session's secret: 128 bits from the operating system.

@@ -54,6 +54,15 @@ struct Waiting {
     track: Track,
     target: Target,
     owner: u64,
+    /// When it was queued.
+    since: Instant,
+}
+
+/// What a [`Track`] holds: the engine's count of locks in it, and since
+/// when it has held any.
+struct Holding {
+    count: usize,
+    since: Instant,
 }
 
 /// A withdrawn wait that the engine had granted just before the withdrawal
@@ -85,7 +94,7 @@ struct Session {
     last_seen: Instant,
     /// What it holds, with the engine's count of locks in each (an owner's
     /// ranges on a resource after merges and splits; 1 for a DLM lock).
-    held: HashMap<Track, usize>,
+    held: HashMap<Track, Holding>,
     /// The sum of the counts in `held`: what `max_locks` bounds.
     locks: usize,
     /// Request id -> its queued wait.
@@ -93,10 +102,16 @@ struct Session {
 }
 
 impl Session {
-    /// Sets what `t` holds to `count` locks (0: nothing, forgotten).
-    fn set_count(&mut self, t: Track, count: usize) {
-        let old = if count == 0 { self.held.remove(&t) } else { self.held.insert(t, count) };
-        self.locks = self.locks + count - old.unwrap_or(0);
+    /// Sets what `t` holds to `count` locks at `now` (0: nothing,
+    /// forgotten).
+    fn set_count(&mut self, t: Track, count: usize, now: Instant) {
+        let old = if count == 0 {
+            self.held.remove(&t).map_or(0, |h| h.count)
+        } else {
+            let h = self.held.entry(t).or_insert(Holding { count: 0, since: now });
+            std::mem::replace(&mut h.count, count)
+        };
+        self.locks = self.locks + count - old;
     }
 }
 
@@ -243,11 +258,11 @@ impl Sessions {
     /// this, which the engine makes and then `granted` records under this
     /// lock, is either counted here or recorded after). If the session has
     /// ended meanwhile, hands `t` back for the caller to give back.
-    pub fn set_held(&self, sid: u64, t: Track, count: impl FnOnce(&Track) -> usize) -> Result<(), Track> {
+    pub fn set_held(&self, sid: u64, t: Track, now: Instant, count: impl FnOnce(&Track) -> usize) -> Result<(), Track> {
         match self.state.lock().sessions.get_mut(&sid) {
             Some(s) => {
                 let n = count(&t);
-                s.set_count(t, n);
+                s.set_count(t, n, now);
                 Ok(())
             }
             None => Err(t),
@@ -262,11 +277,11 @@ impl Sessions {
     /// [`Sessions::set_held`]).
     pub fn queued(
         &self,
-        sid: u64,
-        id: u64,
+        (sid, id): (u64, u64),
         track: Track,
         target: &Target,
         owner: u64,
+        now: Instant,
         count: impl FnOnce(&Track) -> usize,
     ) -> Result<Option<GrantInfo>, Track> {
         let mut st = self.state.lock();
@@ -282,20 +297,26 @@ impl Sessions {
             if let Some(s) = st.sessions.get_mut(&sid) {
                 let t = Track::held(target, owner, g.handle);
                 let n = count(&t);
-                s.set_count(t, n);
+                s.set_count(t, n, now);
             }
             return Ok(Some(g));
         }
         st.waits.insert(wait, (sid, id));
         if let Some(s) = st.sessions.get_mut(&sid) {
-            s.waits.insert(id, Waiting { track, target: target.clone(), owner });
+            s.waits.insert(id, Waiting { track, target: target.clone(), owner, since: now });
         }
         Ok(None)
     }
 
     /// A queued request was granted: track it (`count`: see
     /// [`Sessions::set_held`]) and push the grant.
-    pub fn granted(&self, wait: WaitId, grant: GrantInfo, count: impl FnOnce(&Track) -> usize) -> Delivered {
+    pub fn granted(
+        &self,
+        wait: WaitId,
+        grant: GrantInfo,
+        now: Instant,
+        count: impl FnOnce(&Track) -> usize,
+    ) -> Delivered {
         let mut st = self.state.lock();
         let Some((sid, id)) = st.waits.remove(&wait) else {
             if let Some(r) = st.raced.remove(&wait) {
@@ -308,7 +329,7 @@ impl Sessions {
         if let Some(w) = s.waits.remove(&id) {
             let t = Track::held(&w.target, w.owner, grant.handle);
             let n = count(&t);
-            s.set_count(t, n);
+            s.set_count(t, n, now);
         }
         send(s, ServerMsg::Granted { id, grant })
     }
@@ -336,6 +357,18 @@ impl Sessions {
             st.waits.remove(wait);
         }
         Some((w.track, Range::new(w.target.start, w.target.end).ok()))
+    }
+
+    /// Since when session `sid` has held what `t` holds. O(1).
+    pub fn held_since(&self, sid: u64, t: &Track) -> Option<Instant> {
+        self.state.lock().sessions.get(&sid)?.held.get(t).map(|h| h.since)
+    }
+
+    /// Since when the engine's wait `wait` has been queued. O(1).
+    pub fn waiting_since(&self, wait: WaitId) -> Option<Instant> {
+        let st = self.state.lock();
+        let (sid, id) = st.waits.get(&wait)?;
+        st.sessions.get(sid)?.waits.get(id).map(|w| w.since)
     }
 
     /// Appends to the session's stream.

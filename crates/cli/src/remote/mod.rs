@@ -1,7 +1,8 @@
-//! The commands that talk to a server (`serve`, `lock`, `status`) and what
-//! they share: where the server is, the token, the runtime, and how a
-//! client error becomes an exit status.
+//! The commands that talk to a server (`serve`, `lock`, `status`, `evict`)
+//! and what they share: where the server is, the token, the runtime, and
+//! how a client error becomes an exit status.
 
+pub mod evict;
 pub mod lock;
 pub mod serve;
 pub mod status;

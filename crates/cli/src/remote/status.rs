@@ -4,7 +4,8 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use interlock_client::{Client, ClientError};
-use interlock_proto::StatusInfo;
+use interlock_core::{Mode, OFFSET_MAX};
+use interlock_proto::{Kind, LockInfo, ResourceInfo, StatusInfo};
 
 use super::{ServerArgs, runtime, status_of};
 use crate::args;
@@ -20,6 +21,11 @@ pub struct StatusArgs {
     /// watched through.
     #[arg(long, value_name = "SECS", num_args = 0..=1, default_missing_value = "1", value_parser = args::interval)]
     watch: Option<Duration>,
+    /// Instead of the counters, who holds and who waits for the resource
+    /// NAME (every lock kind): session, kind, owner, mode, bytes, and for
+    /// how long. A holder's session is what `interlock evict` takes.
+    #[arg(long, value_name = "NAME", conflicts_with = "watch")]
+    resource: Option<String>,
     #[command(flatten)]
     server: ServerArgs,
 }
@@ -37,9 +43,10 @@ pub fn status(args: StatusArgs) -> ExitCode {
                 return ExitCode::from(status_of(&e));
             }
         };
-        let result = match args.watch {
-            None => client.status().await.map(|s| print_status(&s, args.json)),
-            Some(every) => watch(&client, every, args.json).await,
+        let result = match (&args.resource, args.watch) {
+            (Some(name), _) => client.inspect(name.as_bytes()).await.map(|r| print_resource(&r, args.json)),
+            (None, None) => client.status().await.map(|s| print_status(&s, args.json)),
+            (None, Some(every)) => watch(&client, every, args.json).await,
         };
         let _ = client.bye().await;
         match result {
@@ -66,6 +73,77 @@ fn print_status(s: &StatusInfo, json: bool) {
     println!("requests    {} ({rate:.0}/s over {:.1}s up)", s.requests, s.uptime_ms as f64 / 1000.0);
     if s.recovering_ms > 0 {
         println!("recovering  {} ms left (after a restart: only reclaims are served until then)", s.recovering_ms);
+    }
+}
+
+/// A resource's holders, then its waiters in queue order.
+fn print_resource(r: &ResourceInfo, json: bool) {
+    if json {
+        let list = |l: &[LockInfo]| l.iter().map(lock_json).collect::<Vec<_>>();
+        let v = serde_json::json!({
+            "holders": list(&r.holders), "waiters": list(&r.waiters),
+            "holders_total": r.holders_total, "waiters_total": r.waiters_total,
+        });
+        println!("{v}");
+        return;
+    }
+    if r.holders_total + r.waiters_total == 0 {
+        println!("no one holds or waits for it");
+        return;
+    }
+    println!("{:<8} {:>10} {:<6} {:>10} {:<5} {:<24} {:>10}", "", "session", "kind", "owner", "mode", "bytes", "for");
+    for (what, list, total) in [("holds", &r.holders, r.holders_total), ("waits", &r.waiters, r.waiters_total)] {
+        for l in list.iter() {
+            let secs = format!("{:.1}s", l.for_ms as f64 / 1000.0);
+            let (kind, mode) = (kind_name(l.kind), mode_name(l.kind, l.mode));
+            println!("{what:<8} {:>10} {kind:<6} {:>10} {mode:<5} {:<24} {secs:>10}", l.session, l.owner, bytes(l));
+        }
+        if total > list.len() as u64 {
+            println!("{what:<8} … and {} more", total - list.len() as u64);
+        }
+    }
+}
+
+fn lock_json(l: &LockInfo) -> serde_json::Value {
+    serde_json::json!({
+        "session": l.session, "kind": kind_name(l.kind), "owner": l.owner,
+        "mode": mode_name(l.kind, l.mode), "start": l.start, "end": bytes_end(l.end), "for_ms": l.for_ms,
+    })
+}
+
+fn kind_name(k: Kind) -> &'static str {
+    match k {
+        Kind::Posix => "posix",
+        Kind::Ofd => "ofd",
+        Kind::Flock => "flock",
+        Kind::Dlm => "dlm",
+    }
+}
+
+/// POSIX, OFD and flock locks by their own names (read/write,
+/// shared/exclusive); DLM locks by mode.
+fn mode_name(k: Kind, m: u8) -> &'static str {
+    let mode = Mode::ALL.get(m as usize).copied();
+    match (k, mode) {
+        (Kind::Posix | Kind::Ofd, Some(Mode::PR)) => "read",
+        (Kind::Posix | Kind::Ofd, Some(Mode::EX)) => "write",
+        (Kind::Flock, Some(Mode::PR)) => "sh",
+        (Kind::Flock, Some(Mode::EX)) => "ex",
+        (_, Some(m)) => m.name(),
+        (_, None) => "?",
+    }
+}
+
+/// The last byte, `None` for "to the end of the file".
+fn bytes_end(end: u64) -> Option<u64> {
+    (end < OFFSET_MAX).then_some(end)
+}
+
+fn bytes(l: &LockInfo) -> String {
+    match (l.kind, bytes_end(l.end)) {
+        (Kind::Flock | Kind::Dlm, None) if l.start == 0 => "whole".into(),
+        (_, None) => format!("{}-EOF", l.start),
+        (_, Some(e)) => format!("{}-{e}", l.start),
     }
 }
 

@@ -1,0 +1,102 @@
+//! What an operator does through the binary: `status --resource` lists
+//! who holds and who waits for a resource; `evict` forces a session out.
+
+mod common;
+
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use common::*;
+use interlock_client::LockSpec;
+use interlock_core::{Mode, Range};
+use interlock_proto::Kind;
+
+fn run(addr: &str, args: &[&str]) -> Output {
+    Command::new(BIN).args(args).env("INTERLOCK_SERVER", addr).output().unwrap()
+}
+
+fn inspect(addr: &str, name: &str) -> serde_json::Value {
+    let out = run(addr, &["status", "--resource", name, "--json"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+fn posix(owner: u32, mode: Mode, start: u64, end: u64) -> LockSpec {
+    LockSpec { resource: b"file".to_vec(), kind: Kind::Posix, owner, mode, range: Range::new(start, end).unwrap() }
+}
+
+#[test]
+fn status_resource_lists_holders_and_waiters_and_evict_frees_them() {
+    let (_data, server) = long_lease_server();
+    let addr = server.addr.clone();
+    rt().block_on(async {
+        let a = client(&addr).await;
+        let b = client(&addr).await;
+        let taken = Instant::now();
+        a.lock(&posix(7, Mode::PR, 10, 19)).await.unwrap();
+        a.lock(&spec("file", 3)).await.unwrap();
+        let waiter = {
+            let b = b.clone();
+            tokio::spawn(async move { b.lock(&posix(9, Mode::EX, 0, 99)).await })
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let r = loop {
+            let addr = addr.clone();
+            let r = tokio::task::spawn_blocking(move || inspect(&addr, "file")).await.unwrap();
+            if r["waiters_total"] == 1 {
+                break r;
+            }
+            assert!(Instant::now() < deadline, "the wait never showed: {r}");
+        };
+        assert_eq!(r["holders_total"], 2, "{r}");
+        let holders = r["holders"].as_array().unwrap();
+        let rec = holders.iter().find(|h| h["kind"] == "posix").unwrap();
+        assert_eq!((rec["session"].as_u64(), rec["owner"].as_u64()), (Some(a.session()), Some(7)));
+        assert_eq!(
+            (rec["mode"].as_str(), rec["start"].as_u64(), rec["end"].as_u64()),
+            (Some("read"), Some(10), Some(19))
+        );
+        assert!(rec["for_ms"].as_u64().unwrap() as u128 <= taken.elapsed().as_millis());
+        let dlm = holders.iter().find(|h| h["kind"] == "dlm").unwrap();
+        assert_eq!(
+            (dlm["session"].as_u64(), dlm["owner"].as_u64(), dlm["mode"].as_str()),
+            (Some(a.session()), Some(3), Some("ex"))
+        );
+        let w = &r["waiters"][0];
+        assert_eq!(
+            (w["session"].as_u64(), w["owner"].as_u64(), w["mode"].as_str()),
+            (Some(b.session()), Some(9), Some("write"))
+        );
+        assert_eq!((w["start"].as_u64(), w["end"].as_u64()), (Some(0), Some(99)));
+
+        // Evicted: A's locks go at once (the lease is 60 s), B's wait is
+        // granted, and A learns it lost both.
+        let mut lost = a.lost_locks();
+        let session = a.session().to_string();
+        let out = tokio::task::spawn_blocking({
+            let addr = addr.clone();
+            move || run(&addr, &["evict", &session])
+        })
+        .await
+        .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let granted = tokio::time::timeout(Duration::from_secs(10), waiter).await.expect("the wait is granted");
+        assert!(granted.unwrap().is_ok());
+        tokio::time::timeout(Duration::from_secs(10), lost.wait_for(|&n| n >= 2)).await.unwrap().unwrap();
+        let r = tokio::task::spawn_blocking(move || inspect(&addr, "file")).await.unwrap();
+        assert_eq!((r["holders_total"].as_u64(), r["waiters_total"].as_u64()), (Some(1), Some(0)), "{r}");
+        assert_eq!(r["holders"][0]["session"].as_u64(), Some(b.session()));
+    });
+}
+
+#[test]
+fn evicting_no_session_fails_and_says_so() {
+    let (_data, server) = long_lease_server();
+    let out = run(&server.addr, &["evict", "12345"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no session 12345"));
+    let out = run(&server.addr, &["evict", "x"]);
+    assert_eq!(out.status.code(), Some(2), "a usage error");
+    let out = run(&server.addr, &["status", "--resource", "none"]);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("no one holds or waits"));
+}
