@@ -100,3 +100,83 @@ fn evicting_no_session_fails_and_says_so() {
     let out = run(&server.addr, &["status", "--resource", "none"]);
     assert!(String::from_utf8_lossy(&out.stdout).contains("no one holds or waits"));
 }
+
+/// `GET /metrics` over plain HTTP: the body.
+fn scrape(addr: &str) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).unwrap();
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    text.split_once("\r\n\r\n").unwrap().1.to_string()
+}
+
+/// The value of the sample `name` (with its labels) in a scrape.
+fn sample(text: &str, name: &str) -> f64 {
+    let line =
+        text.lines().find(|l| l.split(' ').next() == Some(name)).unwrap_or_else(|| panic!("no {name} in\n{text}"));
+    line.rsplit(' ').next().unwrap().parse().unwrap()
+}
+
+#[test]
+fn metrics_count_what_happened() {
+    let data = tempfile::tempdir().unwrap();
+    let dir = data.path().to_str().unwrap();
+    let args = ["--data", dir, "--listen", "127.0.0.1:0", "--lease-ms", "300", "--metrics", "127.0.0.1:0"];
+    let (server, lines) = ServerProc::spawn_lines(&args, 2);
+    let metrics =
+        lines[1].strip_prefix("interlock: metrics at http://").unwrap().strip_suffix("/metrics").unwrap().to_string();
+    let addr = server.addr.clone();
+    rt().block_on(async {
+        // Four grants: three at once, one after waiting (freed by an
+        // eviction); one session evicted, one whose lease runs out.
+        let a = client(&addr).await;
+        let b = client(&addr).await;
+        a.lock(&spec("m", 1)).await.unwrap();
+        let waiter = {
+            let b = b.clone();
+            tokio::spawn(async move { b.lock(&spec("m", 2)).await })
+        };
+        let r = loop {
+            let r = b.inspect(b"m").await.unwrap();
+            if r.waiters_total == 1 {
+                break r;
+            }
+        };
+        assert_eq!(r.holders_total, 1);
+        b.evict(a.session()).await.unwrap();
+        waiter.await.unwrap().unwrap();
+        b.lock(&spec("other", 3)).await.unwrap();
+        // A client that goes silent (killed while it holds a lock): its
+        // lease runs out.
+        let mut wrapper = lock_cmd(&addr, &["gone", "--", "sleep", "60"]).spawn().unwrap();
+        while b.inspect(b"gone").await.unwrap().holders_total == 0 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        wrapper.kill().unwrap();
+        wrapper.wait().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let text = tokio::task::spawn_blocking({
+                let m = metrics.clone();
+                move || scrape(&m)
+            })
+            .await
+            .unwrap();
+            if sample(&text, "interlock_lease_expiries_total") >= 1.0 {
+                assert_eq!(sample(&text, "interlock_evictions_total"), 1.0);
+                assert_eq!(sample(&text, "interlock_grants_total"), 4.0, "{text}");
+                assert!(sample(&text, "interlock_requests_total{op=\"lock\"}") >= 4.0);
+                assert!(sample(&text, "interlock_requests_total{op=\"evict\"}") == 1.0);
+                let count = sample(&text, "interlock_request_duration_seconds_count");
+                let inf = sample(&text, "interlock_request_duration_seconds_bucket{le=\"+Inf\"}");
+                assert_eq!(count, inf, "every request falls in a bucket");
+                assert!(sample(&text, "interlock_sessions") >= 1.0);
+                break;
+            }
+            assert!(Instant::now() < deadline, "the killed client's session never expired:\n{text}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    });
+}

@@ -102,7 +102,7 @@ pub enum ServerError {
     DataInUse(PathBuf),
     #[error("{path}: {what}; refusing to start rather than let fencing tokens go backwards")]
     Exhausted { path: PathBuf, what: String },
-    #[error("cannot listen on {addr}: {source}")]
+    #[error("cannot serve metrics on {addr}: {source}")]
     Metrics { addr: SocketAddr, source: std::io::Error },
     #[error("cannot listen on {addr}: {source}")]
     Listen { addr: SocketAddr, source: std::io::Error },

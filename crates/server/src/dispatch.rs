@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 use interlock_core::{Effect, LockKind, LockRequest, Mode, Namespace, Outcome, Range};
 use interlock_proto::{self as proto, GrantInfo, Kind, LockInfo, Op, Reply, ResourceInfo, ServerMsg, Target, owner};
 
-use crate::Inner;
 use crate::session::{Delivered, Raced, Track};
+use crate::{Inner, metrics};
 
 /// Gives back one thing a session held or waited for: releases the locks,
 /// withdraws the wait (releasing its grant if the grant won the race).
@@ -63,6 +63,9 @@ pub(crate) fn deliver(inner: &Inner, resource: &[u8], effects: Vec<Effect>) {
     for e in effects {
         match e {
             Effect::Granted { wait, grant, .. } => {
+                if let Some(m) = &inner.metrics {
+                    m.granted();
+                }
                 let info = inner.grant_info(grant);
                 match inner.sessions.granted(wait, info, Instant::now(), |t| held_count(inner, t)) {
                     Delivered::Kick(wire) => wire.kick(),
@@ -94,10 +97,11 @@ pub(crate) fn handle(inner: &Inner, sid: u64, id: u64, op: Op) -> Reply {
     if !matches!(op, Op::Renew { .. }) {
         inner.requests.fetch_add(1, Ordering::Relaxed);
     }
-    match execute(inner, sid, id, op) {
-        Ok(r) => r,
-        Err(e) => Reply::Error(e),
+    match &inner.metrics {
+        None => execute(inner, sid, id, op),
+        Some(m) => m.request(metrics::op_index(&op), || execute(inner, sid, id, op)),
     }
+    .unwrap_or_else(Reply::Error)
 }
 
 /// The most locks a request of `kind` can add to its session: a POSIX or
@@ -161,6 +165,9 @@ fn lock_reply(
 ) -> Reply {
     match outcome {
         Outcome::Granted(g) => {
+            if let Some(m) = &inner.metrics {
+                m.granted();
+            }
             let info = inner.grant_info(g);
             match on_grant(&info) {
                 Ok(()) => Reply::Granted(info),
@@ -306,6 +313,9 @@ fn execute(inner: &Inner, sid: u64, id: u64, op: Op) -> Result<Reply, String> {
                 return Err(format!("no session {session} (it ended, or never was)"));
             }
             tracing::warn!(session, by = sid, "session evicted by an operator");
+            if let Some(m) = &inner.metrics {
+                m.evicted();
+            }
             Ok(Reply::Done)
         }
         Op::Bye => Ok(Reply::Done),

@@ -27,6 +27,7 @@ mod config;
 mod connection;
 mod datadir;
 mod dispatch;
+mod metrics;
 mod session;
 mod transport;
 mod wire;
@@ -60,11 +61,14 @@ pub(crate) struct Inner {
     conns: Conns,
     /// Set when the server speaks TLS.
     tls: Option<tokio_rustls::TlsAcceptor>,
+    /// Set when the server serves metrics.
+    metrics: Option<metrics::Metrics>,
 }
 
 /// A bound server, ready to serve.
 pub struct Server {
     listener: TcpListener,
+    metrics: Option<TcpListener>,
     inner: Arc<Inner>,
     /// Held while the server runs.
     _data: DataDir,
@@ -90,6 +94,10 @@ impl Server {
         let listener = TcpListener::bind(config.listen)
             .await
             .map_err(|source| ServerError::Listen { addr: config.listen, source })?;
+        let metrics = match config.metrics {
+            Some(addr) => Some(TcpListener::bind(addr).await.map_err(|source| ServerError::Metrics { addr, source })?),
+            None => None,
+        };
         let (start, data) = data.start(FENCE_BLOCK)?;
         let started = Instant::now();
         // A restart (not a first start) opens the recovery window.
@@ -106,8 +114,9 @@ impl Server {
             requests: AtomicU64::new(0),
             conns: Conns::default(),
             tls,
+            metrics: metrics.is_some().then(metrics::Metrics::default),
         });
-        Ok(Server { listener, inner, _data: data })
+        Ok(Server { listener, metrics, inner, _data: data })
     }
 
     /// The address actually bound (port 0 picks a free one).
@@ -115,9 +124,15 @@ impl Server {
         self.listener.local_addr().expect("bound")
     }
 
+    /// The metrics address actually bound, if metrics are served.
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics.as_ref().and_then(|l| l.local_addr().ok())
+    }
+
     /// Serves until `shutdown` completes.
     pub async fn serve(self, shutdown: impl std::future::Future<Output = ()>) {
         let reaper = tokio::spawn(reap(self.inner.clone()));
+        let metrics = self.metrics.map(|l| tokio::spawn(metrics::serve(l, self.inner.clone())));
         tokio::pin!(shutdown);
         let mut backoff = AcceptBackoff::default();
         loop {
@@ -133,6 +148,9 @@ impl Server {
             }
         }
         reaper.abort();
+        if let Some(m) = metrics {
+            m.abort();
+        }
     }
 }
 
@@ -241,7 +259,11 @@ async fn reap(inner: Arc<Inner>) {
         let since = inner.recovery_until.unwrap_or(inner.started);
         for sid in inner.sessions.expired(inner.config.lease, since, Instant::now()) {
             tracing::info!(session = sid, "lease expired; releasing its locks");
-            end_session(&inner, sid);
+            if end_session(&inner, sid)
+                && let Some(m) = &inner.metrics
+            {
+                m.expired();
+            }
         }
         epochs += 1;
         if epochs.is_multiple_of(4) {
@@ -294,9 +316,9 @@ impl Inner {
 
 /// Serves on `config` until Ctrl-C or SIGTERM; `bound` is told the
 /// address once it listens.
-pub async fn run(config: Config, bound: impl FnOnce(SocketAddr)) -> Result<(), ServerError> {
+pub async fn run(config: Config, bound: impl FnOnce(SocketAddr, Option<SocketAddr>)) -> Result<(), ServerError> {
     let server = Server::bind(config).await?;
-    bound(server.local_addr());
+    bound(server.local_addr(), server.metrics_addr());
     server
         .serve(async {
             let ctrl_c = tokio::signal::ctrl_c();

@@ -227,7 +227,12 @@ pub fn serve(args: ServeArgs) -> ExitCode {
             "max-connections is near or above the open-file limit; accepts will fail before it is reached"
         );
     }
-    match runtime().block_on(interlock_server::run(config, |addr| println!("interlock: listening on {addr}"))) {
+    match runtime().block_on(interlock_server::run(config, |addr, metrics| {
+        println!("interlock: listening on {addr}");
+        if let Some(m) = metrics {
+            println!("interlock: metrics at http://{m}/metrics");
+        }
+    })) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("interlock serve: {e}");

@@ -28,6 +28,12 @@ impl ServerProc {
 
     /// `interlock serve ARGS`, once it listens.
     pub fn spawn(args: &[&str]) -> ServerProc {
+        ServerProc::spawn_lines(args, 1).0
+    }
+
+    /// `interlock serve ARGS` and the first `n` lines it prints (the
+    /// first says where it listens).
+    pub fn spawn_lines(args: &[&str], n: usize) -> (ServerProc, Vec<String>) {
         let mut child = Command::new(BIN)
             .arg("serve")
             .args(args)
@@ -36,10 +42,16 @@ impl ServerProc {
             .stderr(Stdio::null())
             .spawn()
             .unwrap();
-        let mut line = String::new();
-        BufReader::new(child.stdout.as_mut().unwrap()).read_line(&mut line).unwrap();
-        let addr = line.trim().strip_prefix("interlock: listening on ").expect("listening line").to_string();
-        ServerProc { child, addr }
+        let mut out = BufReader::new(child.stdout.as_mut().unwrap());
+        let lines: Vec<String> = (0..n)
+            .map(|_| {
+                let mut line = String::new();
+                out.read_line(&mut line).unwrap();
+                line.trim().to_string()
+            })
+            .collect();
+        let addr = lines[0].strip_prefix("interlock: listening on ").expect("listening line").to_string();
+        (ServerProc { child, addr }, lines)
     }
 
     pub fn kill9(&mut self) {
