@@ -1,0 +1,128 @@
+//! An inode in memory. What every creator in a directory touches (its
+//! entry count, link count, times) is atomic, so creators in one
+//! directory share no lock; what changes rarely (owner, mode, extended
+//! attributes) sits behind the inode's own small mutex.
+
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, Ordering::Relaxed};
+
+use parking_lot::{Mutex, RwLock};
+
+use crate::access::Owner;
+use crate::types::{Attr, DIRENT_SIZE, FileType, Ino, Nanos};
+
+pub(crate) struct Inode {
+    pub ino: Ino,
+    pub kind: FileType,
+    pub rdev: u64,
+    pub meta: Mutex<Meta>,
+    pub nlink: AtomicU32,
+    pub size: AtomicU64,
+    pub mtime: AtomicI64,
+    pub ctime: AtomicI64,
+    /// Open handles anywhere in the cluster: an inode with no links left
+    /// lives on (an orphan) until the last is closed.
+    pub opens: AtomicU32,
+    pub dir: Option<Dir>,
+}
+
+/// An extended attribute: name and value.
+pub(crate) type Xattr = (Box<[u8]>, Box<[u8]>);
+
+/// What changes rarely.
+pub(crate) struct Meta {
+    pub perm: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub atime: Nanos,
+    /// Extended attributes, in the order set.
+    pub xattrs: Vec<Xattr>,
+    /// A symlink's target.
+    pub target: Box<[u8]>,
+}
+
+/// What only a directory has.
+pub(crate) struct Dir {
+    /// The intention lock: every operation on an entry of the directory
+    /// holds it shared (they do not exclude each other: names are locked
+    /// one by one, see `locks`); removing or replacing the directory
+    /// holds it exclusive, so nothing is created in a directory as it
+    /// goes.
+    pub intent: RwLock<()>,
+    /// The directory it is in (itself for the root).
+    pub parent: AtomicU64,
+    /// Its entries, `.` and `..` not counted.
+    pub entries: AtomicU64,
+    /// It was removed: nothing may be created in it.
+    pub dead: AtomicBool,
+}
+
+impl Inode {
+    pub fn new(ino: Ino, kind: FileType, meta: Meta, rdev: u64, time: Nanos, parent: Ino) -> Inode {
+        let dir = (kind == FileType::Directory).then(|| Dir {
+            intent: RwLock::new(()),
+            parent: AtomicU64::new(parent),
+            entries: AtomicU64::new(0),
+            dead: AtomicBool::new(false),
+        });
+        let size = if kind == FileType::Symlink { meta.target.len() as u64 } else { 0 };
+        Inode {
+            ino,
+            kind,
+            rdev,
+            meta: Mutex::new(meta),
+            nlink: AtomicU32::new(if dir.is_some() { 2 } else { 1 }),
+            size: AtomicU64::new(size),
+            mtime: AtomicI64::new(time),
+            ctime: AtomicI64::new(time),
+            opens: AtomicU32::new(0),
+            dir,
+        }
+    }
+
+    pub fn is_dir(&self) -> bool {
+        self.dir.is_some()
+    }
+
+    /// The directory part (callers check [`Inode::is_dir`] first).
+    pub fn dir(&self) -> &Dir {
+        self.dir.as_ref().expect("a directory")
+    }
+
+    pub fn owner(&self) -> Owner {
+        let m = self.meta.lock();
+        Owner { kind: self.kind, perm: m.perm, uid: m.uid, gid: m.gid }
+    }
+
+    /// The contents changed at `time`: mtime and ctime move forward to it
+    /// (never back: concurrent changes land in any order).
+    pub fn modified(&self, time: Nanos) {
+        self.mtime.fetch_max(time, Relaxed);
+        self.ctime.fetch_max(time, Relaxed);
+    }
+
+    /// The inode itself changed at `time` (links, owner, mode).
+    pub fn changed(&self, time: Nanos) {
+        self.ctime.fetch_max(time, Relaxed);
+    }
+
+    pub fn attr(&self) -> Attr {
+        let m = self.meta.lock();
+        let size = match &self.dir {
+            Some(d) => d.entries.load(Relaxed) * DIRENT_SIZE,
+            None => self.size.load(Relaxed),
+        };
+        Attr {
+            ino: self.ino,
+            kind: self.kind,
+            perm: m.perm,
+            nlink: self.nlink.load(Relaxed),
+            uid: m.uid,
+            gid: m.gid,
+            rdev: self.rdev,
+            size,
+            atime: m.atime,
+            mtime: self.mtime.load(Relaxed),
+            ctime: self.ctime.load(Relaxed),
+        }
+    }
+}

@@ -1,0 +1,237 @@
+//! The namespace: inodes by number, and every directory entry in one
+//! ordered index keyed by (directory, name hash, name), which serves
+//! lookups and listings in hash order with stable cookies. Reads take no
+//! lock; changes lock as `locks` says, then apply their [`Mutation`]
+//! (see `apply`).
+//!
+//! Costs, for n entries in the namespace and k listed: lookup O(log n);
+//! getattr O(1) expected; create, link, unlink, rmdir, rename O(log n);
+//! readdir O(log n + k); setattr O(1) expected; xattrs O(x) in the
+//! inode's attributes.
+
+use std::hash::BuildHasher;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+use parking_lot::Mutex;
+
+use crate::access::{self, EXEC, READ};
+use crate::errno::{Errno, Result};
+use crate::inode::{Inode, Meta};
+use crate::locks::Stripes;
+use crate::types::{Attr, Cred, DirEntry, FileType, Ino, NAME_MAX, Nanos, ROOT, StatFs, XATTR_NAME_MAX};
+
+/// An entry's key: listings walk a directory in (hash, name) order.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) struct Key {
+    pub parent: Ino,
+    pub hash: u64,
+    pub name: Box<[u8]>,
+}
+
+/// Cookies below this are the caller's (`.` and `..` in a listing).
+pub const FIRST_COOKIE: u64 = 3;
+
+pub struct Namespace {
+    pub(crate) inodes: scc::HashMap<Ino, Arc<Inode>, foldhash::fast::RandomState>,
+    pub(crate) entries: scc::TreeIndex<Key, Ino>,
+    pub(crate) next_ino: AtomicU64,
+    pub(crate) stripes: Stripes,
+    /// Held by directory renames across directories (see `locks`).
+    pub(crate) rename_lock: Mutex<()>,
+    /// Names hash with this seed, chosen when the namespace is made and
+    /// kept with it: cookies stay valid across restarts, and names cannot
+    /// be crafted to collide.
+    seed: u64,
+}
+
+impl Namespace {
+    /// An empty namespace: a root directory owned by root, mode 0755,
+    /// made at `time`; names hashed with `seed`.
+    pub fn new(seed: u64, time: Nanos) -> Namespace {
+        let ns = Namespace {
+            inodes: scc::HashMap::default(),
+            entries: scc::TreeIndex::new(),
+            next_ino: AtomicU64::new(ROOT + 1),
+            stripes: Stripes::default(),
+            rename_lock: Mutex::new(()),
+            seed,
+        };
+        let meta = Meta { perm: 0o755, uid: 0, gid: 0, atime: time, xattrs: Vec::new(), target: Box::default() };
+        let _ = ns.inodes.insert_sync(ROOT, Arc::new(Inode::new(ROOT, FileType::Directory, meta, 0, time, ROOT)));
+        ns
+    }
+
+    /// A name's hash: its place in its directory's listing, and the
+    /// listing's cookie after it. Never below [`FIRST_COOKIE`].
+    pub(crate) fn hash(&self, name: &[u8]) -> u64 {
+        (foldhash::fast::FixedState::with_seed(self.seed).hash_one(name) >> 2) + FIRST_COOKIE
+    }
+
+    pub(crate) fn key(&self, parent: Ino, name: &[u8]) -> Key {
+        Key { parent, hash: self.hash(name), name: name.into() }
+    }
+
+    pub(crate) fn inode(&self, ino: Ino) -> Result<Arc<Inode>> {
+        self.inodes.read_sync(&ino, |_, i| i.clone()).ok_or(Errno::ENOENT)
+    }
+
+    /// A directory the caller may search.
+    pub(crate) fn searchable(&self, cred: &Cred, ino: Ino) -> Result<Arc<Inode>> {
+        let dir = self.inode(ino)?;
+        if !dir.is_dir() {
+            return Err(Errno::ENOTDIR);
+        }
+        access::check(cred, &dir.owner(), EXEC)?;
+        Ok(dir)
+    }
+
+    /// What `name` in `parent` names, without checks.
+    pub(crate) fn child(&self, parent: Ino, name: &[u8]) -> Option<Ino> {
+        self.entries.peek_with(&self.key(parent, name), |_, &ino| ino)
+    }
+
+    /// `lookup`: needs search permission on `parent`. `.` and `..` name
+    /// the directory and its parent.
+    pub fn lookup(&self, cred: &Cred, parent: Ino, name: &[u8]) -> Result<Attr> {
+        check_name(name)?;
+        let dir = self.searchable(cred, parent)?;
+        let ino = match name {
+            b"." => parent,
+            b".." => dir.dir().parent.load(Relaxed),
+            _ => self.child(parent, name).ok_or(Errno::ENOENT)?,
+        };
+        Ok(self.inode(ino)?.attr())
+    }
+
+    pub fn getattr(&self, ino: Ino) -> Result<Attr> {
+        Ok(self.inode(ino)?.attr())
+    }
+
+    /// A symlink's target.
+    pub fn readlink(&self, ino: Ino) -> Result<Vec<u8>> {
+        let i = self.inode(ino)?;
+        if i.kind != FileType::Symlink {
+            return Err(Errno::EINVAL);
+        }
+        Ok(i.meta.lock().target.to_vec())
+    }
+
+    /// Up to `max` entries of directory `ino` after `cookie` (0: from the
+    /// start), in hash order, each with the cookie that resumes after it.
+    /// An entry present throughout a listing is returned exactly once,
+    /// whatever is created and removed meanwhile (two names of one
+    /// directory whose 62-bit hashes meet could share a cookie: with a
+    /// seeded hash, odds of 1 in 10^13 for a million entries). Needs read
+    /// permission. O(log n + max).
+    pub fn readdir(&self, cred: &Cred, ino: Ino, cookie: u64, max: usize) -> Result<Vec<DirEntry>> {
+        let dir = self.inode(ino)?;
+        if !dir.is_dir() {
+            return Err(Errno::ENOTDIR);
+        }
+        access::check(cred, &dir.owner(), READ)?;
+        let from = Key { parent: ino, hash: cookie.max(FIRST_COOKIE - 1) + 1, name: Box::default() };
+        let to = Key { parent: ino + 1, hash: 0, name: Box::default() };
+        let guard = scc::Guard::new();
+        let mut out = Vec::new();
+        for (k, &child) in self.entries.range(from..to, &guard) {
+            if out.len() == max {
+                break;
+            }
+            // Gone between the index and the table: removed meanwhile.
+            let Ok(i) = self.inode(child) else { continue };
+            out.push(DirEntry { name: k.name.to_vec(), ino: child, kind: i.kind, cookie: k.hash });
+        }
+        Ok(out)
+    }
+
+    /// `readdir` with each entry's attributes (what `ls -l` and `du`
+    /// need, in one call).
+    pub fn readdirplus(&self, cred: &Cred, ino: Ino, cookie: u64, max: usize) -> Result<Vec<(DirEntry, Attr)>> {
+        Ok(self
+            .readdir(cred, ino, cookie, max)?
+            .into_iter()
+            .filter_map(|e| Some((self.getattr(e.ino).ok()?, e)))
+            .map(|(a, e)| (e, a))
+            .collect())
+    }
+
+    /// An extended attribute's value (`ENODATA` if unset).
+    pub fn getxattr(&self, cred: &Cred, ino: Ino, name: &[u8]) -> Result<Vec<u8>> {
+        let i = self.inode(ino)?;
+        xattr_permission(cred, &i, name, false)?;
+        let m = i.meta.lock();
+        m.xattrs.iter().find(|(n, _)| &**n == name).map(|(_, v)| v.to_vec()).ok_or(Errno::ENODATA)
+    }
+
+    /// The names of the extended attributes the caller may see.
+    pub fn listxattr(&self, cred: &Cred, ino: Ino) -> Result<Vec<Vec<u8>>> {
+        let i = self.inode(ino)?;
+        let m = i.meta.lock();
+        Ok(m.xattrs
+            .iter()
+            .filter(|(n, _)| !n.starts_with(b"trusted.") || cred.is_root())
+            .map(|(n, _)| n.to_vec())
+            .collect())
+    }
+
+    pub fn statfs(&self) -> StatFs {
+        StatFs { files: self.inodes.len() as u64, name_max: NAME_MAX as u32, block_size: 4096 }
+    }
+
+    /// Inodes in the namespace (orphans included).
+    pub fn inode_count(&self) -> usize {
+        self.inodes.len()
+    }
+}
+
+/// A name a directory entry may have: 1 to 255 bytes, no `/` or NUL.
+pub(crate) fn check_name(name: &[u8]) -> Result<()> {
+    if name.len() > NAME_MAX {
+        return Err(Errno::ENAMETOOLONG);
+    }
+    if name.is_empty() || name.contains(&b'/') || name.contains(&0) {
+        return Err(Errno::EINVAL);
+    }
+    Ok(())
+}
+
+/// Who may read (`write` false) or set an extended attribute, by its
+/// namespace, as Linux's `xattr_permission`: `user.` by the file's read or
+/// write permission, and only on regular files and directories; `trusted.`
+/// by root only; `security.` by anyone who may write (set) or read; other
+/// prefixes are not supported.
+pub(crate) fn xattr_permission(cred: &Cred, i: &Inode, name: &[u8], write: bool) -> Result<()> {
+    if name.len() > XATTR_NAME_MAX {
+        return Err(Errno::ERANGE);
+    }
+    if name.is_empty() {
+        return Err(Errno::ERANGE);
+    }
+    let o = i.owner();
+    if name.starts_with(b"trusted.") {
+        return if cred.is_root() {
+            Ok(())
+        } else if write {
+            Err(Errno::EPERM)
+        } else {
+            Err(Errno::ENODATA)
+        };
+    }
+    if name.starts_with(b"user.") {
+        if !matches!(i.kind, FileType::Regular | FileType::Directory) {
+            return Err(if write { Errno::EPERM } else { Errno::ENODATA });
+        }
+        if write && i.kind == FileType::Directory && o.perm & libc::S_ISVTX != 0 && !access::owns(cred, &o) {
+            return Err(Errno::EPERM);
+        }
+        return access::check(cred, &o, if write { access::WRITE } else { READ });
+    }
+    if name.starts_with(b"security.") || name.starts_with(b"system.") {
+        if write && !access::owns(cred, &o) {
+            return Err(Errno::EPERM);
+        }
+        return Ok(());
+    }
+    Err(Errno::EOPNOTSUPP)
+}

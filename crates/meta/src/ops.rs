@@ -1,0 +1,458 @@
+//! The changing operations: each checks what Linux checks, in Linux's
+//! order (so the errno is the kernel's), under the locks `locks`
+//! describes, then applies its [`Mutation`] and returns it for the
+//! journal. The caller acknowledges the operation once that record is
+//! durable.
+
+use std::sync::atomic::Ordering::Relaxed;
+
+use crate::access::{self, EXEC, WRITE};
+use crate::errno::{Errno, Result};
+use crate::inode::Inode;
+use crate::locks::stripe;
+use crate::mutation::Mutation;
+use crate::namespace::{Namespace, check_name, xattr_permission};
+use crate::types::{
+    Attr, Cred, FILE_SIZE_MAX, FileType, Ino, LINK_MAX, Nanos, ROOT, RenameFlags, SYMLINK_MAX, SetAttr, TimeSet,
+    XATTR_SIZE_MAX, XattrMode,
+};
+
+/// A new inode's owner and mode.
+pub struct NewInode {
+    pub kind: FileType,
+    /// Permission bits, the caller's umask already applied.
+    pub perm: u32,
+    pub rdev: u64,
+}
+
+impl Namespace {
+    /// The stripe of `name` in `parent`.
+    fn name_lock(&self, parent: Ino, name: &[u8]) -> usize {
+        stripe(parent, self.hash(name))
+    }
+
+    /// Creates `name` in `parent`: a file, directory, symlink (`target`)
+    /// or special file. The owner is the caller; the group is the
+    /// caller's, or the directory's if it is setgid (and then a new
+    /// directory is setgid too). O(log n).
+    pub fn create(
+        &self,
+        cred: &Cred,
+        parent: Ino,
+        name: &[u8],
+        new: NewInode,
+        target: &[u8],
+        now: Nanos,
+    ) -> Result<(Attr, Mutation)> {
+        check_name(name)?;
+        let dir = self.searchable(cred, parent)?;
+        if new.kind == FileType::Symlink && target.len() > SYMLINK_MAX {
+            return Err(Errno::ENAMETOOLONG);
+        }
+        let _held = self.stripes.lock(&[(&dir, false)], &[self.name_lock(parent, name)]);
+        if matches!(name, b"." | b"..") || self.child(parent, name).is_some() {
+            return Err(Errno::EEXIST);
+        }
+        if dir.dir().dead.load(Relaxed) {
+            return Err(Errno::ENOENT);
+        }
+        let owner = dir.owner();
+        access::check(cred, &owner, WRITE | EXEC)?;
+        if new.kind == FileType::Directory && dir.nlink.load(Relaxed) >= LINK_MAX {
+            return Err(Errno::EMLINK);
+        }
+        let sgid_dir = owner.perm & libc::S_ISGID != 0;
+        let gid = if sgid_dir { owner.gid } else { cred.gid };
+        let mut perm = new.perm & 0o7777;
+        if new.kind == FileType::Directory && sgid_dir {
+            perm |= libc::S_ISGID;
+        }
+        // A setgid file in a group the caller is not in loses the bit.
+        if new.kind != FileType::Directory && perm & libc::S_ISGID != 0 && !cred.is_root() && !cred.in_group(gid) {
+            perm &= !libc::S_ISGID;
+        }
+        if new.kind == FileType::Symlink {
+            perm = 0o777;
+        }
+        let ino = self.next_ino.fetch_add(1, Relaxed);
+        let m = Mutation::Create {
+            parent,
+            name: name.to_vec(),
+            ino,
+            kind: new.kind,
+            perm,
+            uid: cred.uid,
+            gid,
+            rdev: new.rdev,
+            target: target.to_vec(),
+            time: now,
+        };
+        self.apply(&m);
+        Ok((self.inode(ino)?.attr(), m))
+    }
+
+    /// A new name `name` in `parent` for `ino`. O(log n).
+    pub fn link(&self, cred: &Cred, ino: Ino, parent: Ino, name: &[u8], now: Nanos) -> Result<(Attr, Mutation)> {
+        check_name(name)?;
+        let dir = self.searchable(cred, parent)?;
+        let target = self.inode(ino)?;
+        let _held = self.stripes.lock(&[(&dir, false)], &[self.name_lock(parent, name)]);
+        if matches!(name, b"." | b"..") || self.child(parent, name).is_some() {
+            return Err(Errno::EEXIST);
+        }
+        may_link(cred, &target)?;
+        if dir.dir().dead.load(Relaxed) {
+            return Err(Errno::ENOENT);
+        }
+        access::check(cred, &dir.owner(), WRITE | EXEC)?;
+        if target.is_dir() {
+            return Err(Errno::EPERM);
+        }
+        // An open file whose last name went cannot be linked again.
+        if target.nlink.load(Relaxed) == 0 {
+            return Err(Errno::ENOENT);
+        }
+        if target.nlink.load(Relaxed) >= LINK_MAX {
+            return Err(Errno::EMLINK);
+        }
+        let m = Mutation::Link { parent, name: name.to_vec(), ino, time: now };
+        self.apply(&m);
+        Ok((target.attr(), m))
+    }
+
+    /// Removes a name that is not a directory's. O(log n).
+    pub fn unlink(&self, cred: &Cred, parent: Ino, name: &[u8], now: Nanos) -> Result<Mutation> {
+        self.remove(cred, parent, name, false, now)
+    }
+
+    /// Removes an empty directory. O(log n).
+    pub fn rmdir(&self, cred: &Cred, parent: Ino, name: &[u8], now: Nanos) -> Result<Mutation> {
+        match name {
+            b"." => return Err(Errno::EINVAL),
+            b".." => return Err(Errno::ENOTEMPTY),
+            _ => {}
+        }
+        self.remove(cred, parent, name, true, now)
+    }
+
+    fn remove(&self, cred: &Cred, parent: Ino, name: &[u8], dir_wanted: bool, now: Nanos) -> Result<Mutation> {
+        check_name(name)?;
+        if !dir_wanted && matches!(name, b"." | b"..") {
+            return Err(Errno::EISDIR);
+        }
+        let dir = self.searchable(cred, parent)?;
+        loop {
+            // Which inode the name names decides the locks (a directory
+            // is locked exclusive as it goes); checked again under them.
+            let ino = self.child(parent, name).ok_or(Errno::ENOENT)?;
+            let victim = self.inode(ino)?;
+            let mut dirs = vec![(&*dir, false)];
+            if victim.is_dir() {
+                dirs.push((&*victim, true));
+            }
+            let _held = self.stripes.lock(&dirs, &[self.name_lock(parent, name)]);
+            if self.child(parent, name) != Some(ino) {
+                continue;
+            }
+            may_delete(cred, &dir, &victim, dir_wanted)?;
+            if dir_wanted && victim.dir().entries.load(Relaxed) != 0 {
+                return Err(Errno::ENOTEMPTY);
+            }
+            let m = Mutation::Remove { parent, name: name.to_vec(), ino, time: now };
+            self.apply(&m);
+            return Ok(m);
+        }
+    }
+
+    /// `rename` and `renameat2`'s `RENAME_NOREPLACE` and
+    /// `RENAME_EXCHANGE`; `None` when the two names already name one
+    /// inode (nothing changes, nothing to journal). O(log n), plus
+    /// O(depth) for a directory moved to another directory (the loop
+    /// check).
+    pub fn rename(
+        &self,
+        cred: &Cred,
+        (parent, name): (Ino, &[u8]),
+        (new_parent, new_name): (Ino, &[u8]),
+        flags: RenameFlags,
+        now: Nanos,
+    ) -> Result<Option<Mutation>> {
+        if flags.noreplace && flags.exchange {
+            return Err(Errno::EINVAL);
+        }
+        check_name(name)?;
+        check_name(new_name)?;
+        let p = self.searchable(cred, parent)?;
+        let np = self.searchable(cred, new_parent)?;
+        if matches!(name, b"." | b"..") || matches!(new_name, b"." | b"..") {
+            return Err(Errno::EBUSY);
+        }
+        loop {
+            let ino = self.child(parent, name).ok_or(Errno::ENOENT)?;
+            let moved = self.inode(ino)?;
+            let victim = match self.child(new_parent, new_name) {
+                Some(v) => Some(self.inode(v)?),
+                None => None,
+            };
+            let crosses = parent != new_parent
+                && (moved.is_dir() || victim.as_ref().is_some_and(|v| flags.exchange && v.is_dir()));
+            let _tree = crosses.then(|| self.rename_lock.lock());
+            let mut dirs = vec![(&*p, false), (&*np, false)];
+            if let Some(v) = victim.as_deref().filter(|v| v.is_dir()) {
+                dirs.push((v, !flags.exchange));
+            }
+            let names = [self.name_lock(parent, name), self.name_lock(new_parent, new_name)];
+            let _held = self.stripes.lock(&dirs, &names);
+            if self.child(parent, name) != Some(ino)
+                || self.child(new_parent, new_name) != victim.as_ref().map(|v| v.ino)
+            {
+                continue;
+            }
+            if flags.noreplace && victim.is_some() {
+                return Err(Errno::EEXIST);
+            }
+            if flags.exchange && victim.is_none() {
+                return Err(Errno::ENOENT);
+            }
+            // The source must not be an ancestor of the target; the target
+            // not one of the source.
+            if moved.is_dir() && self.is_ancestor(ino, new_parent) {
+                return Err(Errno::EINVAL);
+            }
+            if let Some(v) = victim.as_deref().filter(|v| v.is_dir())
+                && self.is_ancestor(v.ino, parent)
+            {
+                return Err(if flags.exchange { Errno::EINVAL } else { Errno::ENOTEMPTY });
+            }
+            if victim.as_ref().is_some_and(|v| v.ino == ino) {
+                // Two names of one inode: nothing changes (POSIX).
+                return Ok(None);
+            }
+            may_delete(cred, &p, &moved, moved.is_dir())?;
+            match &victim {
+                None => {
+                    if np.dir().dead.load(Relaxed) {
+                        return Err(Errno::ENOENT);
+                    }
+                    access::check(cred, &np.owner(), WRITE | EXEC)?;
+                }
+                Some(v) => {
+                    let is_dir = if flags.exchange { v.is_dir() } else { moved.is_dir() };
+                    may_delete(cred, &np, v, is_dir)?;
+                }
+            }
+            if parent != new_parent {
+                if moved.is_dir() {
+                    access::check(cred, &moved.owner(), WRITE)?;
+                }
+                if let Some(v) = victim.as_deref().filter(|v| flags.exchange && v.is_dir()) {
+                    access::check(cred, &v.owner(), WRITE)?;
+                }
+            }
+            if !flags.exchange
+                && let Some(v) = victim.as_deref().filter(|v| v.is_dir())
+                && v.dir().entries.load(Relaxed) != 0
+            {
+                return Err(Errno::ENOTEMPTY);
+            }
+            if parent != new_parent && moved.is_dir() && victim.is_none() && np.nlink.load(Relaxed) >= LINK_MAX {
+                return Err(Errno::EMLINK);
+            }
+            let m = Mutation::Rename {
+                parent,
+                name: name.to_vec(),
+                new_parent,
+                new_name: new_name.to_vec(),
+                exchange: flags.exchange,
+                time: now,
+            };
+            self.apply(&m);
+            return Ok(Some(m));
+        }
+    }
+
+    /// Whether directory `a` is `d` or one of its ancestors. O(depth);
+    /// the tree holds still while the caller holds the rename lock.
+    fn is_ancestor(&self, a: Ino, mut d: Ino) -> bool {
+        loop {
+            if d == a {
+                return true;
+            }
+            if d == ROOT {
+                return false;
+            }
+            match self.inode(d) {
+                Ok(i) if i.is_dir() => d = i.dir().parent.load(Relaxed),
+                _ => return false,
+            }
+        }
+    }
+
+    /// `chmod`, `chown`, `truncate`, `utimensat`, with Linux's rules:
+    /// chmod by the owner or root (a non-member's setgid bit dropped);
+    /// chown by root, chgrp by the owner to one of their groups; either
+    /// clears setuid (and setgid if group-executable) on a non-directory;
+    /// truncate needs write permission (unless opened for writing) and a
+    /// regular file; times set to now need ownership or write
+    /// permission, explicit times ownership. ctime always moves. O(1)
+    /// expected.
+    pub fn setattr(&self, cred: &Cred, ino: Ino, set: &SetAttr, now: Nanos) -> Result<(Attr, Mutation)> {
+        let i = self.inode(ino)?;
+        let o = i.owner();
+        let mut perm = None;
+        let (mut uid, mut gid) = (None, None);
+        if set.uid.is_some() || set.gid.is_some() {
+            let new_uid = set.uid.unwrap_or(o.uid);
+            let new_gid = set.gid.unwrap_or(o.gid);
+            if !cred.is_root() {
+                let uid_ok = new_uid == o.uid && cred.uid == o.uid;
+                let gid_ok = new_gid == o.gid || (cred.uid == o.uid && cred.in_group(new_gid));
+                if !(uid_ok && gid_ok) {
+                    return Err(Errno::EPERM);
+                }
+            }
+            (uid, gid) = (set.uid, set.gid);
+            if i.kind != FileType::Directory {
+                let mut p = o.perm & !libc::S_ISUID;
+                if p & libc::S_IXGRP != 0 {
+                    p &= !libc::S_ISGID;
+                }
+                if p != o.perm {
+                    perm = Some(p);
+                }
+            }
+        }
+        if let Some(p) = set.perm {
+            if !access::owns(cred, &o) {
+                return Err(Errno::EPERM);
+            }
+            let mut p = p & 0o7777;
+            let group = gid.unwrap_or(o.gid);
+            if !cred.is_root() && !cred.in_group(group) {
+                p &= !libc::S_ISGID;
+            }
+            perm = Some(p);
+        }
+        let mut mtime = None;
+        if let Some(size) = set.size {
+            match i.kind {
+                FileType::Directory => return Err(Errno::EISDIR),
+                FileType::Regular => {}
+                _ => return Err(Errno::EINVAL),
+            }
+            if !set.opened_for_write {
+                access::check(cred, &o, WRITE)?;
+            }
+            if size > FILE_SIZE_MAX {
+                return Err(Errno::EFBIG);
+            }
+            mtime = Some(now);
+        }
+        let resolve = |t: TimeSet| match t {
+            TimeSet::Now => now,
+            TimeSet::At(t) => t,
+        };
+        let times = [set.atime, set.mtime];
+        if times.iter().any(Option::is_some) && !access::owns(cred, &o) {
+            if times.iter().any(|t| matches!(t, Some(TimeSet::At(_)))) {
+                return Err(Errno::EPERM);
+            }
+            access::check(cred, &o, WRITE)?;
+        }
+        if let Some(t) = set.mtime {
+            mtime = Some(resolve(t));
+        }
+        let m =
+            Mutation::SetAttr { ino, perm, uid, gid, size: set.size, atime: set.atime.map(resolve), mtime, ctime: now };
+        self.apply(&m);
+        Ok((i.attr(), m))
+    }
+
+    /// Sets an extended attribute (see `xattr_permission` for who may).
+    pub fn setxattr(
+        &self,
+        cred: &Cred,
+        ino: Ino,
+        name: &[u8],
+        value: &[u8],
+        mode: XattrMode,
+        now: Nanos,
+    ) -> Result<Mutation> {
+        let i = self.inode(ino)?;
+        xattr_permission(cred, &i, name, true)?;
+        if value.len() > XATTR_SIZE_MAX {
+            return Err(Errno::E2BIG);
+        }
+        let _held = i.meta.lock();
+        let exists = _held.xattrs.iter().any(|(n, _)| &**n == name);
+        match (mode, exists) {
+            (XattrMode::Create, true) => return Err(Errno::EEXIST),
+            (XattrMode::Replace, false) => return Err(Errno::ENODATA),
+            _ => {}
+        }
+        drop(_held);
+        let m = Mutation::SetXattr { ino, name: name.to_vec(), value: value.to_vec(), time: now };
+        self.apply(&m);
+        Ok(m)
+    }
+
+    /// Removes an extended attribute (`ENODATA` if unset).
+    pub fn removexattr(&self, cred: &Cred, ino: Ino, name: &[u8], now: Nanos) -> Result<Mutation> {
+        let i = self.inode(ino)?;
+        xattr_permission(cred, &i, name, true)?;
+        if !i.meta.lock().xattrs.iter().any(|(n, _)| &**n == name) {
+            return Err(Errno::ENODATA);
+        }
+        let m = Mutation::RemoveXattr { ino, name: name.to_vec(), time: now };
+        self.apply(&m);
+        Ok(m)
+    }
+
+    /// An open handle of `ino`: it lives while any is open, names or not.
+    pub fn open(&self, ino: Ino) -> Result<Attr> {
+        let i = self.inode(ino)?;
+        i.opens.fetch_add(1, Relaxed);
+        Ok(i.attr())
+    }
+
+    /// Closes a handle; an orphan whose last handle this was goes, and
+    /// the record that says so is returned for the journal.
+    pub fn release(&self, ino: Ino) -> Result<Option<Mutation>> {
+        let i = self.inode(ino)?;
+        if i.opens.fetch_sub(1, Relaxed) == 1 && i.nlink.load(Relaxed) == 0 {
+            let m = Mutation::Forget { ino };
+            self.apply(&m);
+            return Ok(Some(m));
+        }
+        Ok(None)
+    }
+}
+
+/// Linux's `may_delete`: write and search permission on the directory,
+/// the sticky rule, and the type the caller expects.
+fn may_delete(cred: &Cred, dir: &Inode, victim: &Inode, dir_wanted: bool) -> Result<()> {
+    let d = dir.owner();
+    access::check(cred, &d, WRITE | EXEC)?;
+    access::check_sticky(cred, &d, &victim.owner())?;
+    match (dir_wanted, victim.is_dir()) {
+        (true, false) => Err(Errno::ENOTDIR),
+        (true, true) if victim.ino == ROOT => Err(Errno::EBUSY),
+        (false, true) => Err(Errno::EISDIR),
+        _ => Ok(()),
+    }
+}
+
+/// Linux's protected hard links (`fs.protected_hardlinks = 1`, the
+/// default): only the owner, root, or someone who may read and write a
+/// regular file that is not setuid or setgid-executable may link to it.
+fn may_link(cred: &Cred, target: &Inode) -> Result<()> {
+    let o = target.owner();
+    if access::owns(cred, &o) {
+        return Ok(());
+    }
+    let safe = target.kind == FileType::Regular
+        && o.perm & libc::S_ISUID == 0
+        && o.perm & (libc::S_ISGID | libc::S_IXGRP) != (libc::S_ISGID | libc::S_IXGRP)
+        && access::permits(cred, &o, access::READ | WRITE);
+    if safe { Ok(()) } else { Err(Errno::EPERM) }
+}

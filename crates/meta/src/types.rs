@@ -1,0 +1,178 @@
+//! The namespace's vocabulary: inode numbers, file types, attributes,
+//! callers' credentials, the changes `setattr` makes.
+
+use serde::{Deserialize, Serialize};
+
+/// An inode number. Never reused within a namespace's life.
+pub type Ino = u64;
+
+/// The root directory.
+pub const ROOT: Ino = 1;
+
+/// Time in nanoseconds since the Unix epoch (1677 to 2262).
+pub type Nanos = i64;
+
+/// Longest name, in bytes.
+pub const NAME_MAX: usize = 255;
+/// Most hard links to one inode (as ext4).
+pub const LINK_MAX: u32 = 65_000;
+/// Longest symlink target, in bytes.
+pub const SYMLINK_MAX: usize = 4095;
+/// Longest extended attribute name and value, in bytes.
+pub const XATTR_NAME_MAX: usize = 255;
+pub const XATTR_SIZE_MAX: usize = 65_536;
+/// Largest file size (as ext4 with 4 KiB blocks: 16 TiB).
+pub const FILE_SIZE_MAX: u64 = 16 << 40;
+/// What tmpfs counts per directory entry in a directory's size.
+pub const DIRENT_SIZE: u64 = 20;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum FileType {
+    Regular,
+    Directory,
+    Symlink,
+    Fifo,
+    Socket,
+    CharDevice,
+    BlockDevice,
+}
+
+impl FileType {
+    /// The `S_IF*` bits.
+    pub fn mode_bits(self) -> u32 {
+        match self {
+            FileType::Regular => libc::S_IFREG,
+            FileType::Directory => libc::S_IFDIR,
+            FileType::Symlink => libc::S_IFLNK,
+            FileType::Fifo => libc::S_IFIFO,
+            FileType::Socket => libc::S_IFSOCK,
+            FileType::CharDevice => libc::S_IFCHR,
+            FileType::BlockDevice => libc::S_IFBLK,
+        }
+    }
+
+    /// The type in a mode's `S_IFMT` bits.
+    pub fn from_mode(mode: u32) -> Option<FileType> {
+        Some(match mode & libc::S_IFMT {
+            libc::S_IFREG => FileType::Regular,
+            libc::S_IFDIR => FileType::Directory,
+            libc::S_IFLNK => FileType::Symlink,
+            libc::S_IFIFO => FileType::Fifo,
+            libc::S_IFSOCK => FileType::Socket,
+            libc::S_IFCHR => FileType::CharDevice,
+            libc::S_IFBLK => FileType::BlockDevice,
+            _ => return None,
+        })
+    }
+}
+
+/// An inode's attributes, as `stat` shows them.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Attr {
+    pub ino: Ino,
+    pub kind: FileType,
+    /// Permission bits with setuid, setgid and sticky (`mode & 07777`).
+    pub perm: u32,
+    pub nlink: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub rdev: u64,
+    pub size: u64,
+    pub atime: Nanos,
+    pub mtime: Nanos,
+    pub ctime: Nanos,
+}
+
+impl Attr {
+    /// The whole `st_mode`.
+    pub fn mode(&self) -> u32 {
+        self.kind.mode_bits() | self.perm
+    }
+}
+
+/// Who asks: every request carries the caller's ids, and the namespace
+/// checks permissions with them (as the kernel would on a local file
+/// system).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Cred {
+    pub uid: u32,
+    pub gid: u32,
+    /// Supplementary groups.
+    pub groups: Vec<u32>,
+}
+
+impl Cred {
+    pub fn root() -> Cred {
+        Cred { uid: 0, gid: 0, groups: Vec::new() }
+    }
+
+    pub fn is_root(&self) -> bool {
+        self.uid == 0
+    }
+
+    pub fn in_group(&self, gid: u32) -> bool {
+        self.gid == gid || self.groups.contains(&gid)
+    }
+}
+
+/// A time to set: now, or a given time (`utimensat`'s `UTIME_NOW` and a
+/// value; `UTIME_OMIT` is `None` in [`SetAttr`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum TimeSet {
+    Now,
+    At(Nanos),
+}
+
+/// What `setattr` changes; `None` leaves a field as it is.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SetAttr {
+    /// Permission bits (`& 07777`).
+    pub perm: Option<u32>,
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+    pub size: Option<u64>,
+    pub atime: Option<TimeSet>,
+    pub mtime: Option<TimeSet>,
+    /// The caller holds the file open for writing (`ftruncate`): the
+    /// write permission was checked at open.
+    pub opened_for_write: bool,
+}
+
+/// `rename` flags.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RenameFlags {
+    /// `RENAME_NOREPLACE`: fail with `EEXIST` rather than replace.
+    pub noreplace: bool,
+    /// `RENAME_EXCHANGE`: swap the two names.
+    pub exchange: bool,
+}
+
+/// `setxattr` flags.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum XattrMode {
+    /// Create or replace.
+    #[default]
+    Any,
+    /// `XATTR_CREATE`: fail with `EEXIST` if it exists.
+    Create,
+    /// `XATTR_REPLACE`: fail with `ENODATA` if it does not.
+    Replace,
+}
+
+/// One entry of a directory listing. `cookie` resumes the listing after
+/// this entry.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DirEntry {
+    pub name: Vec<u8>,
+    pub ino: Ino,
+    pub kind: FileType,
+    pub cookie: u64,
+}
+
+/// `statfs`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StatFs {
+    pub files: u64,
+    pub name_max: u32,
+    pub block_size: u32,
+}
