@@ -64,8 +64,13 @@ impl Namespace {
         let sgid_dir = owner.perm & libc::S_ISGID != 0;
         let gid = if sgid_dir { owner.gid } else { cred.gid };
         let mut perm = new.perm & 0o7777;
-        if new.kind == FileType::Directory && sgid_dir {
-            perm |= libc::S_ISGID;
+        if new.kind == FileType::Directory {
+            // mkdir keeps only the sticky bit of the special ones; setgid
+            // comes from the parent.
+            perm &= 0o1777;
+            if sgid_dir {
+                perm |= libc::S_ISGID;
+            }
         }
         // A setgid file in a group the caller is not in loses the bit.
         if new.kind != FileType::Directory && perm & libc::S_ISGID != 0 && !cred.is_root() && !cred.in_group(gid) {
@@ -301,15 +306,13 @@ impl Namespace {
         let o = i.owner();
         let mut perm = None;
         let (mut uid, mut gid) = (None, None);
-        if set.uid.is_some() || set.gid.is_some() {
-            let new_uid = set.uid.unwrap_or(o.uid);
-            let new_gid = set.gid.unwrap_or(o.gid);
-            if !cred.is_root() {
-                let uid_ok = new_uid == o.uid && cred.uid == o.uid;
-                let gid_ok = new_gid == o.gid || (cred.uid == o.uid && cred.in_group(new_gid));
-                if !(uid_ok && gid_ok) {
-                    return Err(Errno::EPERM);
-                }
+        if set.chown || set.uid.is_some() || set.gid.is_some() {
+            // Linux's chown_ok and chgrp_ok, each only for an id given.
+            let owner = cred.uid == o.uid;
+            let uid_ok = set.uid.is_none_or(|u| owner && u == o.uid);
+            let gid_ok = set.gid.is_none_or(|g| owner && (g == o.gid || cred.in_group(g)));
+            if !cred.is_root() && !(uid_ok && gid_ok) {
+                return Err(Errno::EPERM);
             }
             (uid, gid) = (set.uid, set.gid);
             if i.kind != FileType::Directory {
@@ -318,6 +321,11 @@ impl Namespace {
                     p &= !libc::S_ISGID;
                 }
                 if p != o.perm {
+                    // The cleared bits are a mode change: the owner's or
+                    // root's to make.
+                    if !access::owns(cred, &o) {
+                        return Err(Errno::EPERM);
+                    }
                     perm = Some(p);
                 }
             }

@@ -136,6 +136,9 @@ pub struct SetAttr {
     /// The caller holds the file open for writing (`ftruncate`): the
     /// write permission was checked at open.
     pub opened_for_write: bool,
+    /// A `chown` (its ids may both be -1, `None` here): it clears setuid
+    /// and setgid on non-directories even then, as Linux does.
+    pub chown: bool,
 }
 
 /// `rename` flags.

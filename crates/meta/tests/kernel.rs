@@ -1,0 +1,371 @@
+//! Differential test against the Linux kernel: random sequences of
+//! namespace operations run on a tmpfs directory and on a `Namespace`
+//! must give the same errno for every operation and the same final tree
+//! (names, types, modes, sizes, link counts, user xattrs). Operations
+//! run as root or as an unprivileged user (the kernel side switches the
+//! thread's fsuid and fsgid), so permission checks are compared too.
+//!
+//! Needs a tmpfs (`/dev/shm`) and root (to switch ids); without them it
+//! says loudly that it skipped.
+
+use std::collections::BTreeMap;
+use std::ffi::CString;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+use interlock_meta::{Cred, Errno, FileType, Ino, Namespace, NewInode, ROOT, RenameFlags, SetAttr, XattrMode};
+use proptest::prelude::*;
+
+/// Paths the operations use: a small pool, so they meet.
+const PATHS: &[&str] = &["a", "b", "d", "e", "d/a", "d/b", "d/e", "e/a", "e/d", "d/e/a", "d/e/b"];
+const USER: u32 = 1000;
+
+#[derive(Clone, Debug)]
+enum Op {
+    Create(usize, u32),
+    Mkdir(usize, u32),
+    Mknod(usize),
+    Symlink(usize),
+    Unlink(usize),
+    Rmdir(usize),
+    Rename(usize, usize, u8),
+    Link(usize, usize),
+    Chmod(usize, u32),
+    Chown(usize, bool, bool),
+    Truncate(usize, u64),
+    SetXattr(usize, u8, u8),
+    RemoveXattr(usize, u8),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    let p = 0..PATHS.len();
+    let mode =
+        prop_oneof![Just(0o755u32), Just(0o700), Just(0o555), Just(0o1777), Just(0o2775), Just(0o644), Just(0o4755)];
+    prop_oneof![
+        (p.clone(), mode.clone()).prop_map(|(p, m)| Op::Create(p, m)),
+        (p.clone(), mode.clone()).prop_map(|(p, m)| Op::Mkdir(p, m)),
+        p.clone().prop_map(Op::Mknod),
+        p.clone().prop_map(Op::Symlink),
+        p.clone().prop_map(Op::Unlink),
+        p.clone().prop_map(Op::Rmdir),
+        (p.clone(), p.clone(), 0u8..3).prop_map(|(a, b, f)| Op::Rename(a, b, f)),
+        (p.clone(), p.clone()).prop_map(|(a, b)| Op::Link(a, b)),
+        (p.clone(), mode).prop_map(|(p, m)| Op::Chmod(p, m)),
+        (p.clone(), any::<bool>(), any::<bool>()).prop_map(|(p, u, g)| Op::Chown(p, u, g)),
+        (p.clone(), 0u64..5000).prop_map(|(p, s)| Op::Truncate(p, s)),
+        (p.clone(), 0u8..3, 0u8..3).prop_map(|(p, n, f)| Op::SetXattr(p, n, f)),
+        (p, 0u8..3).prop_map(|(p, n)| Op::RemoveXattr(p, n)),
+    ]
+}
+
+/// The kernel side: paths under a fresh tmpfs directory.
+struct Kernel {
+    base: PathBuf,
+}
+
+fn c(p: &Path) -> CString {
+    CString::new(p.as_os_str().as_bytes()).unwrap()
+}
+
+/// The result of a libc call: 0 or the errno.
+fn errno(r: i32) -> i32 {
+    if r < 0 { std::io::Error::last_os_error().raw_os_error().unwrap() } else { 0 }
+}
+
+/// Runs `f` with the thread's fsuid and fsgid switched to the user (the
+/// kernel drops the file-system capabilities with a non-zero fsuid).
+fn as_user<T>(user: bool, f: impl FnOnce() -> T) -> T {
+    if !user {
+        return f();
+    }
+    // SAFETY: setfsuid/setfsgid change only this thread's file-system ids.
+    unsafe {
+        libc::setfsgid(USER);
+        libc::setfsuid(USER);
+    }
+    let out = f();
+    // SAFETY: as above, back to root.
+    unsafe {
+        libc::setfsuid(0);
+        libc::setfsgid(0);
+    }
+    out
+}
+
+fn xname(n: u8) -> String {
+    format!("user.x{n}")
+}
+
+impl Kernel {
+    fn path(&self, p: usize) -> CString {
+        c(&self.base.join(PATHS[p]))
+    }
+
+    fn run(&self, op: &Op, user: bool) -> i32 {
+        as_user(user, || {
+            // SAFETY: plain system calls on NUL-terminated paths we own.
+            unsafe {
+                match *op {
+                    Op::Create(p, m) => {
+                        let fd = libc::open(self.path(p).as_ptr(), libc::O_CREAT | libc::O_EXCL | libc::O_WRONLY, m);
+                        if fd >= 0 {
+                            libc::close(fd);
+                        }
+                        errno(fd)
+                    }
+                    Op::Mkdir(p, m) => errno(libc::mkdir(self.path(p).as_ptr(), m)),
+                    Op::Mknod(p) => errno(libc::mknod(self.path(p).as_ptr(), libc::S_IFIFO | 0o640, 0)),
+                    Op::Symlink(p) => errno(libc::symlink(c"/nonexistent".as_ptr(), self.path(p).as_ptr())),
+                    Op::Unlink(p) => errno(libc::unlink(self.path(p).as_ptr())),
+                    Op::Rmdir(p) => errno(libc::rmdir(self.path(p).as_ptr())),
+                    Op::Rename(a, b, f) => {
+                        let flags = [0, libc::RENAME_NOREPLACE, libc::RENAME_EXCHANGE][f as usize];
+                        errno(libc::renameat2(
+                            libc::AT_FDCWD,
+                            self.path(a).as_ptr(),
+                            libc::AT_FDCWD,
+                            self.path(b).as_ptr(),
+                            flags,
+                        ))
+                    }
+                    Op::Link(a, b) => errno(libc::link(self.path(a).as_ptr(), self.path(b).as_ptr())),
+                    Op::Chmod(p, m) => errno(libc::chmod(self.path(p).as_ptr(), m)),
+                    Op::Chown(p, u, g) => {
+                        let uid = if u { USER } else { u32::MAX };
+                        let gid = if g { USER } else { u32::MAX };
+                        errno(libc::lchown(self.path(p).as_ptr(), uid, gid))
+                    }
+                    Op::Truncate(p, s) => errno(libc::truncate(self.path(p).as_ptr(), s as i64)),
+                    Op::SetXattr(p, n, f) => {
+                        let name = CString::new(xname(n)).unwrap();
+                        let flags = [0, libc::XATTR_CREATE, libc::XATTR_REPLACE][f as usize];
+                        let v = [n; 3];
+                        errno(libc::lsetxattr(self.path(p).as_ptr(), name.as_ptr(), v.as_ptr().cast(), v.len(), flags))
+                    }
+                    Op::RemoveXattr(p, n) => {
+                        let name = CString::new(xname(n)).unwrap();
+                        errno(libc::lremovexattr(self.path(p).as_ptr(), name.as_ptr()))
+                    }
+                }
+            }
+        })
+    }
+}
+
+/// The namespace side: paths resolved by lookups, as a mount would.
+struct Ours {
+    ns: Namespace,
+    time: i64,
+}
+
+fn cred(user: bool) -> Cred {
+    if user { Cred { uid: USER, gid: USER, groups: vec![] } } else { Cred::root() }
+}
+
+impl Ours {
+    /// The parent directory of a path and its last name; a component
+    /// that is missing is ENOENT, one that is not a directory ENOTDIR
+    /// (symlinks here all dangle: ENOENT, as the kernel finds following
+    /// them).
+    fn parent<'p>(&self, cred: &Cred, path: &'p str) -> Result<(Ino, &'p [u8]), Errno> {
+        let mut dir = ROOT;
+        let mut parts: Vec<&str> = path.split('/').collect();
+        let last = parts.pop().unwrap();
+        for part in parts {
+            let a = self.ns.lookup(cred, dir, part.as_bytes())?;
+            match a.kind {
+                FileType::Directory => dir = a.ino,
+                FileType::Symlink => return Err(Errno::ENOENT),
+                _ => return Err(Errno::ENOTDIR),
+            }
+        }
+        // The walk searches the last directory too (Linux's
+        // link_path_walk checks each before its next name).
+        self.ns.lookup(cred, dir, b".")?;
+        Ok((dir, last.as_bytes()))
+    }
+
+    /// The inode a path names, following a final symlink (to nothing).
+    fn resolve(&self, cred: &Cred, path: &str) -> Result<Ino, Errno> {
+        let (dir, name) = self.parent(cred, path)?;
+        let a = self.ns.lookup(cred, dir, name)?;
+        if a.kind == FileType::Symlink {
+            return Err(Errno::ENOENT);
+        }
+        Ok(a.ino)
+    }
+
+    fn run(&mut self, op: &Op, user: bool) -> i32 {
+        self.time += 1;
+        let now = self.time;
+        let cr = cred(user);
+        let new = |kind, perm| NewInode { kind, perm: perm & !0o022, rdev: 0 };
+        let r: Result<(), Errno> = (|| match *op {
+            Op::Create(p, m) => {
+                let (d, n) = self.parent(&cr, PATHS[p])?;
+                self.ns.create(&cr, d, n, new(FileType::Regular, m), b"", now).map(drop)
+            }
+            Op::Mkdir(p, m) => {
+                let (d, n) = self.parent(&cr, PATHS[p])?;
+                self.ns.create(&cr, d, n, new(FileType::Directory, m), b"", now).map(drop)
+            }
+            Op::Mknod(p) => {
+                let (d, n) = self.parent(&cr, PATHS[p])?;
+                self.ns.create(&cr, d, n, new(FileType::Fifo, 0o640), b"", now).map(drop)
+            }
+            Op::Symlink(p) => {
+                let (d, n) = self.parent(&cr, PATHS[p])?;
+                self.ns.create(&cr, d, n, new(FileType::Symlink, 0o777), b"/nonexistent", now).map(drop)
+            }
+            Op::Unlink(p) => {
+                let (d, n) = self.parent(&cr, PATHS[p])?;
+                self.ns.unlink(&cr, d, n, now).map(drop)
+            }
+            Op::Rmdir(p) => {
+                let (d, n) = self.parent(&cr, PATHS[p])?;
+                self.ns.rmdir(&cr, d, n, now).map(drop)
+            }
+            Op::Rename(a, b, f) => {
+                let from = self.parent(&cr, PATHS[a])?;
+                let to = self.parent(&cr, PATHS[b])?;
+                let flags = RenameFlags { noreplace: f == 1, exchange: f == 2 };
+                self.ns.rename(&cr, from, to, flags, now).map(drop)
+            }
+            Op::Link(a, b) => {
+                let (d, n) = self.parent(&cr, PATHS[a])?;
+                let ino = self.ns.lookup(&cr, d, n)?.ino;
+                let (d, n) = self.parent(&cr, PATHS[b])?;
+                self.ns.link(&cr, ino, d, n, now).map(drop)
+            }
+            Op::Chmod(p, m) => {
+                let ino = self.resolve(&cr, PATHS[p])?;
+                self.ns.setattr(&cr, ino, &SetAttr { perm: Some(m), ..SetAttr::default() }, now).map(drop)
+            }
+            Op::Chown(p, u, g) => {
+                let (d, n) = self.parent(&cr, PATHS[p])?;
+                let ino = self.ns.lookup(&cr, d, n)?.ino;
+                let set = SetAttr { uid: u.then_some(USER), gid: g.then_some(USER), chown: true, ..SetAttr::default() };
+                self.ns.setattr(&cr, ino, &set, now).map(drop)
+            }
+            Op::Truncate(p, s) => {
+                let ino = self.resolve(&cr, PATHS[p])?;
+                self.ns.setattr(&cr, ino, &SetAttr { size: Some(s), ..SetAttr::default() }, now).map(drop)
+            }
+            Op::SetXattr(p, n, f) => {
+                let (d, name) = self.parent(&cr, PATHS[p])?;
+                let ino = self.ns.lookup(&cr, d, name)?.ino;
+                let mode = [XattrMode::Any, XattrMode::Create, XattrMode::Replace][f as usize];
+                self.ns.setxattr(&cr, ino, xname(n).as_bytes(), &[n; 3], mode, now).map(drop)
+            }
+            Op::RemoveXattr(p, n) => {
+                let (d, name) = self.parent(&cr, PATHS[p])?;
+                let ino = self.ns.lookup(&cr, d, name)?.ino;
+                self.ns.removexattr(&cr, ino, xname(n).as_bytes(), now).map(drop)
+            }
+        })();
+        r.err().map_or(0, |e| e.0)
+    }
+}
+
+/// A tree as both sides are compared: path → (type, mode, nlink, size,
+/// uid, gid, user xattrs).
+type Tree = BTreeMap<String, (u32, u32, u64, u64, u32, u32, Vec<(String, Vec<u8>)>)>;
+
+fn kernel_tree(base: &Path) -> Tree {
+    fn walk(base: &Path, rel: &str, out: &mut Tree) {
+        for e in std::fs::read_dir(base.join(rel)).unwrap() {
+            let e = e.unwrap();
+            let name = e.file_name().to_string_lossy().into_owned();
+            let path = if rel.is_empty() { name } else { format!("{rel}/{name}") };
+            let m = std::fs::symlink_metadata(base.join(&path)).unwrap();
+            let mut xattrs = Vec::new();
+            if !m.file_type().is_symlink() {
+                for n in 0..3u8 {
+                    let cpath = c(&base.join(&path));
+                    let cname = CString::new(xname(n)).unwrap();
+                    let mut buf = [0u8; 16];
+                    // SAFETY: a buffer of the length given.
+                    let len =
+                        unsafe { libc::lgetxattr(cpath.as_ptr(), cname.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+                    if len >= 0 {
+                        xattrs.push((xname(n), buf[..len as usize].to_vec()));
+                    }
+                }
+            }
+            let size = if m.is_dir() { 0 } else { m.size() };
+            out.insert(
+                path.clone(),
+                (m.mode() & libc::S_IFMT, m.mode() & 0o7777, m.nlink(), size, m.uid(), m.gid(), xattrs),
+            );
+            if m.is_dir() {
+                walk(base, &path, out);
+            }
+        }
+    }
+    let mut out = Tree::new();
+    walk(base, "", &mut out);
+    out
+}
+
+fn our_tree(ns: &Namespace) -> Tree {
+    fn walk(ns: &Namespace, dir: Ino, rel: &str, out: &mut Tree) {
+        for e in ns.readdir(&Cred::root(), dir, 0, usize::MAX).unwrap() {
+            let name = String::from_utf8(e.name.clone()).unwrap();
+            let path = if rel.is_empty() { name } else { format!("{rel}/{name}") };
+            let a = ns.getattr(e.ino).unwrap();
+            let mut xattrs = Vec::new();
+            for n in 0..3u8 {
+                if let Ok(v) = ns.getxattr(&Cred::root(), e.ino, xname(n).as_bytes()) {
+                    xattrs.push((xname(n), v));
+                }
+            }
+            let size = if a.kind == FileType::Directory { 0 } else { a.size };
+            out.insert(path.clone(), (a.kind.mode_bits(), a.perm, a.nlink as u64, size, a.uid, a.gid, xattrs));
+            if a.kind == FileType::Directory {
+                walk(ns, e.ino, &path, out);
+            }
+        }
+    }
+    let mut out = Tree::new();
+    walk(ns, ROOT, "", &mut out);
+    out
+}
+
+fn usable() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    let shm = std::fs::metadata("/dev/shm").is_ok_and(|m| m.is_dir());
+    if !root || !shm {
+        eprintln!("SKIPPED: the kernel differential test needs root and a tmpfs at /dev/shm");
+    }
+    root && shm
+}
+
+proptest! {
+    // 1000 sequences by default; PROPTEST_CASES sets another number.
+    #![proptest_config(ProptestConfig {
+        cases: std::env::var("PROPTEST_CASES").ok().and_then(|c| c.parse().ok()).unwrap_or(1000),
+        ..ProptestConfig::default()
+    })]
+
+    #[test]
+    fn the_namespace_behaves_as_tmpfs(ops in proptest::collection::vec((op(), any::<bool>()), 1..60)) {
+        if !usable() {
+            return Ok(());
+        }
+        let dir = tempfile::tempdir_in("/dev/shm").unwrap();
+        std::fs::set_permissions(dir.path(), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        let kernel = Kernel { base: dir.path().to_path_buf() };
+        let mut ours = Ours { ns: Namespace::new(1, 0), time: 0 };
+        // SAFETY: umask has no preconditions; 022 as the namespace side applies.
+        unsafe { libc::umask(0o022) };
+        for (i, (op, user)) in ops.iter().enumerate() {
+            let k = kernel.run(op, *user);
+            let o = ours.run(op, *user);
+            prop_assert_eq!(o, k, "op {} {:?} as {}: ours {}, kernel {}", i, op, if *user { "user" } else { "root" },
+                Errno(o), Errno(k));
+        }
+        prop_assert_eq!(our_tree(&ours.ns), kernel_tree(dir.path()));
+    }
+}
