@@ -311,7 +311,7 @@ impl Namespace {
             let owner = cred.uid == o.uid;
             let uid_ok = set.uid.is_none_or(|u| owner && u == o.uid);
             let gid_ok = set.gid.is_none_or(|g| owner && (g == o.gid || cred.in_group(g)));
-            if !cred.is_root() && !(uid_ok && gid_ok) {
+            if !(cred.is_root() || (uid_ok && gid_ok)) {
                 return Err(Errno::EPERM);
             }
             (uid, gid) = (set.uid, set.gid);
