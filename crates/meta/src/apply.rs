@@ -43,14 +43,7 @@ impl Namespace {
                 p.dir().entries.fetch_sub(1, Relaxed);
                 p.modified(*time);
                 let Ok(i) = self.inode(*ino) else { return };
-                if let Some(d) = &i.dir {
-                    d.dead.store(true, Relaxed);
-                    p.nlink.fetch_sub(1, Relaxed);
-                    i.nlink.store(0, Relaxed);
-                } else {
-                    i.nlink.fetch_sub(1, Relaxed);
-                }
-                i.changed(*time);
+                drop_link(&p, &i, *time);
                 self.forget_if_unused(&i);
             }
             Mutation::Rename { parent, name, new_parent, new_name, exchange, time } => {
@@ -151,16 +144,7 @@ impl Namespace {
             let _ = self.entries.remove_sync(&self.key(parent, name));
             p.dir().entries.fetch_sub(1, Relaxed);
             match &victim {
-                Some(v) => {
-                    if let Some(d) = &v.dir {
-                        d.dead.store(true, Relaxed);
-                        np.nlink.fetch_sub(1, Relaxed);
-                        v.nlink.store(0, Relaxed);
-                    } else {
-                        v.nlink.fetch_sub(1, Relaxed);
-                    }
-                    v.changed(time);
-                }
+                Some(v) => drop_link(&np, v, time),
                 None => {
                     np.dir().entries.fetch_add(1, Relaxed);
                 }
@@ -174,4 +158,17 @@ impl Namespace {
         p.modified(time);
         np.modified(time);
     }
+}
+
+/// `victim` lost its name in `parent` at `time`: a directory is dead (and
+/// its `..` no longer links `parent`), anything else has one link fewer.
+fn drop_link(parent: &Inode, victim: &Inode, time: Nanos) {
+    if let Some(d) = &victim.dir {
+        d.dead.store(true, Relaxed);
+        parent.nlink.fetch_sub(1, Relaxed);
+        victim.nlink.store(0, Relaxed);
+    } else {
+        victim.nlink.fetch_sub(1, Relaxed);
+    }
+    victim.changed(time);
 }
