@@ -151,8 +151,11 @@ impl Namespace {
         Ok(self
             .readdir(cred, ino, cookie, max)?
             .into_iter()
-            .filter_map(|e| Some((self.getattr(e.ino).ok()?, e)))
-            .map(|(a, e)| (e, a))
+            .filter_map(|e| {
+                // Gone since the listing: removed meanwhile.
+                let a = self.getattr(e.ino).ok()?;
+                Some((e, a))
+            })
             .collect())
     }
 

@@ -391,14 +391,12 @@ impl Namespace {
         if value.len() > XATTR_SIZE_MAX {
             return Err(Errno::E2BIG);
         }
-        let _held = i.meta.lock();
-        let exists = _held.xattrs.iter().any(|(n, _)| &**n == name);
+        let exists = i.meta.lock().xattrs.iter().any(|(n, _)| &**n == name);
         match (mode, exists) {
             (XattrMode::Create, true) => return Err(Errno::EEXIST),
             (XattrMode::Replace, false) => return Err(Errno::ENODATA),
             _ => {}
         }
-        drop(_held);
         let m = Mutation::SetXattr { ino, name: name.to_vec(), value: value.to_vec(), time: now };
         self.apply(&m);
         Ok(m)

@@ -186,14 +186,20 @@ impl Ours {
         Ok((dir, last.as_bytes()))
     }
 
+    /// The inode a path names, a final symlink itself (`lchown`,
+    /// `lsetxattr`, `link`).
+    fn named(&self, cred: &Cred, path: &str) -> Result<Ino, Errno> {
+        let (dir, name) = self.parent(cred, path)?;
+        Ok(self.ns.lookup(cred, dir, name)?.ino)
+    }
+
     /// The inode a path names, following a final symlink (to nothing).
     fn resolve(&self, cred: &Cred, path: &str) -> Result<Ino, Errno> {
-        let (dir, name) = self.parent(cred, path)?;
-        let a = self.ns.lookup(cred, dir, name)?;
-        if a.kind == FileType::Symlink {
+        let ino = self.named(cred, path)?;
+        if self.ns.getattr(ino)?.kind == FileType::Symlink {
             return Err(Errno::ENOENT);
         }
-        Ok(a.ino)
+        Ok(ino)
     }
 
     fn run(&mut self, op: &Op, user: bool) -> i32 {
@@ -233,8 +239,7 @@ impl Ours {
                 self.ns.rename(&cr, from, to, flags, now).map(drop)
             }
             Op::Link(a, b) => {
-                let (d, n) = self.parent(&cr, PATHS[a])?;
-                let ino = self.ns.lookup(&cr, d, n)?.ino;
+                let ino = self.named(&cr, PATHS[a])?;
                 let (d, n) = self.parent(&cr, PATHS[b])?;
                 self.ns.link(&cr, ino, d, n, now).map(drop)
             }
@@ -243,8 +248,7 @@ impl Ours {
                 self.ns.setattr(&cr, ino, &SetAttr { perm: Some(m), ..SetAttr::default() }, now).map(drop)
             }
             Op::Chown(p, u, g) => {
-                let (d, n) = self.parent(&cr, PATHS[p])?;
-                let ino = self.ns.lookup(&cr, d, n)?.ino;
+                let ino = self.named(&cr, PATHS[p])?;
                 let set = SetAttr { uid: u.then_some(USER), gid: g.then_some(USER), chown: true, ..SetAttr::default() };
                 self.ns.setattr(&cr, ino, &set, now).map(drop)
             }
@@ -253,14 +257,12 @@ impl Ours {
                 self.ns.setattr(&cr, ino, &SetAttr { size: Some(s), ..SetAttr::default() }, now).map(drop)
             }
             Op::SetXattr(p, n, f) => {
-                let (d, name) = self.parent(&cr, PATHS[p])?;
-                let ino = self.ns.lookup(&cr, d, name)?.ino;
+                let ino = self.named(&cr, PATHS[p])?;
                 let mode = [XattrMode::Any, XattrMode::Create, XattrMode::Replace][f as usize];
                 self.ns.setxattr(&cr, ino, xname(n).as_bytes(), &[n; 3], mode, now).map(drop)
             }
             Op::RemoveXattr(p, n) => {
-                let (d, name) = self.parent(&cr, PATHS[p])?;
-                let ino = self.ns.lookup(&cr, d, name)?.ino;
+                let ino = self.named(&cr, PATHS[p])?;
                 self.ns.removexattr(&cr, ino, xname(n).as_bytes(), now).map(drop)
             }
         })();
