@@ -190,11 +190,20 @@ impl Default for ChangelogOptions {
     }
 }
 
+/// How a changelog reads its journal's records: the changelog record a
+/// journal record shows its consumers, or `None` for a record they do
+/// not see. A journal whose records are changelog records reads them with
+/// [`Record::decode`]; the namespace's journal holds its own records and
+/// projects each onto the changelog record it stands for, so that one
+/// write serves replay and consumers.
+pub type Projection = fn(&[u8]) -> Result<Option<Record>, Error>;
+
 /// The changelog over a journal.
 pub struct Changelog {
     journal: Journal,
     dir: PathBuf,
     options: ChangelogOptions,
+    project: Projection,
     state: Mutex<Persisted>,
 }
 
@@ -221,11 +230,24 @@ pub fn consumers_of(dir: &Path) -> Result<(Vec<Consumer>, u64), Error> {
 }
 
 impl Changelog {
-    /// Opens the log in `dir` with its consumers.
+    /// Opens the log in `dir`, whose records are changelog records, with
+    /// its consumers.
     pub fn open(dir: &Path, journal: Options, options: ChangelogOptions) -> Result<Changelog, Error> {
-        let (journal, _) = Journal::open(dir, journal)?;
+        Ok(Changelog::open_with(dir, journal, options, |bytes| Record::decode(bytes).map(Some))?.0)
+    }
+
+    /// Opens the log in `dir`, whose records `project` reads as changelog
+    /// records, with its consumers; and says what recovery found. The
+    /// global mask then filters what consumers read, not what is written.
+    pub fn open_with(
+        dir: &Path,
+        journal: Options,
+        options: ChangelogOptions,
+        project: Projection,
+    ) -> Result<(Changelog, crate::Recovery), Error> {
+        let (journal, recovery) = Journal::open(dir, journal)?;
         let state = Mutex::new(load(dir)?);
-        Ok(Changelog { journal, dir: dir.to_path_buf(), options, state })
+        Ok((Changelog { journal, dir: dir.to_path_buf(), options, project, state }, recovery))
     }
 
     pub fn journal(&self) -> &Journal {
@@ -307,7 +329,7 @@ impl Changelog {
         let (mask, cursor) = {
             let p = self.state.lock();
             let c = &p.consumers[&find(&p, who)?];
-            (c.mask, c.cleared)
+            (Mask(c.mask.0 & self.options.mask.0), c.cleared)
         };
         let from = from.unwrap_or(cursor + 1).max(self.journal.first_index());
         if let Some(w) = wait
@@ -321,8 +343,8 @@ impl Changelog {
             if out.len() >= max || bad.is_some() {
                 return;
             }
-            match Record::decode(bytes) {
-                Ok(record) if mask.contains(record.rtype) => out.push(Entry { index, record }),
+            match (self.project)(bytes) {
+                Ok(Some(record)) if mask.contains(record.rtype) => out.push(Entry { index, record }),
                 Ok(_) => {}
                 Err(e) => bad = Some((index, e)),
             }

@@ -236,6 +236,12 @@ impl Journal {
         result
     }
 
+    /// The index the next append will get: every record below it has been
+    /// appended (or is being appended now).
+    pub fn next_index(&self) -> u64 {
+        self.shared.base + self.shared.ring.reserved()
+    }
+
     /// The index after the last durable record.
     pub fn durable_end(&self) -> u64 {
         self.shared.durable_end.load(Ordering::Acquire)

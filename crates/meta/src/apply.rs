@@ -1,19 +1,26 @@
 //! Applying a [`Mutation`]: the one place the namespace changes. A live
-//! operation checks, locks and applies; replay applies the journal's
-//! records in order. Applying never fails: the record was checked when it
-//! was made.
+//! operation checks, locks, journals and applies; replay applies the
+//! journal's records in order over a checkpoint's image. Applying never
+//! fails and decides nothing from the state it finds: each record is a
+//! blind write of what it changes (see `mutation`), so applying a record
+//! twice, or over an image that already holds part of its effect, ends
+//! in the same state once the records after it are applied too. Link and
+//! entry counts are kept relatively here (cheap, and exact on the live
+//! path, where records are applied once each, in order per object) and
+//! rebuilt from the entries after replay ([`Namespace::rebuild_counts`]).
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 
 use crate::inode::{Inode, Meta};
-use crate::mutation::Mutation;
-use crate::namespace::Namespace;
-use crate::types::{FileType, Ino, Nanos};
+use crate::mutation::{Gone, Mutation};
+use crate::namespace::{FIRST_COOKIE, Key, Namespace};
+use crate::types::{FileType, Ino, Nanos, ROOT};
 
 impl Namespace {
     /// Applies `m`. Replay calls this on each journal record in order;
-    /// live operations call it under their locks.
+    /// live operations call it under their locks, after journaling `m`.
+    /// O(log n).
     pub fn apply(&self, m: &Mutation) {
         match m {
             Mutation::Create { parent, name, ino, kind, perm, uid, gid, rdev, target, time } => {
@@ -27,7 +34,7 @@ impl Namespace {
                     target: target.as_slice().into(),
                 };
                 let inode = Arc::new(Inode::new(*ino, *kind, meta, *rdev, *time, *parent));
-                let _ = self.inodes.insert_sync(*ino, inode);
+                self.inodes.upsert_sync(*ino, inode);
                 self.add_entry(*parent, name, *ino, *kind == FileType::Directory, *time);
             }
             Mutation::Link { parent, name, ino, time } => {
@@ -37,17 +44,43 @@ impl Namespace {
                 }
                 self.add_entry(*parent, name, *ino, false, *time);
             }
-            Mutation::Remove { parent, name, ino, time } => {
-                let _ = self.entries.remove_sync(&self.key(*parent, name));
+            Mutation::Remove { parent, name, ino, gone, time, .. } => {
                 let Ok(p) = self.inode(*parent) else { return };
-                p.dir().entries.fetch_sub(1, Relaxed);
-                p.modified(*time);
-                let Ok(i) = self.inode(*ino) else { return };
-                drop_link(&p, &i, *time);
-                self.forget_if_unused(&i);
+                self.remove_entry(&p, name, *time);
+                if let Ok(i) = self.inode(*ino) {
+                    self.drop_link(&p, &i, *gone, *time);
+                }
             }
-            Mutation::Rename { parent, name, new_parent, new_name, exchange, time } => {
-                self.rename_entries(*parent, name, *new_parent, new_name, *exchange, *time);
+            Mutation::Rename { parent, name, ino, new_parent, new_name, victim, gone, exchange, time } => {
+                let (Ok(p), Ok(np)) = (self.inode(*parent), self.inode(*new_parent)) else { return };
+                let moved = self.inode(*ino).ok();
+                let replaced = victim.and_then(|v| self.inode(v).ok());
+                if *exchange {
+                    if let Some(v) = victim {
+                        self.entries.upsert_sync(self.key(*parent, name), *v);
+                    }
+                    self.entries.upsert_sync(self.key(*new_parent, new_name), *ino);
+                    if let Some(v) = &replaced {
+                        reparent(v, &np, &p);
+                        v.changed(*time);
+                    }
+                } else {
+                    let added = self.put_entry(self.key(*new_parent, new_name), *ino);
+                    self.remove_entry(&p, name, *time);
+                    match &replaced {
+                        Some(v) => self.drop_link(&np, v, *gone, *time),
+                        None if added && victim.is_none() => {
+                            np.dir().entries.fetch_add(1, Relaxed);
+                        }
+                        None => {}
+                    }
+                }
+                if let Some(m) = &moved {
+                    reparent(m, &p, &np);
+                    m.changed(*time);
+                }
+                p.modified(*time);
+                np.modified(*time);
             }
             Mutation::SetAttr { ino, perm, uid, gid, size, atime, mtime, ctime } => {
                 let Ok(i) = self.inode(*ino) else { return };
@@ -98,77 +131,128 @@ impl Namespace {
 
     /// A new entry `name` → `ino` in `parent` (a directory if `dir`).
     fn add_entry(&self, parent: Ino, name: &[u8], ino: Ino, dir: bool, time: Nanos) {
-        let _ = self.entries.insert_sync(self.key(parent, name), ino);
+        let added = self.put_entry(self.key(parent, name), ino);
         if let Ok(p) = self.inode(parent) {
-            p.dir().entries.fetch_add(1, Relaxed);
-            if dir {
-                p.nlink.fetch_add(1, Relaxed);
+            if added {
+                p.dir().entries.fetch_add(1, Relaxed);
+                if dir {
+                    p.nlink.fetch_add(1, Relaxed);
+                }
             }
             p.modified(time);
         }
     }
 
-    /// An inode with no names and no open handles goes.
-    pub(crate) fn forget_if_unused(&self, i: &Inode) {
-        if i.nlink.load(Relaxed) == 0 && i.opens.load(Relaxed) == 0 {
-            let _ = self.inodes.remove_sync(&i.ino);
+    /// Points `key` at `ino`; whether the entry is new.
+    fn put_entry(&self, key: Key, ino: Ino) -> bool {
+        match self.entries.insert_sync(key, ino) {
+            Ok(()) => true,
+            Err((key, ino)) => {
+                self.entries.upsert_sync(key, ino);
+                false
+            }
         }
     }
 
-    fn rename_entries(&self, parent: Ino, name: &[u8], new_parent: Ino, new_name: &[u8], exchange: bool, time: Nanos) {
-        let (Some(moved), Ok(p), Ok(np)) = (self.child(parent, name), self.inode(parent), self.inode(new_parent))
-        else {
-            return;
-        };
-        let Ok(m) = self.inode(moved) else { return };
-        let victim = self.child(new_parent, new_name).and_then(|v| self.inode(v).ok());
-        // Moving a directory to another parent moves its `..` link.
-        let reparent = |i: &Inode, from: &Inode, to: &Inode| {
-            if let Some(d) = &i.dir
-                && from.ino != to.ino
-            {
-                d.parent.store(to.ino, Relaxed);
-                from.nlink.fetch_sub(1, Relaxed);
-                to.nlink.fetch_add(1, Relaxed);
-            }
-        };
-        if exchange {
-            let Some(v) = victim else { return };
-            self.entries.upsert_sync(self.key(parent, name), v.ino);
-            self.entries.upsert_sync(self.key(new_parent, new_name), m.ino);
-            reparent(&m, &p, &np);
-            reparent(&v, &np, &p);
-            v.changed(time);
-        } else {
-            self.entries.upsert_sync(self.key(new_parent, new_name), m.ino);
-            let _ = self.entries.remove_sync(&self.key(parent, name));
+    /// Entry `name` of directory `p` goes (if it is there).
+    fn remove_entry(&self, p: &Inode, name: &[u8], time: Nanos) {
+        if self.entries.remove_sync(&self.key(p.ino, name)) {
             p.dir().entries.fetch_sub(1, Relaxed);
-            match &victim {
-                Some(v) => drop_link(&np, v, time),
-                None => {
-                    np.dir().entries.fetch_add(1, Relaxed);
-                }
+        }
+        p.modified(time);
+    }
+
+    /// `victim` lost its name in `parent` at `time`: a directory is dead
+    /// (and its `..` no longer links `parent`), anything else has one link
+    /// fewer; then it is freed, or kept as an orphan, as the record says.
+    fn drop_link(&self, parent: &Inode, victim: &Inode, gone: Gone, time: Nanos) {
+        if let Some(d) = &victim.dir {
+            d.dead.store(true, Relaxed);
+            parent.nlink.fetch_sub(1, Relaxed);
+            victim.nlink.store(0, Relaxed);
+        } else {
+            victim.nlink.fetch_sub(1, Relaxed);
+        }
+        victim.changed(time);
+        match gone {
+            Gone::Linked => {}
+            Gone::Freed => {
+                let _ = self.inodes.remove_sync(&victim.ino);
             }
-            reparent(&m, &p, &np);
-            if let Some(v) = &victim {
-                self.forget_if_unused(v);
+            Gone::Orphaned => {
+                victim.nlink.store(0, Relaxed);
+                victim.orphan.store(true, Relaxed);
             }
         }
-        m.changed(time);
-        p.modified(time);
-        np.modified(time);
+    }
+
+    /// Recounts every link and entry count from the entries, points each
+    /// directory at the directory that names it, and frees inodes that
+    /// nothing names and that are not orphans. Run after replay, before
+    /// the namespace serves. O(n). Returns the entries whose inode does
+    /// not exist (none, in a namespace that is not damaged): they are
+    /// left in place for `fsck` to report.
+    pub fn rebuild_counts(&self) -> Vec<(Ino, Vec<u8>, Ino)> {
+        self.inodes.iter_sync(|_, i| {
+            match &i.dir {
+                Some(d) => {
+                    i.nlink.store(2, Relaxed);
+                    d.entries.store(0, Relaxed);
+                    d.dead.store(i.ino != ROOT, Relaxed);
+                }
+                None => i.nlink.store(0, Relaxed),
+            }
+            true
+        });
+        let mut dangling = Vec::new();
+        let guard = scc::Guard::new();
+        for (k, &ino) in self.entries.iter(&guard) {
+            let (Ok(p), Ok(c)) = (self.inode(k.parent), self.inode(ino)) else {
+                dangling.push((k.parent, k.name.to_vec(), ino));
+                continue;
+            };
+            if let Some(pd) = &p.dir {
+                pd.entries.fetch_add(1, Relaxed);
+            }
+            match &c.dir {
+                Some(d) => {
+                    p.nlink.fetch_add(1, Relaxed);
+                    d.parent.store(k.parent, Relaxed);
+                    d.dead.store(false, Relaxed);
+                }
+                None => {
+                    c.nlink.fetch_add(1, Relaxed);
+                }
+            }
+        }
+        self.inodes.retain_sync(|_, i| {
+            let named = match &i.dir {
+                Some(d) => !d.dead.load(Relaxed),
+                None => i.nlink.load(Relaxed) > 0,
+            };
+            if !named && i.is_dir() {
+                i.nlink.store(0, Relaxed);
+            }
+            named || i.orphan.load(Relaxed)
+        });
+        dangling
+    }
+
+    /// The range of keys of directory `dir`'s entries.
+    pub(crate) fn dir_range(dir: Ino) -> std::ops::Range<Key> {
+        let from = Key { parent: dir, hash: FIRST_COOKIE, name: Box::default() };
+        let to = Key { parent: dir + 1, hash: 0, name: Box::default() };
+        from..to
     }
 }
 
-/// `victim` lost its name in `parent` at `time`: a directory is dead (and
-/// its `..` no longer links `parent`), anything else has one link fewer.
-fn drop_link(parent: &Inode, victim: &Inode, time: Nanos) {
-    if let Some(d) = &victim.dir {
-        d.dead.store(true, Relaxed);
-        parent.nlink.fetch_sub(1, Relaxed);
-        victim.nlink.store(0, Relaxed);
-    } else {
-        victim.nlink.fetch_sub(1, Relaxed);
+/// Moving a directory from `from` to `to` moves its `..` link.
+fn reparent(i: &Inode, from: &Inode, to: &Inode) {
+    if let Some(d) = &i.dir
+        && from.ino != to.ino
+    {
+        d.parent.store(to.ino, Relaxed);
+        from.nlink.fetch_sub(1, Relaxed);
+        to.nlink.fetch_add(1, Relaxed);
     }
-    victim.changed(time);
 }

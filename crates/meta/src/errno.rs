@@ -23,6 +23,8 @@ impl Errno {
     pub const EOPNOTSUPP: Errno = Errno(libc::EOPNOTSUPP);
     pub const EFBIG: Errno = Errno(libc::EFBIG);
     pub const ENOSPC: Errno = Errno(libc::ENOSPC);
+    pub const EIO: Errno = Errno(libc::EIO);
+    pub const EBADF: Errno = Errno(libc::EBADF);
 }
 
 impl std::fmt::Display for Errno {

@@ -22,6 +22,9 @@ pub(crate) struct Inode {
     /// Open handles anywhere in the cluster: an inode with no links left
     /// lives on (an orphan) until the last is closed.
     pub opens: AtomicU32,
+    /// It lost its last name while open: it lives until the last close,
+    /// and across a restart until its holders' recovery ends.
+    pub orphan: AtomicBool,
     pub dir: Option<Dir>,
 }
 
@@ -75,6 +78,7 @@ impl Inode {
             mtime: AtomicI64::new(time),
             ctime: AtomicI64::new(time),
             opens: AtomicU32::new(0),
+            orphan: AtomicBool::new(false),
             dir,
         }
     }

@@ -31,16 +31,24 @@
 
 mod access;
 mod apply;
+mod checkpoint;
 mod errno;
 mod inode;
 mod locks;
+mod log;
 mod mutation;
 mod namespace;
 mod ops;
+mod record;
+mod store;
 mod types;
 
+pub use checkpoint::Written;
 pub use errno::{Errno, Result};
-pub use mutation::Mutation;
+pub use log::{Log, Seq};
+pub use mutation::{Gone, Mutation};
 pub use namespace::{FIRST_COOKIE, Namespace};
 pub use ops::NewInode;
+pub use record::{FLAG_LAST, project};
+pub use store::{Opened, Store, StoreOptions};
 pub use types::*;

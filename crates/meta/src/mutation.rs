@@ -3,6 +3,18 @@
 //! carries the values the live operation chose (inode numbers, times,
 //! owners), so applying the records in journal order rebuilds exactly the
 //! state that was acknowledged.
+//!
+//! Every record is a *blind write*: it says what the objects it touches
+//! (an entry, an inode's fields) become, never what they were, and
+//! decides nothing from the state it is applied to (a rename names the
+//! inodes it moves; a removal says whether it took the last name and
+//! whether the inode stays open as an orphan). Counters that are
+//! relative (link counts, entry counts) are rebuilt from the entries
+//! after replay. That is what lets a checkpoint be taken while
+//! operations run: the image may hold any object at any point of its
+//! history after the checkpoint's start, and replaying every record from
+//! that start, in order, over it gives the state the records describe
+//! (see `checkpoint`).
 
 use serde::{Deserialize, Serialize};
 
@@ -36,15 +48,22 @@ pub enum Mutation {
         parent: Ino,
         name: Vec<u8>,
         ino: Ino,
+        /// `rmdir` (a directory went), not `unlink`.
+        dir: bool,
+        gone: Gone,
         time: Nanos,
     },
-    /// A rename, replacing what `new_name` named (if anything), or with
-    /// `exchange` a swap of the two.
+    /// A rename of `ino`, replacing `victim` (what `new_name` named, if
+    /// anything), or with `exchange` a swap of the two.
     Rename {
         parent: Ino,
         name: Vec<u8>,
+        ino: Ino,
         new_parent: Ino,
         new_name: Vec<u8>,
+        victim: Option<Ino>,
+        /// What became of a replaced victim.
+        gone: Gone,
         exchange: bool,
         time: Nanos,
     },
@@ -70,8 +89,23 @@ pub enum Mutation {
         name: Vec<u8>,
         time: Nanos,
     },
-    /// The last open handle of an inode with no names closed: it goes.
+    /// The last open handle of an inode with no names closed (or, after
+    /// a restart, nobody reclaimed it): it goes.
     Forget {
         ino: Ino,
     },
+}
+
+/// What a removal did to the inode that lost a name: decided by the live
+/// operation under its locks, so replay need not count links.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Gone {
+    /// It has other names still.
+    #[default]
+    Linked,
+    /// That was its last name, and nothing holds it open: it is freed.
+    Freed,
+    /// That was its last name, but it is open: it lives on as an orphan
+    /// until the last close ([`Mutation::Forget`]).
+    Orphaned,
 }

@@ -19,6 +19,7 @@ use crate::access::{self, EXEC, READ};
 use crate::errno::{Errno, Result};
 use crate::inode::{Inode, Meta};
 use crate::locks::Stripes;
+use crate::log::Log;
 use crate::types::{Attr, Cred, DirEntry, FileType, Ino, NAME_MAX, Nanos, ROOT, StatFs, XATTR_NAME_MAX};
 
 /// An entry's key: listings walk a directory in (hash, name) order.
@@ -39,6 +40,8 @@ pub struct Namespace {
     pub(crate) stripes: Stripes,
     /// Held by directory renames across directories (see `locks`).
     pub(crate) rename_lock: Mutex<()>,
+    /// Where changes are recorded before they are applied (see `log`).
+    pub(crate) log: Option<Arc<dyn Log>>,
     /// Names hash with this seed, chosen when the namespace is made and
     /// kept with it: cookies stay valid across restarts, and names cannot
     /// be crafted to collide.
@@ -49,17 +52,24 @@ impl Namespace {
     /// An empty namespace: a root directory owned by root, mode 0755,
     /// made at `time`; names hashed with `seed`.
     pub fn new(seed: u64, time: Nanos) -> Namespace {
-        let ns = Namespace {
+        let ns = Namespace::empty(seed);
+        let meta = Meta { perm: 0o755, uid: 0, gid: 0, atime: time, xattrs: Vec::new(), target: Box::default() };
+        let _ = ns.inodes.insert_sync(ROOT, Arc::new(Inode::new(ROOT, FileType::Directory, meta, 0, time, ROOT)));
+        ns
+    }
+
+    /// No inodes at all, not even the root: what a checkpoint is loaded
+    /// into.
+    pub(crate) fn empty(seed: u64) -> Namespace {
+        Namespace {
             inodes: scc::HashMap::default(),
             entries: scc::TreeIndex::new(),
             next_ino: AtomicU64::new(ROOT + 1),
             stripes: Stripes::default(),
             rename_lock: Mutex::new(()),
+            log: None,
             seed,
-        };
-        let meta = Meta { perm: 0o755, uid: 0, gid: 0, atime: time, xattrs: Vec::new(), target: Box::default() };
-        let _ = ns.inodes.insert_sync(ROOT, Arc::new(Inode::new(ROOT, FileType::Directory, meta, 0, time, ROOT)));
-        ns
+        }
     }
 
     /// A name's hash: its place in its directory's listing, and the
@@ -130,11 +140,11 @@ impl Namespace {
             return Err(Errno::ENOTDIR);
         }
         access::check(cred, &dir.owner(), READ)?;
-        let from = Key { parent: ino, hash: cookie.max(FIRST_COOKIE - 1) + 1, name: Box::default() };
-        let to = Key { parent: ino + 1, hash: 0, name: Box::default() };
+        let mut range = Self::dir_range(ino);
+        range.start.hash = cookie.max(FIRST_COOKIE - 1) + 1;
         let guard = scc::Guard::new();
         let mut out = Vec::new();
-        for (k, &child) in self.entries.range(from..to, &guard) {
+        for (k, &child) in self.entries.range(range, &guard) {
             if out.len() == max {
                 break;
             }
@@ -180,6 +190,11 @@ impl Namespace {
 
     pub fn statfs(&self) -> StatFs {
         StatFs { files: self.inodes.len() as u64, name_max: NAME_MAX as u32, block_size: 4096 }
+    }
+
+    /// The seed names hash with.
+    pub fn seed(&self) -> u64 {
+        self.seed
     }
 
     /// Inodes in the namespace (orphans included).

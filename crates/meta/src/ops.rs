@@ -1,8 +1,8 @@
 //! The changing operations: each checks what Linux checks, in Linux's
 //! order (so the errno is the kernel's), under the locks `locks`
-//! describes, then applies its [`Mutation`] and returns it for the
-//! journal. The caller acknowledges the operation once that record is
-//! durable.
+//! describes, then records its [`Mutation`] in the log and applies it,
+//! still under those locks, and returns the record's [`Seq`]. The caller
+//! acknowledges the operation once the log has made that durable.
 
 use std::sync::atomic::Ordering::Relaxed;
 
@@ -10,7 +10,8 @@ use crate::access::{self, EXEC, WRITE};
 use crate::errno::{Errno, Result};
 use crate::inode::Inode;
 use crate::locks::stripe;
-use crate::mutation::Mutation;
+use crate::log::Seq;
+use crate::mutation::{Gone, Mutation};
 use crate::namespace::{Namespace, check_name, xattr_permission};
 use crate::types::{
     Attr, Cred, FILE_SIZE_MAX, FileType, Ino, LINK_MAX, Nanos, ROOT, RenameFlags, SYMLINK_MAX, SetAttr, TimeSet,
@@ -31,6 +32,14 @@ impl Namespace {
         stripe(parent, self.hash(name))
     }
 
+    /// The stripe of inode `ino` itself: held by every change to its
+    /// links, attributes or open count, so those are logged in the order
+    /// they are applied. (Hash 0 is no name's: names hash from
+    /// [`FIRST_COOKIE`](crate::FIRST_COOKIE) up.)
+    fn ino_lock(ino: Ino) -> usize {
+        stripe(ino, 0)
+    }
+
     /// Creates `name` in `parent`: a file, directory, symlink (`target`)
     /// or special file. The owner is the caller; the group is the
     /// caller's, or the directory's if it is setgid (and then a new
@@ -43,7 +52,7 @@ impl Namespace {
         new: NewInode,
         target: &[u8],
         now: Nanos,
-    ) -> Result<(Attr, Mutation)> {
+    ) -> Result<(Attr, Seq)> {
         check_name(name)?;
         let dir = self.searchable(cred, parent)?;
         if new.kind == FileType::Symlink && target.len() > SYMLINK_MAX {
@@ -92,16 +101,16 @@ impl Namespace {
             target: target.to_vec(),
             time: now,
         };
-        self.apply(&m);
-        Ok((self.inode(ino)?.attr(), m))
+        let seq = self.commit(cred, &m)?;
+        Ok((self.inode(ino)?.attr(), seq))
     }
 
     /// A new name `name` in `parent` for `ino`. O(log n).
-    pub fn link(&self, cred: &Cred, ino: Ino, parent: Ino, name: &[u8], now: Nanos) -> Result<(Attr, Mutation)> {
+    pub fn link(&self, cred: &Cred, ino: Ino, parent: Ino, name: &[u8], now: Nanos) -> Result<(Attr, Seq)> {
         check_name(name)?;
         let dir = self.searchable(cred, parent)?;
         let target = self.inode(ino)?;
-        let _held = self.stripes.lock(&[(&dir, false)], &[self.name_lock(parent, name)]);
+        let _held = self.stripes.lock(&[(&dir, false)], &[self.name_lock(parent, name), Self::ino_lock(ino)]);
         if matches!(name, b"." | b"..") || self.child(parent, name).is_some() {
             return Err(Errno::EEXIST);
         }
@@ -121,17 +130,17 @@ impl Namespace {
             return Err(Errno::EMLINK);
         }
         let m = Mutation::Link { parent, name: name.to_vec(), ino, time: now };
-        self.apply(&m);
-        Ok((target.attr(), m))
+        let seq = self.commit(cred, &m)?;
+        Ok((target.attr(), seq))
     }
 
     /// Removes a name that is not a directory's. O(log n).
-    pub fn unlink(&self, cred: &Cred, parent: Ino, name: &[u8], now: Nanos) -> Result<Mutation> {
+    pub fn unlink(&self, cred: &Cred, parent: Ino, name: &[u8], now: Nanos) -> Result<Seq> {
         self.remove(cred, parent, name, false, now)
     }
 
     /// Removes an empty directory. O(log n).
-    pub fn rmdir(&self, cred: &Cred, parent: Ino, name: &[u8], now: Nanos) -> Result<Mutation> {
+    pub fn rmdir(&self, cred: &Cred, parent: Ino, name: &[u8], now: Nanos) -> Result<Seq> {
         match name {
             b"." => return Err(Errno::EINVAL),
             b".." => return Err(Errno::ENOTEMPTY),
@@ -140,7 +149,7 @@ impl Namespace {
         self.remove(cred, parent, name, true, now)
     }
 
-    fn remove(&self, cred: &Cred, parent: Ino, name: &[u8], dir_wanted: bool, now: Nanos) -> Result<Mutation> {
+    fn remove(&self, cred: &Cred, parent: Ino, name: &[u8], dir_wanted: bool, now: Nanos) -> Result<Seq> {
         check_name(name)?;
         if !dir_wanted && matches!(name, b"." | b"..") {
             return Err(Errno::EISDIR);
@@ -155,7 +164,7 @@ impl Namespace {
             if victim.is_dir() {
                 dirs.push((&*victim, true));
             }
-            let _held = self.stripes.lock(&dirs, &[self.name_lock(parent, name)]);
+            let _held = self.stripes.lock(&dirs, &[self.name_lock(parent, name), Self::ino_lock(ino)]);
             if self.child(parent, name) != Some(ino) {
                 continue;
             }
@@ -163,15 +172,15 @@ impl Namespace {
             if dir_wanted && victim.dir().entries.load(Relaxed) != 0 {
                 return Err(Errno::ENOTEMPTY);
             }
-            let m = Mutation::Remove { parent, name: name.to_vec(), ino, time: now };
-            self.apply(&m);
-            return Ok(m);
+            let m =
+                Mutation::Remove { parent, name: name.to_vec(), ino, dir: dir_wanted, gone: gone(&victim), time: now };
+            return self.commit(cred, &m);
         }
     }
 
     /// `rename` and `renameat2`'s `RENAME_NOREPLACE` and
-    /// `RENAME_EXCHANGE`; `None` when the two names already name one
-    /// inode (nothing changes, nothing to journal). O(log n), plus
+    /// `RENAME_EXCHANGE`; nothing changes (nothing is journaled, [`Seq`]
+    /// 0) when the two names already name one inode. O(log n), plus
     /// O(depth) for a directory moved to another directory (the loop
     /// check).
     pub fn rename(
@@ -181,7 +190,7 @@ impl Namespace {
         (new_parent, new_name): (Ino, &[u8]),
         flags: RenameFlags,
         now: Nanos,
-    ) -> Result<Option<Mutation>> {
+    ) -> Result<Seq> {
         if flags.noreplace && flags.exchange {
             return Err(Errno::EINVAL);
         }
@@ -206,7 +215,9 @@ impl Namespace {
             if let Some(v) = victim.as_deref().filter(|v| v.is_dir()) {
                 dirs.push((v, !flags.exchange));
             }
-            let names = [self.name_lock(parent, name), self.name_lock(new_parent, new_name)];
+            let mut names =
+                vec![self.name_lock(parent, name), self.name_lock(new_parent, new_name), Self::ino_lock(ino)];
+            names.extend(victim.as_ref().map(|v| Self::ino_lock(v.ino)));
             let _held = self.stripes.lock(&dirs, &names);
             if self.child(parent, name) != Some(ino)
                 || self.child(new_parent, new_name) != victim.as_ref().map(|v| v.ino)
@@ -231,7 +242,7 @@ impl Namespace {
             }
             if victim.as_ref().is_some_and(|v| v.ino == ino) {
                 // Two names of one inode: nothing changes (POSIX).
-                return Ok(None);
+                return Ok(0);
             }
             may_delete(cred, &p, &moved, moved.is_dir())?;
             match &victim {
@@ -266,13 +277,18 @@ impl Namespace {
             let m = Mutation::Rename {
                 parent,
                 name: name.to_vec(),
+                ino,
                 new_parent,
                 new_name: new_name.to_vec(),
+                victim: victim.as_ref().map(|v| v.ino),
+                gone: match &victim {
+                    Some(v) if !flags.exchange => gone(v),
+                    _ => Gone::Linked,
+                },
                 exchange: flags.exchange,
                 time: now,
             };
-            self.apply(&m);
-            return Ok(Some(m));
+            return self.commit(cred, &m);
         }
     }
 
@@ -301,8 +317,14 @@ impl Namespace {
     /// regular file; times set to now need ownership or write
     /// permission, explicit times ownership. ctime always moves. O(1)
     /// expected.
-    pub fn setattr(&self, cred: &Cred, ino: Ino, set: &SetAttr, now: Nanos) -> Result<(Attr, Mutation)> {
+    ///
+    /// A directory's attributes are set under its intention lock held
+    /// exclusive, so that the times its creators move forward and a time
+    /// set here are logged in the order they are applied.
+    pub fn setattr(&self, cred: &Cred, ino: Ino, set: &SetAttr, now: Nanos) -> Result<(Attr, Seq)> {
         let i = self.inode(ino)?;
+        let dirs: &[(&Inode, bool)] = if i.is_dir() { &[(&i, true)] } else { &[] };
+        let _held = self.stripes.lock(dirs, &[Self::ino_lock(ino)]);
         let o = i.owner();
         let mut perm = None;
         let (mut uid, mut gid) = (None, None);
@@ -372,8 +394,8 @@ impl Namespace {
         }
         let m =
             Mutation::SetAttr { ino, perm, uid, gid, size: set.size, atime: set.atime.map(resolve), mtime, ctime: now };
-        self.apply(&m);
-        Ok((i.attr(), m))
+        let seq = self.commit(cred, &m)?;
+        Ok((i.attr(), seq))
     }
 
     /// Sets an extended attribute (see `xattr_permission` for who may).
@@ -385,8 +407,9 @@ impl Namespace {
         value: &[u8],
         mode: XattrMode,
         now: Nanos,
-    ) -> Result<Mutation> {
+    ) -> Result<Seq> {
         let i = self.inode(ino)?;
+        let _held = self.stripes.lock(&[], &[Self::ino_lock(ino)]);
         xattr_permission(cred, &i, name, true)?;
         if value.len() > XATTR_SIZE_MAX {
             return Err(Errno::E2BIG);
@@ -398,39 +421,59 @@ impl Namespace {
             _ => {}
         }
         let m = Mutation::SetXattr { ino, name: name.to_vec(), value: value.to_vec(), time: now };
-        self.apply(&m);
-        Ok(m)
+        self.commit(cred, &m)
     }
 
     /// Removes an extended attribute (`ENODATA` if unset).
-    pub fn removexattr(&self, cred: &Cred, ino: Ino, name: &[u8], now: Nanos) -> Result<Mutation> {
+    pub fn removexattr(&self, cred: &Cred, ino: Ino, name: &[u8], now: Nanos) -> Result<Seq> {
         let i = self.inode(ino)?;
+        let _held = self.stripes.lock(&[], &[Self::ino_lock(ino)]);
         xattr_permission(cred, &i, name, true)?;
         if !i.meta.lock().xattrs.iter().any(|(n, _)| &**n == name) {
             return Err(Errno::ENODATA);
         }
         let m = Mutation::RemoveXattr { ino, name: name.to_vec(), time: now };
-        self.apply(&m);
-        Ok(m)
+        self.commit(cred, &m)
     }
 
     /// An open handle of `ino`: it lives while any is open, names or not.
+    /// Open handles are not journaled (they are a session's, like its
+    /// locks); an orphan outlives a restart because its removal said so.
     pub fn open(&self, ino: Ino) -> Result<Attr> {
         let i = self.inode(ino)?;
+        let _held = self.stripes.lock(&[], &[Self::ino_lock(ino)]);
+        // Freed between the look-up and the lock.
+        self.inode(ino)?;
         i.opens.fetch_add(1, Relaxed);
         Ok(i.attr())
     }
 
-    /// Closes a handle; an orphan whose last handle this was goes, and
-    /// the record that says so is returned for the journal.
-    pub fn release(&self, ino: Ino) -> Result<Option<Mutation>> {
+    /// Closes a handle; an orphan whose last handle this was goes (the
+    /// record that says so is logged: [`Seq`] 0 if nothing went).
+    pub fn release(&self, cred: &Cred, ino: Ino) -> Result<Seq> {
         let i = self.inode(ino)?;
-        if i.opens.fetch_sub(1, Relaxed) == 1 && i.nlink.load(Relaxed) == 0 {
-            let m = Mutation::Forget { ino };
-            self.apply(&m);
-            return Ok(Some(m));
+        let _held = self.stripes.lock(&[], &[Self::ino_lock(ino)]);
+        let was = i.opens.load(Relaxed);
+        if was == 0 {
+            return Err(Errno::EBADF);
         }
-        Ok(None)
+        i.opens.store(was - 1, Relaxed);
+        if was == 1 && i.nlink.load(Relaxed) == 0 {
+            return self.commit(cred, &Mutation::Forget { ino });
+        }
+        Ok(0)
+    }
+}
+
+/// What taking a name from `victim` does to it (the caller holds its
+/// inode lock): its last name, or not; open, or not.
+fn gone(victim: &Inode) -> Gone {
+    if !victim.is_dir() && victim.nlink.load(Relaxed) > 1 {
+        Gone::Linked
+    } else if victim.opens.load(Relaxed) > 0 {
+        Gone::Orphaned
+    } else {
+        Gone::Freed
     }
 }
 

@@ -1,0 +1,48 @@
+//! Where changes go before they are applied: the journal, through the
+//! [`Log`] a store gives the namespace. An operation records its
+//! [`Mutation`] while it still holds its locks, so the records of changes
+//! to any one object (an entry, an inode) are in the log in the order
+//! they were applied, which is what replay needs; the caller waits for
+//! durability after the locks are gone, so one fsync covers many
+//! operations (group commit) and nobody waits for the disk holding a
+//! lock.
+
+use std::sync::Arc;
+
+use crate::errno::Result;
+use crate::mutation::Mutation;
+use crate::namespace::Namespace;
+use crate::types::Cred;
+
+/// A record's position in the log: the change may be acknowledged once
+/// the log has made this position durable. 0: nothing was recorded
+/// (nothing changed, or the namespace has no log).
+pub type Seq = u64;
+
+/// A log for the namespace's records.
+pub trait Log: Send + Sync {
+    /// Records `m`, made by `cred`, and returns its position. Called
+    /// under the operation's locks: it must not wait for the disk. An
+    /// error (`EIO`: the journal failed) fails the operation before
+    /// anything changes.
+    fn record(&self, cred: &Cred, m: &Mutation) -> Result<Seq>;
+}
+
+impl Namespace {
+    /// From now on every change is recorded in `log` before it is
+    /// applied. Set once, before the namespace is shared (after replay).
+    pub fn set_log(&mut self, log: Arc<dyn Log>) {
+        self.log = Some(log);
+    }
+
+    /// Records `m` (if there is a log), then applies it. Callers hold the
+    /// locks of the objects `m` changes.
+    pub(crate) fn commit(&self, cred: &Cred, m: &Mutation) -> Result<Seq> {
+        let seq = match &self.log {
+            Some(log) => log.record(cred, m)?,
+            None => 0,
+        };
+        self.apply(m);
+        Ok(seq)
+    }
+}

@@ -1,0 +1,177 @@
+//! The namespace with its journal: what a server runs. A change is
+//! recorded in the journal under its locks and applied (see `log`); the
+//! caller acknowledges it once [`Store::wait`] says its record is durable
+//! (the journal's group commit: one fsync for every record published
+//! before it). The same records are the changelog (see `record`), so a
+//! change costs one write whether or not anyone consumes the changelog.
+//!
+//! Recovery is checkpoint + replay: [`Store::open`] loads `meta.ckpt`,
+//! replays the journal from the checkpoint's start and recounts the links.
+//! [`Store::checkpoint`] writes a new image while operations go on and
+//! lets the journal be purged behind it and behind the slowest changelog
+//! consumer.
+//!
+//! ```
+//! use interlock_meta::{Cred, FileType, NewInode, ROOT, Store, StoreOptions};
+//! let dir = tempfile::tempdir().unwrap();
+//! let (store, _) = Store::open(dir.path(), StoreOptions::default(), 1).unwrap();
+//! let new = NewInode { kind: FileType::Regular, perm: 0o644, rdev: 0 };
+//! let (file, seq) = store.ns().create(&Cred::root(), ROOT, b"f", new, b"", 2).unwrap();
+//! store.wait(seq).unwrap(); // durable: now it may be acknowledged
+//! drop(store);
+//! let (again, opened) = Store::open(dir.path(), StoreOptions::default(), 3).unwrap();
+//! assert_eq!(opened.replayed, 1);
+//! assert_eq!(again.ns().lookup(&Cred::root(), ROOT, b"f").unwrap().ino, file.ino);
+//! ```
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use interlock_journal::changelog::{Changelog, ChangelogOptions};
+use interlock_journal::{Error, Options};
+use parking_lot::Mutex;
+
+use crate::checkpoint::{self, Written};
+use crate::errno::{Errno, Result};
+use crate::log::{Log, Seq};
+use crate::mutation::Mutation;
+use crate::namespace::Namespace;
+use crate::record;
+use crate::types::{Cred, Ino, Nanos};
+
+/// How a store keeps its journal and changelog.
+#[derive(Clone, Debug, Default)]
+pub struct StoreOptions {
+    pub journal: Options,
+    pub changelog: ChangelogOptions,
+}
+
+/// What [`Store::open`] found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Opened {
+    /// No checkpoint was there: a new namespace.
+    pub created: bool,
+    /// Replay started at this index.
+    pub start: u64,
+    /// Records replayed.
+    pub replayed: u64,
+    /// Bytes of a torn journal tail cut off (never acknowledged).
+    pub torn_bytes: Option<u64>,
+    /// Entries whose inode does not exist: damage (`fsck` reports it).
+    pub dangling: Vec<(Ino, Vec<u8>, Ino)>,
+}
+
+/// The namespace, its journal and its changelog.
+pub struct Store {
+    ns: Namespace,
+    changelog: Arc<Changelog>,
+    dir: PathBuf,
+    /// One checkpoint at a time.
+    checkpointing: Mutex<()>,
+}
+
+/// The journal, as the namespace's [`Log`].
+struct JournalLog(Arc<Changelog>);
+
+impl Log for JournalLog {
+    /// O(record) on the caller's thread, no lock (the journal's append).
+    fn record(&self, cred: &Cred, m: &Mutation) -> Result<Seq> {
+        self.0.journal().append(&record::encode(cred, m)).map_err(|e| {
+            tracing::error!(error = %e, "journal append failed");
+            Errno::EIO
+        })
+    }
+}
+
+impl Store {
+    /// Opens the store in `dir` (creating it, with a root made at `now`,
+    /// if it is new): loads the checkpoint, replays the journal after it,
+    /// recounts links. O(inodes + entries + records since the
+    /// checkpoint).
+    pub fn open(dir: &Path, options: StoreOptions, now: Nanos) -> std::result::Result<(Store, Opened), Error> {
+        std::fs::create_dir_all(dir).map_err(|e| Error::Io { path: dir.to_path_buf(), source: e })?;
+        let (changelog, recovery) = Changelog::open_with(dir, options.journal, options.changelog, record::project)?;
+        let loaded = checkpoint::load(dir)?;
+        let created = loaded.is_none();
+        let (mut ns, start) = match loaded {
+            Some(l) => (l.ns, l.start),
+            None => (Namespace::new(random_seed(), now), 1),
+        };
+        if start < recovery.first {
+            return Err(Error::Corrupt {
+                path: dir.join(checkpoint::FILE),
+                offset: 0,
+                what: format!("replay must start at {start}, but the journal starts at {}", recovery.first),
+            });
+        }
+        let mut replayed = 0;
+        let mut bad = None;
+        changelog.journal().read(start, usize::MAX, |index, bytes| {
+            if bad.is_some() {
+                return;
+            }
+            match record::decode(bytes) {
+                Ok(r) => {
+                    ns.apply(&r.m);
+                    replayed += 1;
+                }
+                Err(e) => bad = Some(format!("record {index}: {e}")),
+            }
+        })?;
+        if let Some(what) = bad {
+            return Err(Error::Corrupt { path: dir.to_path_buf(), offset: 0, what });
+        }
+        let dangling = ns.rebuild_counts();
+        let changelog = Arc::new(changelog);
+        ns.set_log(Arc::new(JournalLog(changelog.clone())));
+        let store = Store { ns, changelog, dir: dir.to_path_buf(), checkpointing: Mutex::new(()) };
+        if created {
+            // The seed and the root reach the disk before any record.
+            store.checkpoint()?;
+        }
+        let opened = Opened { created, start, replayed, torn_bytes: recovery.torn_bytes, dangling };
+        Ok((store, opened))
+    }
+
+    /// The namespace: its operations return the [`Seq`] to
+    /// [`wait`](Store::wait) for.
+    pub fn ns(&self) -> &Namespace {
+        &self.ns
+    }
+
+    /// Blocks until the record at `seq` is durable (at once for 0, or
+    /// if it already is). `EIO` if the journal failed.
+    pub fn wait(&self, seq: Seq) -> Result<()> {
+        if seq == 0 {
+            return Ok(());
+        }
+        self.changelog.journal().wait_durable(seq).map_err(|_| Errno::EIO)
+    }
+
+    /// The changelog: the journal read through consumers.
+    pub fn changelog(&self) -> &Changelog {
+        &self.changelog
+    }
+
+    /// Writes a checkpoint while operations go on (see `checkpoint`): a
+    /// pause of O(stripes) to pick its start, the walk, then a wait until
+    /// every record whose effect the image may hold is durable (so a
+    /// crash cannot leave half a change in it), then the file replaces
+    /// the old one and the journal may be purged below its start.
+    pub fn checkpoint(&self) -> std::result::Result<Written, Error> {
+        let _one = self.checkpointing.lock();
+        let journal = self.changelog.journal();
+        let start = self.ns.stripes.quiesce(|| journal.next_index());
+        let written =
+            checkpoint::write(&self.ns, start, &self.dir, || journal.wait_for(journal.next_index(), None).map(drop))?;
+        self.changelog.set_checkpoint(start - 1)?;
+        Ok(written)
+    }
+}
+
+/// A fresh namespace's hash seed.
+fn random_seed() -> u64 {
+    let mut s = [0u8; 8];
+    getrandom::fill(&mut s).expect("the operating system's random source");
+    u64::from_le_bytes(s)
+}
