@@ -1,0 +1,65 @@
+//! What the store tests share: a namespace's whole state as comparable
+//! data, read through the public API.
+
+#![allow(dead_code)]
+
+use interlock_meta::{Attr, Cred, FileType, Ino, Namespace, ROOT};
+
+/// One inode as seen through a path: its attributes, sorted xattrs and,
+/// for a symlink, its target.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Seen {
+    pub path: Vec<u8>,
+    pub attr: Attr,
+    pub xattrs: Vec<(Vec<u8>, Vec<u8>)>,
+    pub target: Vec<u8>,
+}
+
+fn seen(ns: &Namespace, path: Vec<u8>, attr: Attr) -> Seen {
+    let root = Cred::root();
+    let mut xattrs: Vec<(Vec<u8>, Vec<u8>)> = ns
+        .listxattr(&root, attr.ino)
+        .unwrap()
+        .into_iter()
+        .map(|n| {
+            let v = ns.getxattr(&root, attr.ino, &n).unwrap();
+            (n, v)
+        })
+        .collect();
+    xattrs.sort();
+    let target = if attr.kind == FileType::Symlink { ns.readlink(attr.ino).unwrap() } else { Vec::new() };
+    Seen { path, attr, xattrs, target }
+}
+
+/// Every inode reachable from the root, by path, in path order; then the
+/// inodes in `extra` (orphans a test holds open) under `#INO`.
+pub fn dump(ns: &Namespace, extra: &[Ino]) -> Vec<Seen> {
+    let root = Cred::root();
+    let mut out = vec![seen(ns, b"/".to_vec(), ns.getattr(ROOT).unwrap())];
+    let mut todo = vec![(ROOT, b"/".to_vec())];
+    while let Some((dir, path)) = todo.pop() {
+        let mut cookie = 0;
+        loop {
+            let batch = ns.readdirplus(&root, dir, cookie, 100).unwrap();
+            let Some(last) = batch.last() else { break };
+            cookie = last.0.cookie;
+            for (e, a) in batch {
+                let mut p = path.clone();
+                p.extend_from_slice(&e.name);
+                if a.kind == FileType::Directory {
+                    let mut d = p.clone();
+                    d.push(b'/');
+                    todo.push((a.ino, d));
+                }
+                out.push(seen(ns, p, a));
+            }
+        }
+    }
+    for &ino in extra {
+        if let Ok(a) = ns.getattr(ino) {
+            out.push(seen(ns, format!("#{ino}").into_bytes(), a));
+        }
+    }
+    out.sort_by(|a, b| a.path.cmp(&b.path));
+    out
+}
