@@ -200,8 +200,12 @@ fn acknowledged_after(bytes: &[u8], from: usize, bad: u64) -> Option<u64> {
 
 /// Reads the records of `seg` from `from` (at least `seg.first`) up to but
 /// not including `until`, at most `max`, calling `f` on each. Scans at most
-/// `SPARSE_EVERY` records before `from`.
+/// `SPARSE_EVERY` records before `from`. Never reads a byte of record
+/// `until` or later: the flusher may be writing it at this moment.
 pub fn read(seg: &Segment, from: u64, until: u64, max: usize, mut f: impl FnMut(u64, &[u8])) -> Result<usize, Error> {
+    if from >= until {
+        return Ok(0);
+    }
     let mut file = File::open(&seg.path).map_err(|e| Error::io(&seg.path, e))?;
     let start = seg.seek_hint(from);
     file.seek(SeekFrom::Start(start)).map_err(|e| Error::io(&seg.path, e))?;
@@ -227,12 +231,12 @@ pub fn read(seg: &Segment, from: u64, until: u64, max: usize, mut f: impl FnMut(
             what: describe(bad, from),
         })?;
         offset += n as u64;
-        if frame.index >= until {
-            break;
-        }
         if frame.index >= from {
             f(frame.index, frame.payload);
             count += 1;
+        }
+        if frame.index + 1 >= until {
+            break;
         }
     }
     Ok(count)

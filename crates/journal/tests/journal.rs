@@ -185,3 +185,36 @@ fn corruption_of_acknowledged_records_is_an_error_naming_file_and_offset() {
     std::fs::write(last, &bytes).unwrap();
     assert!(matches!(Journal::open(dir.path(), opts()), Err(Error::Corrupt { .. })));
 }
+
+/// A reader following the tail (as a changelog consumer does: wait for
+/// the next record to be durable, read it) while a writer appends one
+/// durable record at a time: it reads only whole, durable records. Before
+/// the fix the reader, after its last durable record, read the header of
+/// the record being written and failed on its unfinished payload ("failed
+/// to fill whole buffer").
+#[test]
+fn a_reader_at_the_tail_never_sees_a_record_being_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let (j, _) = Journal::open(dir.path(), opts()).unwrap();
+    let j = Arc::new(j);
+    let done = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let (j, done) = (j.clone(), done.clone());
+        std::thread::spawn(move || {
+            while !done.load(Ordering::Relaxed) {
+                j.append_durable(&[7u8; 27]).unwrap();
+            }
+        })
+    };
+    let mut next = 1;
+    while next < 5_000 {
+        j.wait_for(next + 1, None).unwrap();
+        j.read(next, usize::MAX, |i, p| {
+            assert_eq!((i, p.len()), (next, 27), "record {i} whole, in order");
+            next += 1;
+        })
+        .unwrap_or_else(|e| panic!("read from {next}: {e}"));
+    }
+    done.store(true, Ordering::Relaxed);
+    writer.join().unwrap();
+}
