@@ -14,7 +14,7 @@ use std::sync::atomic::Ordering::Relaxed;
 
 use crate::inode::{Inode, Meta};
 use crate::mutation::{Gone, Mutation};
-use crate::namespace::{FIRST_COOKIE, Key, Namespace};
+use crate::namespace::{FIRST_COOKIE, Key, Name, Namespace};
 use crate::types::{FileType, Ino, Nanos, ROOT};
 
 impl Namespace {
@@ -25,15 +25,8 @@ impl Namespace {
         match m {
             Mutation::Create { parent, name, ino, kind, perm, uid, gid, rdev, target, time } => {
                 self.next_ino.fetch_max(ino + 1, Relaxed);
-                let meta = Meta {
-                    perm: *perm,
-                    uid: *uid,
-                    gid: *gid,
-                    atime: *time,
-                    xattrs: Vec::new(),
-                    target: target.as_slice().into(),
-                };
-                let inode = Arc::new(Inode::new(*ino, *kind, meta, *rdev, *time, *parent));
+                let meta = Meta::new(*perm, *uid, *gid, *time, target, *rdev);
+                let inode = Arc::new(Inode::new(*ino, *kind, meta, *time, *parent));
                 self.inodes.upsert_sync(*ino, inode);
                 self.add_entry(*parent, name, *ino, *kind == FileType::Directory, *time);
             }
@@ -111,16 +104,17 @@ impl Namespace {
                 let Ok(i) = self.inode(*ino) else { return };
                 {
                     let mut m = i.meta.lock();
-                    match m.xattrs.iter_mut().find(|(n, _)| **n == **name) {
+                    let xattrs = m.xattrs_mut();
+                    match xattrs.iter_mut().find(|(n, _)| **n == **name) {
                         Some((_, v)) => *v = value.as_slice().into(),
-                        None => m.xattrs.push((name.as_slice().into(), value.as_slice().into())),
+                        None => xattrs.push((name.as_slice().into(), value.as_slice().into())),
                     }
                 }
                 i.changed(*time);
             }
             Mutation::RemoveXattr { ino, name, time } => {
                 let Ok(i) = self.inode(*ino) else { return };
-                i.meta.lock().xattrs.retain(|(n, _)| **n != **name);
+                i.meta.lock().xattrs_mut().retain(|(n, _)| **n != **name);
                 i.changed(*time);
             }
             Mutation::Forget { ino } => {
@@ -240,8 +234,8 @@ impl Namespace {
 
     /// The range of keys of directory `dir`'s entries.
     pub(crate) fn dir_range(dir: Ino) -> std::ops::Range<Key> {
-        let from = Key { parent: dir, hash: FIRST_COOKIE, name: Box::default() };
-        let to = Key { parent: dir + 1, hash: 0, name: Box::default() };
+        let from = Key { parent: dir, hash: FIRST_COOKIE, name: Name::new() };
+        let to = Key { parent: dir + 1, hash: 0, name: Name::new() };
         from..to
     }
 }

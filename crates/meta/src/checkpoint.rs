@@ -88,27 +88,24 @@ impl InodeImage {
             perm: m.perm,
             uid: m.uid,
             gid: m.gid,
-            rdev: i.rdev,
+            rdev: m.rdev(),
             size: i.size.load(Relaxed),
             atime: m.atime,
             mtime: i.mtime.load(Relaxed),
             ctime: i.ctime.load(Relaxed),
             orphan: i.orphan.load(Relaxed),
-            xattrs: m.xattrs.iter().map(|(n, v)| (n.to_vec().into(), v.to_vec().into())).collect(),
-            target: m.target.to_vec(),
+            xattrs: m.xattrs().iter().map(|(n, v)| (n.to_vec().into(), v.to_vec().into())).collect(),
+            target: m.target().to_vec(),
         }
     }
 
     fn into_inode(self) -> Inode {
-        let meta = Meta {
-            perm: self.perm,
-            uid: self.uid,
-            gid: self.gid,
-            atime: self.atime,
-            xattrs: self.xattrs.into_iter().map(|(n, v)| (n.into_vec().into(), v.into_vec().into())).collect(),
-            target: self.target.into(),
-        };
-        let i = Inode::new(self.ino, self.kind, meta, self.rdev, self.mtime, self.ino);
+        let mut meta = Meta::new(self.perm, self.uid, self.gid, self.atime, &self.target, self.rdev);
+        if !self.xattrs.is_empty() {
+            *meta.xattrs_mut() =
+                self.xattrs.into_iter().map(|(n, v)| (n.into_vec().into(), v.into_vec().into())).collect();
+        }
+        let i = Inode::new(self.ino, self.kind, meta, self.mtime, self.ino);
         i.size.store(self.size, Relaxed);
         i.ctime.store(self.ctime, Relaxed);
         i.orphan.store(self.orphan, Relaxed);

@@ -2,6 +2,10 @@
 //! entry count, link count, times) is atomic, so creators in one
 //! directory share no lock; what changes rarely (owner, mode, extended
 //! attributes) sits behind the inode's own small mutex.
+//!
+//! Size matters at 10M files: what few inodes have (extended attributes,
+//! a symlink's target, a device number, the directory part) is boxed
+//! apart, so a plain file's inode is 96 bytes (112 with its `Arc`).
 
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, Ordering::Relaxed};
 
@@ -13,7 +17,6 @@ use crate::types::{Attr, DIRENT_SIZE, FileType, Ino, Nanos};
 pub(crate) struct Inode {
     pub ino: Ino,
     pub kind: FileType,
-    pub rdev: u64,
     pub meta: Mutex<Meta>,
     pub nlink: AtomicU32,
     pub size: AtomicU64,
@@ -25,7 +28,7 @@ pub(crate) struct Inode {
     /// It lost its last name while open: it lives until the last close,
     /// and across a restart until its holders' recovery ends.
     pub orphan: AtomicBool,
-    pub dir: Option<Dir>,
+    pub dir: Option<Box<Dir>>,
 }
 
 /// An extended attribute: name and value.
@@ -37,10 +40,42 @@ pub(crate) struct Meta {
     pub uid: u32,
     pub gid: u32,
     pub atime: Nanos,
+    /// What few inodes have; `None` for most.
+    extra: Option<Box<Extra>>,
+}
+
+#[derive(Default)]
+struct Extra {
     /// Extended attributes, in the order set.
-    pub xattrs: Vec<Xattr>,
+    xattrs: Vec<Xattr>,
     /// A symlink's target.
-    pub target: Box<[u8]>,
+    target: Box<[u8]>,
+    /// A device node's device.
+    rdev: u64,
+}
+
+impl Meta {
+    pub fn new(perm: u32, uid: u32, gid: u32, atime: Nanos, target: &[u8], rdev: u64) -> Meta {
+        let extra = (!target.is_empty() || rdev != 0)
+            .then(|| Box::new(Extra { xattrs: Vec::new(), target: target.into(), rdev }));
+        Meta { perm, uid, gid, atime, extra }
+    }
+
+    pub fn xattrs(&self) -> &[Xattr] {
+        self.extra.as_ref().map_or(&[], |e| &e.xattrs)
+    }
+
+    pub fn xattrs_mut(&mut self) -> &mut Vec<Xattr> {
+        &mut self.extra.get_or_insert_default().xattrs
+    }
+
+    pub fn target(&self) -> &[u8] {
+        self.extra.as_ref().map_or(&[], |e| &e.target)
+    }
+
+    pub fn rdev(&self) -> u64 {
+        self.extra.as_ref().map_or(0, |e| e.rdev)
+    }
 }
 
 /// What only a directory has.
@@ -60,18 +95,19 @@ pub(crate) struct Dir {
 }
 
 impl Inode {
-    pub fn new(ino: Ino, kind: FileType, meta: Meta, rdev: u64, time: Nanos, parent: Ino) -> Inode {
-        let dir = (kind == FileType::Directory).then(|| Dir {
-            intent: RwLock::new(()),
-            parent: AtomicU64::new(parent),
-            entries: AtomicU64::new(0),
-            dead: AtomicBool::new(false),
+    pub fn new(ino: Ino, kind: FileType, meta: Meta, time: Nanos, parent: Ino) -> Inode {
+        let dir = (kind == FileType::Directory).then(|| {
+            Box::new(Dir {
+                intent: RwLock::new(()),
+                parent: AtomicU64::new(parent),
+                entries: AtomicU64::new(0),
+                dead: AtomicBool::new(false),
+            })
         });
-        let size = if kind == FileType::Symlink { meta.target.len() as u64 } else { 0 };
+        let size = if kind == FileType::Symlink { meta.target().len() as u64 } else { 0 };
         Inode {
             ino,
             kind,
-            rdev,
             meta: Mutex::new(meta),
             nlink: AtomicU32::new(if dir.is_some() { 2 } else { 1 }),
             size: AtomicU64::new(size),
@@ -122,7 +158,7 @@ impl Inode {
             nlink: self.nlink.load(Relaxed),
             uid: m.uid,
             gid: m.gid,
-            rdev: self.rdev,
+            rdev: m.rdev(),
             size,
             atime: m.atime,
             mtime: self.mtime.load(Relaxed),

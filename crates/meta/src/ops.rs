@@ -414,7 +414,7 @@ impl Namespace {
         if value.len() > XATTR_SIZE_MAX {
             return Err(Errno::E2BIG);
         }
-        let exists = i.meta.lock().xattrs.iter().any(|(n, _)| &**n == name);
+        let exists = i.meta.lock().xattrs().iter().any(|(n, _)| &**n == name);
         match (mode, exists) {
             (XattrMode::Create, true) => return Err(Errno::EEXIST),
             (XattrMode::Replace, false) => return Err(Errno::ENODATA),
@@ -429,7 +429,7 @@ impl Namespace {
         let i = self.inode(ino)?;
         let _held = self.stripes.lock(&[], &[Self::ino_lock(ino)]);
         xattr_permission(cred, &i, name, true)?;
-        if !i.meta.lock().xattrs.iter().any(|(n, _)| &**n == name) {
+        if !i.meta.lock().xattrs().iter().any(|(n, _)| &**n == name) {
             return Err(Errno::ENODATA);
         }
         let m = Mutation::RemoveXattr { ino, name: name.to_vec(), time: now };

@@ -64,14 +64,7 @@ fn payload(i: u64) -> Vec<u8> {
 }
 
 pub fn run(args: Args) -> Result<(), String> {
-    let parent = match &args.dir {
-        Some(d) => {
-            std::fs::create_dir_all(d).map_err(|e| format!("{}: {e}", d.display()))?;
-            tempfile::tempdir_in(d)
-        }
-        None => tempfile::Builder::new().prefix("interlock-bench-journal").tempdir_in("."),
-    }
-    .map_err(|e| format!("cannot make a directory for the logs: {e}"))?;
+    let parent = super::scratch_dir(&args.dir, "interlock-bench-journal")?;
     let mut report = Report::new(args.json, COLUMNS);
     let mut run_no = 0;
     let mut fresh = || {

@@ -9,7 +9,9 @@ mod floor;
 mod handover;
 mod journal;
 mod kernel;
+mod mdtest;
 mod netbench;
+mod restart;
 mod rsb;
 
 use std::time::Instant;
@@ -38,6 +40,14 @@ pub enum BenchCommand {
     /// Lock then unlock on distinct resources over loopback: requests/s and
     /// latency percentiles.
     Net(netbench::NetArgs),
+    /// Seeds 001 and 003: T creators create, stat and unlink N files in
+    /// one shared directory, in the namespace engine (durable, changelog
+    /// on and off) and on the kernel's tmpfs.
+    Mdtest(mdtest::Args),
+    /// The namespace at N files: heap and resident bytes per file, the
+    /// checkpoint's time (idle and under load), and a restart's time
+    /// (load, replay, recount).
+    Restart(restart::Args),
 }
 
 pub fn run(cmd: BenchCommand) -> Result<(), String> {
@@ -48,7 +58,23 @@ pub fn run(cmd: BenchCommand) -> Result<(), String> {
         BenchCommand::Journal(args) => journal::run(args),
         BenchCommand::Blocking(args) => netbench::blocking(args),
         BenchCommand::Net(args) => netbench::net(args),
+        BenchCommand::Mdtest(args) => mdtest::run(args),
+        BenchCommand::Restart(args) => restart::run(args),
     }
+}
+
+/// A fresh directory for a benchmark's files: under `dir` if given, else
+/// in the current directory (the project's disk: on tmpfs an fsync costs
+/// nothing). Removed when dropped.
+pub fn scratch_dir(dir: &Option<std::path::PathBuf>, prefix: &str) -> Result<tempfile::TempDir, String> {
+    match dir {
+        Some(d) => {
+            std::fs::create_dir_all(d).map_err(|e| format!("{}: {e}", d.display()))?;
+            tempfile::tempdir_in(d)
+        }
+        None => tempfile::Builder::new().prefix(prefix).tempdir_in("."),
+    }
+    .map_err(|e| format!("cannot make a directory for the benchmark: {e}"))
 }
 
 /// Parses a size such as `1000`, `25k` or `1M`.

@@ -1,0 +1,254 @@
+//! `bench mdtest`: mdtest's single-shared-directory shape (seeds 001 and
+//! 003). T creators make N empty files in all (N/T each) in one
+//! directory, then stat them, then unlink them.
+//!
+//! - `engine`: the namespace library in-process, its journal on the
+//!   project's disk with group commit (fsync on). `--ack each`: every
+//!   creator waits until its change is durable before the next (a
+//!   synchronous client: on this disk an fsync is ~150 µs, which caps one
+//!   creator near 6,500 changes/s whatever the namespace does); `--ack
+//!   end`: creators go on at once and the phase ends when every record is
+//!   durable (a server with many requests in flight): what the namespace
+//!   and the journal can do, core for core. With `--changelog on` a
+//!   consumer follows the changelog during the run, reading as records
+//!   come and clearing every 10,000 records or every second; the records
+//!   written are the same either way (the journal's record is the
+//!   changelog's).
+//! - `kernel`: the same shape on tmpfs (`/dev/shm`): open(O_CREAT|O_EXCL)
+//!   and close, stat, unlink. Not durable; the directory's `i_rwsem`
+//!   serializes its creators.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use interlock_journal::changelog::Mask;
+use interlock_meta::{Cred, FileType, Ino, NewInode, ROOT, Seq, Store, StoreOptions};
+use serde_json::{Map, Value, json};
+
+use super::{Report, scratch_dir, timed};
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Creator thread counts.
+    #[arg(long, value_delimiter = ',', default_value = "1,2,64")]
+    threads: Vec<usize>,
+    /// Files in all, per run (split over the threads); e.g. 100k.
+    #[arg(long, default_value = "200k", value_parser = super::parse_size)]
+    files: u64,
+    /// Changelog consumer following the run: on, off or both.
+    #[arg(long, value_delimiter = ',', default_value = "off,on", value_parser = on_off)]
+    changelog: Vec<bool>,
+    /// When a creator counts a change as done: `each` (it waits for that
+    /// change to be durable before the next), `end` (the phase waits
+    /// for all to be durable), or both.
+    #[arg(long, value_delimiter = ',', default_value = "each,end", value_parser = ["each", "end"])]
+    ack: Vec<String>,
+    /// Variants: engine, kernel.
+    #[arg(long, value_delimiter = ',', default_value = "engine,kernel", value_parser = ["engine", "kernel"])]
+    variant: Vec<String>,
+    /// Where the engine's journal goes (default: the current directory;
+    /// a fresh subdirectory per run, removed after). On tmpfs an fsync
+    /// costs nothing: durable figures need a real disk.
+    #[arg(long)]
+    dir: Option<std::path::PathBuf>,
+    /// One JSON object per line instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+fn on_off(s: &str) -> Result<bool, String> {
+    match s {
+        "on" => Ok(true),
+        "off" => Ok(false),
+        _ => Err(format!("{s:?}: expected on or off")),
+    }
+}
+
+const COLUMNS: &[(&str, &str)] = &[
+    ("variant", "variant"),
+    ("phase", "phase"),
+    ("threads", "threads"),
+    ("files", "files"),
+    ("changelog", "changelog"),
+    ("ack", "ack"),
+    ("seconds", "seconds"),
+    ("ops/s", "ops_per_sec"),
+];
+
+const PHASES: [&str; 3] = ["create", "stat", "unlink"];
+
+pub fn run(args: Args) -> Result<(), String> {
+    if args.threads.contains(&0) {
+        return Err("--threads: thread counts must be at least 1".into());
+    }
+    let mut report = Report::new(args.json, COLUMNS);
+    for &t in &args.threads {
+        let files = args.files / t as u64 * t as u64;
+        if files == 0 {
+            return Err(format!("--files {} is fewer than {t} threads", args.files));
+        }
+        if args.variant.iter().any(|v| v == "engine") {
+            let parent = scratch_dir(&args.dir, "interlock-bench-mdtest")?;
+            for ack in &args.ack {
+                for &changelog in &args.changelog {
+                    let dir = parent.path().join(format!("t{t}-{ack}-{changelog}"));
+                    let secs = engine(&dir, t, files, changelog, ack == "each")?;
+                    let _ = std::fs::remove_dir_all(&dir);
+                    for (phase, s) in PHASES.iter().zip(secs) {
+                        let mut r = row("engine", phase, t, files, s);
+                        r.insert("changelog".into(), json!(changelog));
+                        r.insert("ack".into(), json!(ack));
+                        report.row(r);
+                    }
+                }
+            }
+        }
+        if args.variant.iter().any(|v| v == "kernel") {
+            let shm = tempfile::Builder::new()
+                .prefix("interlock-mdtest")
+                .tempdir_in("/dev/shm")
+                .map_err(|e| format!("the kernel variant needs a tmpfs at /dev/shm: {e}"))?;
+            let secs = kernel(shm.path(), t, files)?;
+            for (phase, s) in PHASES.iter().zip(secs) {
+                let mut r = row("kernel", phase, t, files, s);
+                r.insert("changelog".into(), json!(false));
+                report.row(r);
+            }
+        }
+    }
+    Ok(())
+}
+
+fn row(variant: &str, phase: &str, threads: usize, files: u64, seconds: f64) -> Map<String, Value> {
+    let mut m = Map::new();
+    m.insert("scenario".into(), json!("mdtest"));
+    m.insert("variant".into(), json!(variant));
+    m.insert("phase".into(), json!(phase));
+    m.insert("threads".into(), json!(threads));
+    m.insert("files".into(), json!(files));
+    m.insert("seconds".into(), json!(seconds));
+    m.insert("ops_per_sec".into(), json!(files as f64 / seconds.max(1e-9)));
+    m
+}
+
+fn now() -> i64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos() as i64)
+}
+
+/// File `i`'s name, written into `buf`.
+fn name(buf: &mut Vec<u8>, i: u64) -> &[u8] {
+    use std::io::Write;
+    buf.clear();
+    write!(buf, "file.{i}").expect("to a Vec");
+    buf
+}
+
+/// Runs `op` on files `t, t + T, t + 2T, …` from each of `threads`
+/// threads; seconds until all are done.
+fn phase(threads: usize, files: u64, op: impl Fn(u64) + Sync) -> f64 {
+    timed(|| {
+        std::thread::scope(|s| {
+            for t in 0..threads as u64 {
+                let op = &op;
+                s.spawn(move || {
+                    let mut i = t;
+                    while i < files {
+                        op(i);
+                        i += threads as u64;
+                    }
+                });
+            }
+        })
+    })
+}
+
+/// The engine: seconds for create, stat and unlink.
+fn engine(dir: &Path, threads: usize, files: u64, changelog: bool, each: bool) -> Result<[f64; 3], String> {
+    let (store, _) = Store::open(dir, StoreOptions::default(), now()).map_err(|e| e.to_string())?;
+    let store = Arc::new(store);
+    let root = Cred::root();
+    let ns = store.ns();
+    let mkdir = NewInode { kind: FileType::Directory, perm: 0o777, rdev: 0 };
+    let (shared, seq) = ns.create(&root, ROOT, b"shared", mkdir, b"", now()).map_err(|e| e.to_string())?;
+    store.wait(seq).map_err(|e| e.to_string())?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let follower = changelog.then(|| follow(store.clone(), stop.clone()));
+    let d: Ino = shared.ino;
+    let done = |seq: Seq| {
+        if each {
+            store.wait(seq).expect("journal");
+        }
+    };
+    let last = |phase_end: &dyn Fn() -> Seq| store.wait(phase_end()).expect("journal");
+    let journal_end = || store.changelog().journal().next_index().saturating_sub(1);
+    let file = || NewInode { kind: FileType::Regular, perm: 0o644, rdev: 0 };
+    let create = timed(|| {
+        phase(threads, files, |i| {
+            let mut buf = Vec::with_capacity(24);
+            let (_, seq) = ns.create(&root, d, name(&mut buf, i), file(), b"", now()).expect("create");
+            done(seq);
+        });
+        last(&journal_end);
+    });
+    let stat = phase(threads, files, |i| {
+        let mut buf = Vec::with_capacity(24);
+        ns.lookup(&root, d, name(&mut buf, i)).expect("stat");
+    });
+    let unlink = timed(|| {
+        phase(threads, files, |i| {
+            let mut buf = Vec::with_capacity(24);
+            done(ns.unlink(&root, d, name(&mut buf, i), now()).expect("unlink"));
+        });
+        last(&journal_end);
+    });
+    stop.store(true, Ordering::Relaxed);
+    if let Some(f) = follower {
+        f.join().map_err(|_| "the changelog follower failed".to_string())??;
+    }
+    Ok([create, stat, unlink])
+}
+
+/// A changelog consumer that reads records as they come, until `stop`,
+/// and clears (acknowledges) every 10,000 records or every second: what
+/// a Lustre changelog reader (robinhood, a replicator) does. A clear is
+/// durable (an fsync of the consumer state), so a reader that cleared
+/// each record would put an fsync beside every change.
+fn follow(store: Arc<Store>, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<Result<(), String>> {
+    std::thread::spawn(move || {
+        let cl = store.changelog();
+        let me = cl.register(Some("bench"), Mask::default_mask(), 0).map_err(|e| e.to_string())?;
+        let (mut seen, mut cleared, mut at) = (0u64, 0u64, std::time::Instant::now());
+        let mut from = None;
+        while !stop.load(Ordering::Relaxed) {
+            let batch = cl.read(&me.id, from, 8192, Some(Duration::from_millis(20))).map_err(|e| e.to_string())?;
+            let Some(last) = batch.last() else { continue };
+            seen += batch.len() as u64;
+            from = Some(last.index + 1);
+            if seen - cleared >= 10_000 || at.elapsed() >= Duration::from_secs(1) {
+                cl.clear(&me.id, last.index, 0).map_err(|e| e.to_string())?;
+                (cleared, at) = (seen, std::time::Instant::now());
+            }
+        }
+        if seen == 0 {
+            return Err("the changelog consumer saw no record".into());
+        }
+        Ok(())
+    })
+}
+
+/// The kernel on tmpfs: seconds for create, stat and unlink.
+fn kernel(dir: &Path, threads: usize, files: u64) -> Result<[f64; 3], String> {
+    let path = |i: u64| dir.join(format!("file.{i}"));
+    let create = phase(threads, files, |i| {
+        std::fs::File::create_new(path(i)).expect("create on tmpfs");
+    });
+    let stat = phase(threads, files, |i| {
+        std::fs::metadata(path(i)).expect("stat on tmpfs");
+    });
+    let unlink = phase(threads, files, |i| {
+        std::fs::remove_file(path(i)).expect("unlink on tmpfs");
+    });
+    Ok([create, stat, unlink])
+}
