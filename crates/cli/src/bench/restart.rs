@@ -90,7 +90,7 @@ fn build(store: &Store, dirs: &[Ino], from: u64, to: u64, progress: bool) {
                 s.spawn(move || {
                     let root = Cred::root();
                     let mut buf = Vec::with_capacity(24);
-                    let mut last = 0;
+                    let (mut last, mut made) = (0, 0u64);
                     let mut i = from + t;
                     while i < to {
                         use std::io::Write;
@@ -103,7 +103,8 @@ fn build(store: &Store, dirs: &[Ino], from: u64, to: u64, progress: bool) {
                             .expect("create")
                             .1;
                         i += 2;
-                        if i % 4096 < 2 {
+                        made += 1;
+                        if made.is_multiple_of(4096) {
                             done.fetch_add(4096, Ordering::Relaxed);
                         }
                     }
