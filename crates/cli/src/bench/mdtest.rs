@@ -14,6 +14,8 @@
 //!   come and clearing every 10,000 records or every second; the records
 //!   written are the same either way (the journal's record is the
 //!   changelog's).
+//! - `memory`: the namespace alone, no journal (not durable): how it
+//!   scales with no disk and no flusher thread beside it.
 //! - `kernel`: the same shape on tmpfs (`/dev/shm`): open(O_CREAT|O_EXCL)
 //!   and close, stat, unlink. Not durable; the directory's `i_rwsem`
 //!   serializes its creators.
@@ -24,7 +26,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use interlock_journal::changelog::Mask;
-use interlock_meta::{Cred, FileType, Ino, NewInode, ROOT, Seq, Store, StoreOptions};
+use interlock_meta::{Cred, FileType, Ino, Namespace, NewInode, ROOT, Seq, Store, StoreOptions};
 use serde_json::{Map, Value, json};
 
 use super::{Report, scratch_dir, timed};
@@ -45,8 +47,8 @@ pub struct Args {
     /// for all to be durable), or both.
     #[arg(long, value_delimiter = ',', default_value = "each,end", value_parser = ["each", "end"])]
     ack: Vec<String>,
-    /// Variants: engine, kernel.
-    #[arg(long, value_delimiter = ',', default_value = "engine,kernel", value_parser = ["engine", "kernel"])]
+    /// Variants: engine, memory, kernel.
+    #[arg(long, value_delimiter = ',', default_value = "engine,memory,kernel", value_parser = ["engine", "memory", "kernel"])]
     variant: Vec<String>,
     /// Where the engine's journal goes (default: the current directory;
     /// a fresh subdirectory per run, removed after). On tmpfs an fsync
@@ -103,6 +105,13 @@ pub fn run(args: Args) -> Result<(), String> {
                         report.row(r);
                     }
                 }
+            }
+        }
+        if args.variant.iter().any(|v| v == "memory") {
+            for (phase, s) in PHASES.iter().zip(memory(t, files)?) {
+                let mut r = row("memory", phase, t, files, s);
+                r.insert("changelog".into(), json!(false));
+                report.row(r);
             }
         }
         if args.variant.iter().any(|v| v == "kernel") {
@@ -168,21 +177,45 @@ fn phase(threads: usize, files: u64, op: impl Fn(u64) + Sync) -> f64 {
 fn engine(dir: &Path, threads: usize, files: u64, changelog: bool, each: bool) -> Result<[f64; 3], String> {
     let (store, _) = Store::open(dir, StoreOptions::default(), now()).map_err(|e| e.to_string())?;
     let store = Arc::new(store);
-    let root = Cred::root();
-    let ns = store.ns();
-    let mkdir = NewInode { kind: FileType::Directory, perm: 0o777, rdev: 0 };
-    let (shared, seq) = ns.create(&root, ROOT, b"shared", mkdir, b"", now()).map_err(|e| e.to_string())?;
-    store.wait(seq).map_err(|e| e.to_string())?;
     let stop = Arc::new(AtomicBool::new(false));
     let follower = changelog.then(|| follow(store.clone(), stop.clone()));
-    let d: Ino = shared.ino;
     let done = |seq: Seq| {
         if each {
             store.wait(seq).expect("journal");
         }
     };
-    let last = |phase_end: &dyn Fn() -> Seq| store.wait(phase_end()).expect("journal");
-    let journal_end = || store.changelog().journal().next_index().saturating_sub(1);
+    let journal = store.changelog().journal();
+    let all_durable = || store.wait(journal.next_index().saturating_sub(1)).expect("journal");
+    let secs = shape(store.ns(), threads, files, done, all_durable);
+    stop.store(true, Ordering::Relaxed);
+    if let Some(f) = follower {
+        f.join().map_err(|_| "the changelog follower failed".to_string())??;
+    }
+    secs
+}
+
+/// The namespace alone, with no journal (not durable): how it scales
+/// with no disk and no flusher beside it.
+fn memory(threads: usize, files: u64) -> Result<[f64; 3], String> {
+    let ns = Namespace::new(1, now());
+    shape(&ns, threads, files, |_| {}, || {})
+}
+
+/// mdtest's shape on `ns`: a shared directory, then the three phases;
+/// `done` is called on each change's record, `phase_end` when a changing
+/// phase's threads are through (both inside the timing).
+fn shape(
+    ns: &Namespace,
+    threads: usize,
+    files: u64,
+    done: impl Fn(Seq) + Sync,
+    phase_end: impl Fn(),
+) -> Result<[f64; 3], String> {
+    let root = Cred::root();
+    let mkdir = NewInode { kind: FileType::Directory, perm: 0o777, rdev: 0 };
+    let (shared, seq) = ns.create(&root, ROOT, b"shared", mkdir, b"", now()).map_err(|e| e.to_string())?;
+    done(seq);
+    let d: Ino = shared.ino;
     let file = || NewInode { kind: FileType::Regular, perm: 0o644, rdev: 0 };
     let create = timed(|| {
         phase(threads, files, |i| {
@@ -190,7 +223,7 @@ fn engine(dir: &Path, threads: usize, files: u64, changelog: bool, each: bool) -
             let (_, seq) = ns.create(&root, d, name(&mut buf, i), file(), b"", now()).expect("create");
             done(seq);
         });
-        last(&journal_end);
+        phase_end();
     });
     let stat = phase(threads, files, |i| {
         let mut buf = Vec::with_capacity(24);
@@ -201,12 +234,8 @@ fn engine(dir: &Path, threads: usize, files: u64, changelog: bool, each: bool) -
             let mut buf = Vec::with_capacity(24);
             done(ns.unlink(&root, d, name(&mut buf, i), now()).expect("unlink"));
         });
-        last(&journal_end);
+        phase_end();
     });
-    stop.store(true, Ordering::Relaxed);
-    if let Some(f) = follower {
-        f.join().map_err(|_| "the changelog follower failed".to_string())??;
-    }
     Ok([create, stat, unlink])
 }
 
