@@ -4,6 +4,11 @@
 /// The lock could not be had: held by others (`--nowait`, `--timeout`),
 /// or the server is in its recovery window after a restart (`--nowait`).
 pub const NOT_OBTAINED: u8 = 1;
+/// `fsck`: damage was found (and repaired, with `--repair`).
+pub const DAMAGED: u8 = 1;
+/// `fsck`: the store's checkpoint or journal cannot be read (e2fsck's
+/// "errors left uncorrected").
+pub const UNREADABLE: u8 = 4;
 /// A usage error: a bad flag or value (clap's own status).
 pub const USAGE: u8 = 2;
 /// The server cannot be reached, or did not answer in time

@@ -183,3 +183,53 @@ fn bench_journal_json_rows() {
     }
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "runs clean up after themselves");
 }
+
+/// `interlock fsck`: 0 on a clean store (found under a data directory's
+/// `meta/`), 1 with the damage named and nothing changed, 1 again on
+/// `--repair` (which repairs), then 0; 4 for a checkpoint that cannot be
+/// read; a clear error for a directory with no store.
+#[test]
+fn fsck_exit_statuses_and_repair() {
+    use interlock_meta::{Cred, FileType, Mutation, NewInode, ROOT, Store, StoreOptions};
+    let data = tempfile::tempdir().unwrap();
+    let meta = data.path().join("meta");
+    {
+        let (store, _) = Store::open(&meta, StoreOptions::default(), 1).unwrap();
+        let new = NewInode { kind: FileType::Regular, perm: 0o644, rdev: 0 };
+        let (_, s) = store.ns().create(&Cred::root(), ROOT, b"f", new, b"", 2).unwrap();
+        store.wait(s).unwrap();
+    }
+    let dir = data.path().to_str().unwrap();
+    let (code, out, _) = interlock(&["fsck", dir], "");
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("clean"), "{out}");
+    {
+        let (store, _) = Store::open(&meta, StoreOptions::default(), 3).unwrap();
+        store.ns().apply(&Mutation::Link { parent: ROOT, name: b"ghost".to_vec(), ino: 4242, time: 3 });
+        store.checkpoint().unwrap();
+    }
+    let ckpt = std::fs::read(meta.join("meta.ckpt")).unwrap();
+    let (code, out, _) = interlock(&["fsck", dir], "");
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("DAMAGE: entry \"ghost\" in directory 1 names inode 4242"), "{out}");
+    assert_eq!(std::fs::read(meta.join("meta.ckpt")).unwrap(), ckpt, "fsck without --repair changes nothing");
+    let (code, _, err) = interlock(&["fsck", dir, "--repair"], "");
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("repaired"), "{err}");
+    let (code, out, _) = interlock(&["fsck", dir, "--json"], "");
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("\"damage\":[]"), "{out}");
+
+    let mut bad = std::fs::read(meta.join("meta.ckpt")).unwrap();
+    let mid = bad.len() / 2;
+    bad[mid] ^= 0xff;
+    std::fs::write(meta.join("meta.ckpt"), bad).unwrap();
+    let (code, _, err) = interlock(&["fsck", dir], "");
+    assert_eq!(code, 4, "{err}");
+    assert!(err.contains("meta.ckpt"), "names the file: {err}");
+
+    let empty = tempfile::tempdir().unwrap();
+    let (code, _, err) = interlock(&["fsck", empty.path().to_str().unwrap()], "");
+    assert_eq!(code, 4);
+    assert!(err.contains("no namespace checkpoint"), "{err}");
+}

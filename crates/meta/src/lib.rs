@@ -33,6 +33,7 @@ mod access;
 mod apply;
 mod checkpoint;
 mod errno;
+pub mod fsck;
 mod inode;
 mod locks;
 mod log;

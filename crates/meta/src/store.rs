@@ -169,6 +169,42 @@ impl Store {
     }
 }
 
+impl Store {
+    /// Repairs what [`check_dir`](crate::fsck::check_dir) found in this
+    /// store (before it was opened): dangling entries, entries in
+    /// non-directories and the extra names of directories are removed,
+    /// leaked inodes freed, directories cut off by a cycle moved to
+    /// `/lost+found` as `#INO`. Every repair is a journal record, then the
+    /// counts are rebuilt and a checkpoint written. Returns the records
+    /// written.
+    pub fn repair(&self, damage: &[crate::fsck::Damage], now: Nanos) -> std::result::Result<usize, Error> {
+        let root = Cred::root();
+        let eio = |e: Errno| Error::Invalid(format!("repair failed: {e}"));
+        let cut_off = damage.iter().any(|d| matches!(d, crate::fsck::Damage::Unreachable { .. }));
+        let lost = if cut_off {
+            match self.ns.lookup(&root, crate::ROOT, b"lost+found") {
+                Ok(a) => a.ino,
+                Err(_) => {
+                    let new = crate::NewInode { kind: crate::FileType::Directory, perm: 0o700, rdev: 0 };
+                    let (a, seq) = self.ns.create(&root, crate::ROOT, b"lost+found", new, b"", now).map_err(eio)?;
+                    self.wait(seq).map_err(eio)?;
+                    a.ino
+                }
+            }
+        } else {
+            crate::ROOT
+        };
+        let fixes = Namespace::repairs(damage, lost, now);
+        for m in &fixes {
+            let seq = self.ns.commit(&root, m).map_err(eio)?;
+            self.wait(seq).map_err(eio)?;
+        }
+        self.ns.rebuild_counts();
+        self.checkpoint()?;
+        Ok(fixes.len())
+    }
+}
+
 /// A fresh namespace's hash seed.
 fn random_seed() -> u64 {
     let mut s = [0u8; 8];

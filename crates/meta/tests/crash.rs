@@ -140,6 +140,8 @@ fn kill_9_under_load_keeps_every_acknowledged_change_once() {
             acked.insert((round, t, n), c);
         }
 
+        let fsck = interlock_meta::fsck::check_dir(dir.path()).unwrap_or_else(|e| panic!("round {round}: fsck: {e}"));
+        assert!(fsck.damage.is_empty(), "round {round}: fsck finds {:?}", fsck.damage);
         let (store, opened) = Store::open(dir.path(), StoreOptions::default(), 1)
             .unwrap_or_else(|e| panic!("round {round}: the store does not open: {e}"));
         assert!(opened.dangling.is_empty(), "round {round}: dangling entries {:?}", opened.dangling);
