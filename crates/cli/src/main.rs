@@ -68,6 +68,9 @@ enum Command {
     /// Inspect a journal directory offline: check, dump.
     #[command(subcommand)]
     Journal(journal_cmd::JournalCommand),
+    /// The namespace's changelog on a running server: register, list,
+    /// read (--follow), clear, deregister consumers.
+    Changelog(remote::changelog::ChangelogArgs),
     /// Check a namespace store offline: every entry names an inode in a
     /// directory, every directory has one name and is reached from the
     /// root, no inode is leaked. Changes nothing unless --repair. Exit
@@ -134,6 +137,7 @@ fn main() -> ExitCode {
             }
         },
         Command::Fsck(args) => fsck_cmd::fsck(args),
+        Command::Changelog(args) => remote::changelog::changelog(args),
         Command::Bench(cmd) => match bench::run(cmd) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {

@@ -53,6 +53,7 @@ mod connection;
 mod guard;
 mod lease;
 mod lost;
+pub mod meta;
 mod outbox;
 
 use foldhash::{HashMap, HashSet};
@@ -118,6 +119,9 @@ pub enum ClientError {
     Deadlock,
     #[error("invalid request: {0}")]
     Invalid(String),
+    /// A namespace operation failed at the server with this errno.
+    #[error("{}", std::io::Error::from_raw_os_error(*.0))]
+    Errno(i32),
 }
 
 /// Connection settings.

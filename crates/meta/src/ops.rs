@@ -465,6 +465,30 @@ impl Namespace {
     }
 }
 
+impl Namespace {
+    /// After a restart, once the sessions that held files open have had
+    /// their window to reopen them: the orphans nobody holds open go.
+    /// Returns the last record's [`Seq`] (0 if none went). O(inodes).
+    pub fn forget_orphans(&self, cred: &Cred) -> Result<Seq> {
+        let mut orphans = Vec::new();
+        self.inodes.iter_sync(|&ino, i| {
+            if i.orphan.load(Relaxed) {
+                orphans.push(ino);
+            }
+            true
+        });
+        let mut last = 0;
+        for ino in orphans {
+            let Ok(i) = self.inode(ino) else { continue };
+            let _held = self.stripes.lock(&[], &[Self::ino_lock(ino)]);
+            if i.opens.load(Relaxed) == 0 && i.nlink.load(Relaxed) == 0 && self.inode(ino).is_ok() {
+                last = self.commit(cred, &Mutation::Forget { ino })?;
+            }
+        }
+        Ok(last)
+    }
+}
+
 /// What taking a name from `victim` does to it (the caller holds its
 /// inode lock): its last name, or not; open, or not.
 fn gone(victim: &Inode) -> Gone {

@@ -68,6 +68,8 @@ pub struct Store {
     dir: PathBuf,
     /// One checkpoint at a time.
     checkpointing: Mutex<()>,
+    /// Where the last checkpoint's replay starts.
+    checkpoint_start: std::sync::atomic::AtomicU64,
 }
 
 /// The journal, as the namespace's [`Log`].
@@ -124,7 +126,13 @@ impl Store {
         let dangling = ns.rebuild_counts();
         let changelog = Arc::new(changelog);
         ns.set_log(Arc::new(JournalLog(changelog.clone())));
-        let store = Store { ns, changelog, dir: dir.to_path_buf(), checkpointing: Mutex::new(()) };
+        let store = Store {
+            ns,
+            changelog,
+            dir: dir.to_path_buf(),
+            checkpointing: Mutex::new(()),
+            checkpoint_start: std::sync::atomic::AtomicU64::new(start),
+        };
         if created {
             // The seed and the root reach the disk before any record.
             store.checkpoint()?;
@@ -165,7 +173,15 @@ impl Store {
         let written =
             checkpoint::write(&self.ns, start, &self.dir, || journal.wait_for(journal.next_index(), None).map(drop))?;
         self.changelog.set_checkpoint(start - 1)?;
+        self.checkpoint_start.store(start, std::sync::atomic::Ordering::Relaxed);
         Ok(written)
+    }
+
+    /// Records a restart would replay now: those since the last
+    /// checkpoint's start.
+    pub fn since_checkpoint(&self) -> u64 {
+        let start = self.checkpoint_start.load(std::sync::atomic::Ordering::Relaxed);
+        self.changelog.journal().next_index().saturating_sub(start)
     }
 }
 

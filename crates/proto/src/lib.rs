@@ -25,6 +25,7 @@
 //! Every decode is of untrusted bytes: a frame over [`MAX_FRAME`] or that
 //! does not decode is an error, never a panic (fuzzed by property tests).
 
+pub mod meta;
 pub mod tls;
 mod unacked;
 
@@ -34,9 +35,10 @@ use serde::{Deserialize, Serialize};
 pub use unacked::Unacked;
 
 /// The protocol version this build speaks.
-pub const VERSION: u32 = 4;
-/// The largest frame either side accepts, in bytes.
-pub const MAX_FRAME: usize = 64 << 10;
+pub const VERSION: u32 = 5;
+/// The largest frame either side accepts, in bytes: room for an extended
+/// attribute's largest value (64 KiB) and a page of directory entries.
+pub const MAX_FRAME: usize = 256 << 10;
 
 /// Lock families, as in `interlock_core::LockKind`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -173,6 +175,11 @@ pub enum Op {
     /// are released and its waits withdrawn (an operator forcing a dead
     /// client out). Any client with the token may.
     Evict { session: u64 },
+    /// A namespace operation by `cred` (version 5): [`Reply::Meta`] or
+    /// [`Reply::Errno`], once any change it made is durable.
+    Meta { cred: interlock_meta::Cred, op: meta::MetaOp },
+    /// A changelog request (version 5): [`Reply::Changelog`].
+    Changelog(meta::ChangelogOp),
 }
 
 /// Client to server.
@@ -236,6 +243,14 @@ pub struct StatusInfo {
     /// Open connections, and the most the server takes.
     pub connections: u64,
     pub max_connections: u64,
+    /// Inodes in the namespace (orphans included) (version 5).
+    pub inodes: u64,
+    /// The last durable journal record, and the records since the last
+    /// checkpoint (what a restart replays).
+    pub journal_last: u64,
+    pub since_checkpoint: u64,
+    /// Changelog consumers.
+    pub consumers: Vec<meta::ConsumerInfo>,
 }
 
 /// One lock held or wanted, for [`Op::Inspect`].
@@ -292,6 +307,12 @@ pub enum Reply {
     },
     /// The answer to [`Op::Inspect`].
     Resource(ResourceInfo),
+    /// A namespace operation's result.
+    Meta(meta::MetaReply),
+    /// A namespace operation failed with this errno.
+    Errno(i32),
+    /// A changelog request's result.
+    Changelog(meta::ChangelogReply),
 }
 
 /// Server to client.

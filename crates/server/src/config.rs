@@ -106,4 +106,6 @@ pub enum ServerError {
     Metrics { addr: SocketAddr, source: std::io::Error },
     #[error("cannot listen on {addr}: {source}")]
     Listen { addr: SocketAddr, source: std::io::Error },
+    #[error("the namespace store: {0}")]
+    Store(#[from] interlock_journal::Error),
 }

@@ -231,13 +231,15 @@ async fn serve_connection(
             Gate::Refuse(left) => Some(Reply::Recovering { left_ms: left.as_millis().max(1) as u64 }),
         };
         let bye = matches!(op, Op::Bye);
-        let reply = reply.unwrap_or_else(|| handle(inner, sid, id, op));
         // Behind any push this request made: a grant that raced a cancel
         // reaches the client before the cancel's reply. Served and
         // answered with no await between: a connection stopped at an
         // await has each request it read either served and answered in
-        // the stream, or neither.
-        wire.append(&ServerMsg::Reply { id, reply });
+        // the stream (or handed to whoever will answer it: see
+        // `durable`), or neither.
+        if let Some(reply) = reply.or_else(|| handle(inner, sid, id, op)) {
+            wire.append(&ServerMsg::Reply { id, reply });
+        }
         *served = origin.wrapping_add(source.decoder().consumed());
         unflushed += 1;
         if bye {

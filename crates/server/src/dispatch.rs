@@ -93,15 +93,23 @@ pub(crate) fn deliver(inner: &Inner, resource: &[u8], effects: Vec<Effect>) {
 ///
 /// Renewals are not counted in `requests`: they are the protocol's
 /// keep-alives, and a watcher of the request rate would see its own.
-pub(crate) fn handle(inner: &Inner, sid: u64, id: u64, op: Op) -> Reply {
+/// Serves one request: its answer, or `None` when the answer will be
+/// pushed into the session's stream later (a namespace change whose
+/// record is not yet durable, a changelog read that waits).
+pub(crate) fn handle(inner: &Inner, sid: u64, id: u64, op: Op) -> Option<Reply> {
     if !matches!(op, Op::Renew { .. }) {
         inner.requests.fetch_add(1, Ordering::Relaxed);
     }
+    let index = metrics::op_index(&op);
+    let serve = || match op {
+        Op::Meta { cred, op } => crate::meta::request(inner, sid, id, &cred, op),
+        Op::Changelog(op) => crate::meta::changelog(inner, sid, id, op),
+        op => Some(execute(inner, sid, id, op).unwrap_or_else(Reply::Error)),
+    };
     match &inner.metrics {
-        None => execute(inner, sid, id, op),
-        Some(m) => m.request(metrics::op_index(&op), || execute(inner, sid, id, op)),
+        None => serve(),
+        Some(m) => m.request(index, serve),
     }
-    .unwrap_or_else(Reply::Error)
 }
 
 /// The most locks a request of `kind` can add to its session: a POSIX or
@@ -144,6 +152,8 @@ pub(crate) fn recovery_gate(inner: &Inner, op: &Op) -> Gate {
         | Op::Status
         | Op::Inspect { .. }
         | Op::Evict { .. }
+        | Op::Meta { .. }
+        | Op::Changelog(_)
         | Op::Bye => Gate::Go,
         Op::Lock { wait: false, .. } | Op::DlmConvert { wait: false, .. } => Gate::Refuse(left),
         Op::Lock { .. } | Op::DlmConvert { .. } | Op::Test { .. } => Gate::Wait(left),
@@ -319,6 +329,7 @@ fn execute(inner: &Inner, sid: u64, id: u64, op: Op) -> Result<Reply, String> {
             Ok(Reply::Done)
         }
         Op::Bye => Ok(Reply::Done),
+        Op::Meta { .. } | Op::Changelog(_) => Err("a namespace request reached the lock dispatch".into()),
     }
 }
 

@@ -17,16 +17,24 @@
 //!   refused outside the window. Fencing tokens grow for the life of the
 //!   data directory (see `datadir`).
 //!
+//! - The namespace (`interlock-meta`'s store, in `DATA/meta`) is served
+//!   on the same connections: each change is answered once its journal
+//!   record is durable, without a task waiting for the disk (`durable`).
+//!
 //! Layout: `config` (settings, start errors), `datadir` (the data
 //! directory's lock, start number and fencing floor), `session` (the
 //! session table), `transport` (a connection's bytes, in clear or TLS), `wire` (a
 //! session's output stream), `dispatch`
-//! (requests onto the engine), `connection` (handshake and request loop).
+//! (requests onto the engine), `meta` (namespace and changelog requests
+//! onto the store, open files, the checkpointer), `durable` (answers
+//! that wait for the journal), `connection` (handshake and request loop).
 
 mod config;
 mod connection;
 mod datadir;
 mod dispatch;
+mod durable;
+mod meta;
 mod metrics;
 mod session;
 mod transport;
@@ -51,6 +59,13 @@ use session::Sessions;
 pub(crate) struct Inner {
     pub space: LockSpace,
     pub sessions: Sessions,
+    /// The namespace, its journal and changelog.
+    pub store: interlock_meta::Store,
+    pub acker: durable::Acker,
+    /// Files each session holds open.
+    pub opens: meta::Opens,
+    /// This server, for work handed to other threads.
+    pub me: std::sync::Weak<Inner>,
     config: Config,
     /// This start's number (grows at every start of the data directory).
     boot: u64,
@@ -99,13 +114,34 @@ impl Server {
             None => None,
         };
         let (start, data) = data.start(FENCE_BLOCK)?;
+        let (store, opened) = interlock_meta::Store::open(
+            &config.data.join("meta"),
+            interlock_meta::StoreOptions::default(),
+            meta::now(),
+        )?;
+        tracing::info!(
+            inodes = store.ns().inode_count(),
+            replayed = opened.replayed,
+            created = opened.created,
+            "namespace opened"
+        );
+        if !opened.dangling.is_empty() {
+            tracing::error!(
+                entries = opened.dangling.len(),
+                "the namespace has entries naming no inode: run interlock fsck"
+            );
+        }
         let started = Instant::now();
         // A restart (not a first start) opens the recovery window.
         let recovery_until = start.restarted.then(|| started + config.recovery).filter(|_| !config.recovery.is_zero());
         tracing::info!(addr = %listener.local_addr().map(|a| a.to_string()).unwrap_or_default(), boot = start.boot, recovering = recovery_until.is_some(), "interlock server listening");
-        let inner = Arc::new(Inner {
+        let inner = Arc::new_cyclic(|me| Inner {
             space: LockSpace::default(),
             sessions: Sessions::default(),
+            store,
+            acker: durable::Acker::default(),
+            opens: meta::Opens::default(),
+            me: me.clone(),
             config,
             boot: start.boot,
             fences: start.fences,
@@ -116,6 +152,13 @@ impl Server {
             tls,
             metrics: metrics.is_some().then(metrics::Metrics::default),
         });
+        for (name, work) in [("acker", durable::run as fn(_)), ("checkpointer", meta::checkpointer)] {
+            let me = Arc::downgrade(&inner);
+            std::thread::Builder::new()
+                .name(format!("interlock-{name}"))
+                .spawn(move || work(me))
+                .map_err(|source| ServerError::Data { path: inner.config.data.clone(), source })?;
+        }
         Ok(Server { listener, metrics, inner, _data: data })
     }
 
@@ -279,6 +322,7 @@ fn end_session(inner: &Inner, sid: u64) -> bool {
     for t in tracked {
         dispatch::release_track(inner, t);
     }
+    meta::end_session(inner, sid);
     true
 }
 
@@ -310,6 +354,21 @@ impl Inner {
             recovering_ms: self.recovering().map_or(0, |d| d.as_millis() as u64),
             connections: self.conns.open.load(Ordering::Relaxed) as u64,
             max_connections: self.config.limits.max_connections as u64,
+            inodes: self.store.ns().inode_count() as u64,
+            journal_last: self.store.changelog().journal().durable_end().saturating_sub(1),
+            since_checkpoint: self.store.since_checkpoint(),
+            consumers: self
+                .store
+                .changelog()
+                .consumers()
+                .into_iter()
+                .map(|c| interlock_proto::meta::ConsumerInfo {
+                    id: c.id,
+                    name: c.name,
+                    mask: c.mask.0,
+                    cleared: c.cleared,
+                })
+                .collect(),
         }
     }
 }

@@ -24,7 +24,7 @@ use tokio::net::{TcpListener, TcpStream};
 use crate::Inner;
 
 /// Requests by kind, in [`op_index`] order.
-const OPS: [&str; 12] = [
+const OPS: [&str; 14] = [
     "lock",
     "unlock",
     "test",
@@ -37,6 +37,8 @@ const OPS: [&str; 12] = [
     "bye",
     "inspect",
     "evict",
+    "meta",
+    "changelog",
 ];
 
 /// Upper bounds of the latency buckets, in microseconds (the last is
@@ -58,6 +60,8 @@ pub(crate) fn op_index(op: &Op) -> usize {
         Op::Bye => 9,
         Op::Inspect { .. } => 10,
         Op::Evict { .. } => 11,
+        Op::Meta { .. } => 12,
+        Op::Changelog(_) => 13,
     }
 }
 

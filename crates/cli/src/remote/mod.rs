@@ -1,7 +1,9 @@
-//! The commands that talk to a server (`serve`, `lock`, `status`, `evict`)
+//! The commands that talk to a server (`serve`, `lock`, `status`, `evict`,
+//! `changelog`)
 //! and what they share: where the server is, the token, the runtime, and
 //! how a client error becomes an exit status.
 
+pub mod changelog;
 pub mod evict;
 pub mod lock;
 pub mod serve;

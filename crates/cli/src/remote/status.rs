@@ -74,6 +74,18 @@ fn print_status(s: &StatusInfo, json: bool) {
     if s.recovering_ms > 0 {
         println!("recovering  {} ms left (after a restart: only reclaims are served until then)", s.recovering_ms);
     }
+    println!("inodes      {}", s.inodes);
+    println!(
+        "journal     last record {}, {} since the checkpoint (a restart replays them)",
+        s.journal_last, s.since_checkpoint
+    );
+    if s.consumers.is_empty() {
+        println!("changelog   no consumers");
+    }
+    for c in &s.consumers {
+        let lag = s.journal_last.saturating_sub(c.cleared);
+        println!("changelog   {} ({lag} records behind)", super::changelog::consumer_line(c, false));
+    }
 }
 
 /// A resource's holders, then its waiters in queue order.
@@ -154,6 +166,11 @@ fn status_json(s: &StatusInfo, rate: f64) -> serde_json::Value {
         "resources": s.resources, "locks": s.locks,
         "waiters": s.waiters, "requests": s.requests, "uptime_ms": s.uptime_ms,
         "requests_per_sec": rate, "recovering_ms": s.recovering_ms,
+        "inodes": s.inodes, "journal_last": s.journal_last, "since_checkpoint": s.since_checkpoint,
+        "consumers": s.consumers.iter().map(|c| serde_json::json!({
+            "id": c.id, "name": c.name, "cleared": c.cleared, "mask": c.mask,
+            "behind": s.journal_last.saturating_sub(c.cleared),
+        })).collect::<Vec<_>>(),
     })
 }
 

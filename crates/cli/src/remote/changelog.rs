@@ -1,0 +1,180 @@
+//! `interlock changelog`: the namespace's changelog on a running server,
+//! as Lustre's `lfs changelog_register`, `lfs changelog`,
+//! `lfs changelog_clear` and `lfs changelog_deregister` use it.
+
+use std::io::Write;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::Subcommand;
+use interlock_client::meta::{ChangelogRecord, ConsumerInfo};
+use interlock_client::{Client, ClientError};
+use interlock_journal::changelog::{Mask, Record, RecordType, RenameSource};
+use serde_json::json;
+
+use super::{ServerArgs, runtime, status_of};
+use crate::journal_cmd::line;
+
+#[derive(clap::Args)]
+pub struct ChangelogArgs {
+    #[command(subcommand)]
+    command: ChangelogCommand,
+    #[command(flatten)]
+    server: ServerArgs,
+}
+
+#[derive(Subcommand)]
+enum ChangelogCommand {
+    /// Register a consumer; prints its id (cl1, cl2, …). It sees the
+    /// records made from now on, and holds them (the journal is not purged
+    /// past what it has not cleared) until it clears or is deregistered.
+    Register {
+        /// Record types it sees, e.g. CREAT,UNLNK,RENME (or `all`); the
+        /// default is every type but OPEN and ATIME, as Lustre's.
+        #[arg(long, value_parser = Mask::parse)]
+        mask: Option<Mask>,
+        /// A name to use instead of the id in the other commands.
+        #[arg(long)]
+        name: Option<String>,
+    },
+    /// Remove a consumer (by id or name): the journal may be purged past it.
+    Deregister { id: String },
+    /// The consumers and how far each has cleared.
+    List {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print a consumer's records after its cursor, one per line in
+    /// Lustre's format (`INDEX NNTYPE TIME DATE FLAGS t=TARGET p=PARENT
+    /// NAME ...`). Reading does not clear.
+    Read {
+        id: String,
+        /// Start at this index instead of after the cursor.
+        #[arg(long)]
+        from: Option<u64>,
+        /// Keep waiting for new records (until interrupted).
+        #[arg(long)]
+        follow: bool,
+        /// One JSON object per record: index, type, time, target, parent,
+        /// name, flags, uid, gid (and a rename's source).
+        #[arg(long)]
+        json: bool,
+    },
+    /// Acknowledge a consumer's records up to INDEX (0: all so far).
+    Clear { id: String, index: u64 },
+}
+
+pub fn changelog(args: ChangelogArgs) -> ExitCode {
+    runtime().block_on(async move {
+        let result = async {
+            let options = args.server.options().map_err(ClientError::Invalid)?;
+            let client = Client::connect(&args.server.server, options).await?;
+            let done = run(&client, args.command).await;
+            let _ = client.bye().await;
+            done
+        };
+        match result.await {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(ClientError::Server(e)) => {
+                eprintln!("interlock changelog: {e}");
+                ExitCode::FAILURE
+            }
+            Err(e) => {
+                eprintln!("interlock changelog: {e}");
+                ExitCode::from(status_of(&e))
+            }
+        }
+    })
+}
+
+async fn run(client: &Client, command: ChangelogCommand) -> Result<(), ClientError> {
+    match command {
+        ChangelogCommand::Register { mask, name } => {
+            let c = client.changelog_register(name.as_deref(), mask.unwrap_or_else(Mask::default_mask).0).await?;
+            println!("{}", c.id);
+        }
+        ChangelogCommand::Deregister { id } => client.changelog_deregister(&id).await?,
+        ChangelogCommand::List { json } => {
+            for c in client.changelog_list().await? {
+                println!("{}", consumer_line(&c, json));
+            }
+        }
+        ChangelogCommand::Clear { id, index } => {
+            let upto = match index {
+                0 => client.status().await?.journal_last,
+                i => i,
+            };
+            client.changelog_clear(&id, upto).await?;
+        }
+        ChangelogCommand::Read { id, from, follow, json } => {
+            let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+            let mut from = from;
+            loop {
+                let wait = if follow { Duration::from_secs(5) } else { Duration::ZERO };
+                let batch = client.changelog_read(&id, from, 256, wait).await?;
+                for r in &batch {
+                    let shown = if json { json_line(r) } else { line(r.index, &record(r)) };
+                    if writeln!(out, "{shown}").is_err() {
+                        // The reader went away (`| head`): done, quietly.
+                        return Ok(());
+                    }
+                }
+                if out.flush().is_err() {
+                    return Ok(());
+                }
+                match batch.last() {
+                    Some(last) => from = Some(last.index + 1),
+                    None if !follow => break,
+                    None => {}
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `id name cleared mask` (or a JSON object).
+pub fn consumer_line(c: &ConsumerInfo, json: bool) -> String {
+    if json {
+        return json!({ "id": c.id, "name": c.name, "cleared": c.cleared, "mask": c.mask }).to_string();
+    }
+    format!("{} name={} cleared={} mask={:#x}", c.id, c.name.as_deref().unwrap_or("-"), c.cleared, c.mask)
+}
+
+fn rtype(n: u8) -> Option<RecordType> {
+    RecordType::ALL.iter().copied().find(|t| *t as u8 == n)
+}
+
+fn record(r: &ChangelogRecord) -> Record {
+    Record {
+        rtype: rtype(r.rtype).unwrap_or(RecordType::MARK),
+        flags: r.flags,
+        time_ns: r.time.max(0) as u64,
+        target: r.target,
+        parent: r.parent,
+        name: r.name.clone(),
+        source: r.source.as_ref().map(|(p, n, t)| RenameSource { parent: *p, name: n.to_vec(), target: *t }),
+        uid: r.uid,
+        gid: r.gid,
+        jobid: None,
+    }
+}
+
+fn json_line(r: &ChangelogRecord) -> String {
+    let name = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    let mut v = json!({
+        "index": r.index,
+        "type": rtype(r.rtype).map_or("?", RecordType::name),
+        "time": r.time,
+        "target": r.target,
+        "parent": r.parent,
+        "name": name(&r.name),
+        "flags": r.flags,
+        "uid": r.uid,
+        "gid": r.gid,
+    });
+    if let Some((p, n, t)) = &r.source {
+        v["source"] = json!({ "parent": p, "name": name(n), "target": t });
+    }
+    v.to_string()
+}

@@ -1,0 +1,223 @@
+//! The namespace and its changelog through a server: every operation over
+//! the wire with the caller's credentials and the kernel's errnos, paged
+//! listings, files that outlive their names while open, acknowledged
+//! changes surviving `kill -9`, and `interlock changelog` and `status` as
+//! an operator uses them.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+
+use common::*;
+use interlock_client::ClientError;
+use interlock_client::meta::{Cred, FileType, ROOT, RenameFlags, SetAttr, XattrMode};
+
+fn root() -> Cred {
+    Cred::root()
+}
+
+fn user() -> Cred {
+    Cred { uid: 1000, gid: 1000, groups: vec![] }
+}
+
+fn errno<T: std::fmt::Debug>(r: Result<T, ClientError>) -> i32 {
+    match r {
+        Err(ClientError::Errno(e)) => e,
+        other => panic!("expected an errno, got {other:?}"),
+    }
+}
+
+fn cli(addr: &str, args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(BIN).args(args).env("INTERLOCK_SERVER", addr).output().unwrap();
+    (out.status.code().unwrap_or(-1), String::from_utf8(out.stdout).unwrap(), String::from_utf8(out.stderr).unwrap())
+}
+
+#[test]
+fn the_namespace_over_the_wire() {
+    let (_data, server) = long_lease_server();
+    rt().block_on(async {
+        let c = client(&server.addr).await;
+        let d = c.create(&root(), ROOT, b"d", FileType::Directory, 0o755, b"").await.unwrap();
+        assert_eq!(errno(c.create(&user(), d.ino, b"x", FileType::Regular, 0o644, b"").await), libc::EACCES);
+        assert_eq!(errno(c.create(&root(), ROOT, b"d", FileType::Directory, 0o755, b"").await), libc::EEXIST);
+        assert_eq!(errno(c.lookup(&root(), ROOT, b"nothing").await), libc::ENOENT);
+        assert_eq!(errno(c.lookup(&root(), ROOT, b"a/b").await), libc::EINVAL);
+        // Fifty files created at once (pipelined), then listed 7 at a time:
+        // each once, then the end.
+        let made = futures::future::join_all((0..50).map(|i| {
+            let c = c.clone();
+            async move { c.create(&root(), d.ino, format!("f{i}").as_bytes(), FileType::Regular, 0o644, b"").await }
+        }))
+        .await;
+        assert!(made.iter().all(Result::is_ok));
+        let (mut names, mut cookie) = (Vec::new(), 0);
+        loop {
+            let (page, end) = c.readdir(&root(), d.ino, cookie, 7, true).await.unwrap();
+            assert!(page.len() <= 7);
+            assert!(page.iter().all(|e| e.attr.as_ref().is_some_and(|a| a.ino == e.ino)), "readdirplus attributes");
+            names.extend(page.iter().map(|e| String::from_utf8(e.name.clone()).unwrap()));
+            if end {
+                break;
+            }
+            cookie = page.last().unwrap().cookie;
+        }
+        names.sort();
+        let mut want: Vec<String> = (0..50).map(|i| format!("f{i}")).collect();
+        want.sort();
+        assert_eq!(names, want);
+        assert_eq!(c.getattr(&root(), d.ino).await.unwrap().size, 50 * 20);
+
+        let f0 = c.lookup(&root(), d.ino, b"f0").await.unwrap();
+        c.rename(&root(), (d.ino, b"f0"), (ROOT, b"moved"), RenameFlags::default()).await.unwrap();
+        assert_eq!(c.lookup(&root(), ROOT, b"moved").await.unwrap().ino, f0.ino);
+        let set = SetAttr { perm: Some(0o600), size: Some(4096), ..SetAttr::default() };
+        let a = c.setattr(&root(), f0.ino, set).await.unwrap();
+        assert_eq!((a.perm, a.size), (0o600, 4096));
+        assert_eq!(
+            errno(c.setattr(&user(), f0.ino, SetAttr { perm: Some(0o777), ..SetAttr::default() }).await),
+            libc::EPERM
+        );
+        c.setxattr(&root(), f0.ino, b"user.k", b"v", XattrMode::Create).await.unwrap();
+        assert_eq!(errno(c.setxattr(&root(), f0.ino, b"user.k", b"w", XattrMode::Create).await), libc::EEXIST);
+        assert_eq!(c.getxattr(&root(), f0.ino, b"user.k").await.unwrap(), b"v");
+        assert_eq!(c.listxattr(&root(), f0.ino).await.unwrap(), vec![b"user.k".to_vec()]);
+        let big = vec![7u8; 65_536];
+        c.setxattr(&root(), f0.ino, b"user.big", &big, XattrMode::Any).await.unwrap();
+        assert_eq!(c.getxattr(&root(), f0.ino, b"user.big").await.unwrap(), big, "a 64 KiB value fits a frame");
+        c.removexattr(&root(), f0.ino, b"user.k").await.unwrap();
+        assert_eq!(errno(c.getxattr(&root(), f0.ino, b"user.k").await), libc::ENODATA);
+        let l = c.create(&root(), ROOT, b"link", FileType::Symlink, 0o777, b"d/f1").await.unwrap();
+        assert_eq!(c.readlink(&root(), l.ino).await.unwrap(), b"d/f1");
+        let h = c.link(&root(), f0.ino, ROOT, b"hard").await.unwrap();
+        assert_eq!(h.nlink, 2);
+        assert_eq!(errno(c.rmdir(&root(), ROOT, b"d").await), libc::ENOTEMPTY);
+        c.unlink(&root(), ROOT, b"hard").await.unwrap();
+        assert_eq!(c.getattr(&root(), f0.ino).await.unwrap().nlink, 1);
+        let (files, name_max, _) = c.statfs(&root()).await.unwrap();
+        assert_eq!(name_max, 255);
+        assert!(files >= 53, "{files}");
+        c.bye().await.unwrap();
+    });
+}
+
+/// A file unlinked while open lives until its last handle is released,
+/// or until the session holding it ends.
+#[test]
+fn an_open_file_outlives_its_name_until_released_or_its_session_ends() {
+    let (_data, server) = long_lease_server();
+    rt().block_on(async {
+        let a = client(&server.addr).await;
+        let b = client(&server.addr).await;
+        for by_bye in [false, true] {
+            let f = a.create(&root(), ROOT, b"f", FileType::Regular, 0o644, b"").await.unwrap();
+            let holder = if by_bye { client(&server.addr).await } else { a.clone() };
+            holder.open(&root(), f.ino).await.unwrap();
+            b.unlink(&root(), ROOT, b"f").await.unwrap();
+            assert_eq!(b.getattr(&root(), f.ino).await.unwrap().nlink, 0, "an orphan while open");
+            assert_eq!(errno(b.release(&root(), f.ino).await), libc::EBADF, "b holds no handle");
+            if by_bye {
+                holder.bye().await.unwrap();
+            } else {
+                holder.release(&root(), f.ino).await.unwrap();
+            }
+            assert_eq!(errno(b.getattr(&root(), f.ino).await), libc::ENOENT, "freed (session ended: {by_bye})");
+        }
+    });
+}
+
+/// Every change acknowledged before a `kill -9` of the server is there
+/// after it restarts.
+#[test]
+fn acknowledged_changes_survive_kill_9_of_the_server() {
+    let data = tempfile::tempdir().unwrap();
+    let mut server = ServerProc::start(data.path(), "127.0.0.1:0", &[]);
+    let acked: Vec<String> = rt().block_on(async {
+        let c = client(&server.addr).await;
+        let made = futures::future::join_all((0..500).map(|i| {
+            let c = c.clone();
+            async move { c.create(&root(), ROOT, format!("n{i}").as_bytes(), FileType::Regular, 0o644, b"").await }
+        }))
+        .await;
+        made.iter().enumerate().filter(|(_, r)| r.is_ok()).map(|(i, _)| format!("n{i}")).collect()
+    });
+    assert_eq!(acked.len(), 500);
+    server.kill9();
+    let server = ServerProc::start(data.path(), "127.0.0.1:0", &[]);
+    rt().block_on(async {
+        let c = client(&server.addr).await;
+        for n in &acked {
+            c.lookup(&root(), ROOT, n.as_bytes()).await.unwrap_or_else(|e| panic!("{n} lost: {e}"));
+        }
+    });
+}
+
+#[test]
+fn changelog_commands_and_status() {
+    let (_data, server) = long_lease_server();
+    let addr = server.addr.clone();
+    let (code, out, err) = cli(&addr, &["changelog", "register", "--name", "audit"]);
+    assert_eq!((code, out.as_str()), (0, "cl1\n"), "{err}");
+    let (code, _, err) = cli(&addr, &["changelog", "register", "--name", "audit"]);
+    assert_eq!(code, 1, "a second consumer with the same name is refused");
+    assert!(err.contains("already registered"), "{err}");
+    rt().block_on(async {
+        let c = client(&addr).await;
+        let d = c.create(&root(), ROOT, b"dir", FileType::Directory, 0o755, b"").await.unwrap();
+        c.create(&user(), ROOT, b"nope", FileType::Regular, 0o644, b"").await.unwrap_err();
+        c.create(&root(), d.ino, b"a", FileType::Regular, 0o644, b"").await.unwrap();
+        c.rename(&root(), (d.ino, b"a"), (d.ino, b"b"), RenameFlags::default()).await.unwrap();
+        c.unlink(&root(), d.ino, b"b").await.unwrap();
+    });
+    let (code, out, err) = cli(&addr, &["changelog", "read", "audit", "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let records: Vec<serde_json::Value> = out.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let seen: Vec<(String, String)> =
+        records.iter().map(|r| (r["type"].as_str().unwrap().into(), r["name"].as_str().unwrap().into())).collect();
+    let want = [("MKDIR", "dir"), ("CREAT", "a"), ("RENME", "b"), ("UNLNK", "b")];
+    assert_eq!(seen, want.map(|(t, n)| (t.to_string(), n.to_string())), "the refused create is not there");
+    assert_eq!(records[2]["source"]["name"], "a");
+    assert_eq!(records[3]["flags"], 1, "the last name went");
+    let indices: Vec<u64> = records.iter().map(|r| r["index"].as_u64().unwrap()).collect();
+    assert!(indices.windows(2).all(|w| w[1] == w[0] + 1), "{indices:?}");
+    let (_, text, _) = cli(&addr, &["changelog", "read", "cl1"]);
+    assert!(text.lines().next().unwrap().contains("02MKDIR"), "Lustre's format: {text}");
+
+    let (code, _, _) = cli(&addr, &["changelog", "clear", "audit", "0"]);
+    assert_eq!(code, 0);
+    let (_, out, _) = cli(&addr, &["changelog", "read", "cl1"]);
+    assert_eq!(out, "", "cleared");
+    let (_, out, _) = cli(&addr, &["status", "--json"]);
+    let s: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(s["consumers"][0]["id"], "cl1");
+    assert_eq!(s["consumers"][0]["behind"], 0);
+    assert!(s["inodes"].as_u64().unwrap() >= 2);
+
+    // --follow prints a record made after it started.
+    let mut follower = Command::new(BIN)
+        .args(["changelog", "read", "cl1", "--follow", "--json"])
+        .env("INTERLOCK_SERVER", &addr)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let lines = std::thread::spawn({
+        let out = follower.stdout.take().unwrap();
+        move || BufReader::new(out).lines().next().map(Result::unwrap)
+    });
+    rt().block_on(async {
+        let c = client(&addr).await;
+        c.create(&root(), ROOT, b"later", FileType::Regular, 0o644, b"").await.unwrap();
+    });
+    let first = lines.join().unwrap().expect("a line from --follow");
+    follower.kill().unwrap();
+    follower.wait().unwrap();
+    assert!(first.contains("\"name\":\"later\""), "{first}");
+
+    let (code, _, _) = cli(&addr, &["changelog", "deregister", "audit"]);
+    assert_eq!(code, 0);
+    let (_, out, _) = cli(&addr, &["changelog", "list"]);
+    assert_eq!(out, "");
+    let (code, _, err) = cli(&addr, &["changelog", "read", "cl1"]);
+    assert_eq!(code, 1);
+    assert!(err.contains("no changelog consumer"), "{err}");
+}

@@ -1,0 +1,232 @@
+//! The namespace and the changelog, through the client: each call is one
+//! request on the session's connection (pipelined with everything else),
+//! carrying the caller's credentials; a change is answered once it is
+//! durable at the server. A namespace call that fails at the server
+//! fails with [`ClientError::Errno`] (the errno a local file system would
+//! give); anything else is a transport or server error.
+//!
+//! ```no_run
+//! # async fn f(client: &interlock_client::Client) -> Result<(), interlock_client::ClientError> {
+//! use interlock_client::meta::{Cred, FileType, ROOT};
+//! let me = Cred { uid: 1000, gid: 1000, groups: vec![] };
+//! let dir = client.create(&me, ROOT, b"home", FileType::Directory, 0o755, b"").await?;
+//! let file = client.create(&me, dir.ino, b"notes", FileType::Regular, 0o644, b"").await?;
+//! assert_eq!(client.lookup(&me, dir.ino, b"notes").await?.ino, file.ino);
+//! # Ok(()) }
+//! ```
+
+use std::time::Duration;
+
+pub use interlock_meta::{Attr, Cred, FileType, Ino, ROOT, RenameFlags, SetAttr, TimeSet, XattrMode};
+use interlock_proto::meta::{ChangelogOp, ChangelogReply, MetaOp, MetaReply};
+pub use interlock_proto::meta::{ChangelogRecord, ConsumerInfo, Entry};
+use interlock_proto::{Op, Reply};
+
+use crate::{Client, ClientError};
+
+fn unexpected(r: impl std::fmt::Debug) -> ClientError {
+    ClientError::Server(format!("unexpected reply {r:?}"))
+}
+
+impl Client {
+    /// Any namespace operation: its reply, or [`ClientError::Errno`].
+    pub async fn meta(&self, cred: &Cred, op: MetaOp) -> Result<MetaReply, ClientError> {
+        match self.request(Op::Meta { cred: cred.clone(), op }).await? {
+            Reply::Meta(r) => Ok(r),
+            Reply::Errno(e) => Err(ClientError::Errno(e)),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    async fn attr(&self, cred: &Cred, op: MetaOp) -> Result<Attr, ClientError> {
+        match self.meta(cred, op).await? {
+            MetaReply::Attr(a) => Ok(a),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    async fn done(&self, cred: &Cred, op: MetaOp) -> Result<(), ClientError> {
+        match self.meta(cred, op).await? {
+            MetaReply::Done => Ok(()),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    async fn bytes(&self, cred: &Cred, op: MetaOp) -> Result<Vec<u8>, ClientError> {
+        match self.meta(cred, op).await? {
+            MetaReply::Bytes(b) => Ok(b),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    pub async fn lookup(&self, cred: &Cred, parent: Ino, name: &[u8]) -> Result<Attr, ClientError> {
+        self.attr(cred, MetaOp::Lookup { parent, name: name.to_vec() }).await
+    }
+
+    pub async fn getattr(&self, cred: &Cred, ino: Ino) -> Result<Attr, ClientError> {
+        self.attr(cred, MetaOp::Getattr { ino }).await
+    }
+
+    pub async fn setattr(&self, cred: &Cred, ino: Ino, set: SetAttr) -> Result<Attr, ClientError> {
+        self.attr(cred, MetaOp::Setattr { ino, set }).await
+    }
+
+    /// Creates a file, directory, symlink (`target`), fifo or socket;
+    /// `perm` with the caller's umask applied. Device nodes: [`meta`](Client::meta)
+    /// with `MetaOp::Create`'s `rdev`.
+    pub async fn create(
+        &self,
+        cred: &Cred,
+        parent: Ino,
+        name: &[u8],
+        kind: FileType,
+        perm: u32,
+        target: &[u8],
+    ) -> Result<Attr, ClientError> {
+        let op = MetaOp::Create { parent, name: name.to_vec(), kind, perm, rdev: 0, target: target.to_vec() };
+        self.attr(cred, op).await
+    }
+
+    pub async fn link(&self, cred: &Cred, ino: Ino, parent: Ino, name: &[u8]) -> Result<Attr, ClientError> {
+        self.attr(cred, MetaOp::Link { ino, parent, name: name.to_vec() }).await
+    }
+
+    pub async fn unlink(&self, cred: &Cred, parent: Ino, name: &[u8]) -> Result<(), ClientError> {
+        self.done(cred, MetaOp::Unlink { parent, name: name.to_vec() }).await
+    }
+
+    pub async fn rmdir(&self, cred: &Cred, parent: Ino, name: &[u8]) -> Result<(), ClientError> {
+        self.done(cred, MetaOp::Rmdir { parent, name: name.to_vec() }).await
+    }
+
+    pub async fn rename(
+        &self,
+        cred: &Cred,
+        (parent, name): (Ino, &[u8]),
+        (new_parent, new_name): (Ino, &[u8]),
+        flags: RenameFlags,
+    ) -> Result<(), ClientError> {
+        let op = MetaOp::Rename { parent, name: name.to_vec(), new_parent, new_name: new_name.to_vec(), flags };
+        self.done(cred, op).await
+    }
+
+    pub async fn readlink(&self, cred: &Cred, ino: Ino) -> Result<Vec<u8>, ClientError> {
+        self.bytes(cred, MetaOp::Readlink { ino }).await
+    }
+
+    /// One page of a listing after `cookie` (0: from the start): entries
+    /// (with attributes if `plus`), and whether the listing is over. Each
+    /// entry's cookie resumes after it; an entry present throughout a
+    /// listing is listed exactly once.
+    pub async fn readdir(
+        &self,
+        cred: &Cred,
+        ino: Ino,
+        cookie: u64,
+        max: u32,
+        plus: bool,
+    ) -> Result<(Vec<Entry>, bool), ClientError> {
+        match self.meta(cred, MetaOp::Readdir { ino, cookie, max, plus }).await? {
+            MetaReply::Entries { entries, end } => Ok((entries, end)),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    pub async fn getxattr(&self, cred: &Cred, ino: Ino, name: &[u8]) -> Result<Vec<u8>, ClientError> {
+        self.bytes(cred, MetaOp::Getxattr { ino, name: name.to_vec() }).await
+    }
+
+    pub async fn setxattr(
+        &self,
+        cred: &Cred,
+        ino: Ino,
+        name: &[u8],
+        value: &[u8],
+        mode: XattrMode,
+    ) -> Result<(), ClientError> {
+        self.done(cred, MetaOp::Setxattr { ino, name: name.to_vec(), value: value.to_vec(), mode }).await
+    }
+
+    pub async fn listxattr(&self, cred: &Cred, ino: Ino) -> Result<Vec<Vec<u8>>, ClientError> {
+        match self.meta(cred, MetaOp::Listxattr { ino }).await? {
+            MetaReply::Names(n) => Ok(n.into_iter().map(|b| b.into_vec()).collect()),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    pub async fn removexattr(&self, cred: &Cred, ino: Ino, name: &[u8]) -> Result<(), ClientError> {
+        self.done(cred, MetaOp::Removexattr { ino, name: name.to_vec() }).await
+    }
+
+    /// (files, longest name, block size).
+    pub async fn statfs(&self, cred: &Cred) -> Result<(u64, u32, u32), ClientError> {
+        match self.meta(cred, MetaOp::Statfs).await? {
+            MetaReply::StatFs { files, name_max, block_size } => Ok((files, name_max, block_size)),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Holds `ino` open for this session: unlinked, it lives until
+    /// released (or the session ends).
+    pub async fn open(&self, cred: &Cred, ino: Ino) -> Result<Attr, ClientError> {
+        self.attr(cred, MetaOp::Open { ino }).await
+    }
+
+    pub async fn release(&self, cred: &Cred, ino: Ino) -> Result<(), ClientError> {
+        self.done(cred, MetaOp::Release { ino }).await
+    }
+
+    async fn changelog(&self, op: ChangelogOp) -> Result<ChangelogReply, ClientError> {
+        match self.request(Op::Changelog(op)).await? {
+            Reply::Changelog(r) => Ok(r),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Registers a changelog consumer that sees the record types in
+    /// `mask` (bit n for Lustre's type n) from now on.
+    pub async fn changelog_register(&self, name: Option<&str>, mask: u32) -> Result<ConsumerInfo, ClientError> {
+        match self.changelog(ChangelogOp::Register { name: name.map(str::to_string), mask }).await? {
+            ChangelogReply::Consumer(c) => Ok(c),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    pub async fn changelog_deregister(&self, id: &str) -> Result<(), ClientError> {
+        match self.changelog(ChangelogOp::Deregister { id: id.to_string() }).await? {
+            ChangelogReply::Done => Ok(()),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    pub async fn changelog_list(&self) -> Result<Vec<ConsumerInfo>, ClientError> {
+        match self.changelog(ChangelogOp::List).await? {
+            ChangelogReply::Consumers(c) => Ok(c),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Up to `max` records for consumer `id` after its cursor (or from
+    /// `from`), waiting up to `wait` for the first if none is there.
+    pub async fn changelog_read(
+        &self,
+        id: &str,
+        from: Option<u64>,
+        max: u32,
+        wait: Duration,
+    ) -> Result<Vec<ChangelogRecord>, ClientError> {
+        let wait_ms = wait.as_millis().min(u128::from(u32::MAX)) as u32;
+        match self.changelog(ChangelogOp::Read { id: id.to_string(), from, max, wait_ms }).await? {
+            ChangelogReply::Records(r) => Ok(r),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Acknowledges consumer `id`'s records up to `upto`.
+    pub async fn changelog_clear(&self, id: &str, upto: u64) -> Result<(), ClientError> {
+        match self.changelog(ChangelogOp::Clear { id: id.to_string(), upto }).await? {
+            ChangelogReply::Done => Ok(()),
+            other => Err(unexpected(other)),
+        }
+    }
+}

@@ -1,0 +1,208 @@
+//! The namespace's operations on the wire (protocol 5): each request
+//! carries the caller's credentials, which the server checks permissions
+//! with, as a local file system checks a process's; each answer is a
+//! [`MetaReply`] or the errno the operation failed with, which the mount
+//! hands to the kernel verbatim. A change is answered only once its
+//! journal record is durable.
+//!
+//! And the changelog: register, deregister, list, read (with a wait:
+//! follow) and clear, as Lustre's `lfs changelog` does them.
+
+use interlock_meta::{Attr, FileType, Ino, Nanos, RenameFlags, SetAttr, XattrMode};
+use serde::{Deserialize, Serialize};
+
+/// A namespace operation.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum MetaOp {
+    Lookup {
+        parent: Ino,
+        #[serde(with = "serde_bytes")]
+        name: Vec<u8>,
+    },
+    Getattr {
+        ino: Ino,
+    },
+    Setattr {
+        ino: Ino,
+        set: SetAttr,
+    },
+    /// create, mkdir, mknod, symlink (`target` for a symlink).
+    Create {
+        parent: Ino,
+        #[serde(with = "serde_bytes")]
+        name: Vec<u8>,
+        kind: FileType,
+        /// Permission bits, the caller's umask applied.
+        perm: u32,
+        rdev: u64,
+        #[serde(with = "serde_bytes")]
+        target: Vec<u8>,
+    },
+    Link {
+        ino: Ino,
+        parent: Ino,
+        #[serde(with = "serde_bytes")]
+        name: Vec<u8>,
+    },
+    Unlink {
+        parent: Ino,
+        #[serde(with = "serde_bytes")]
+        name: Vec<u8>,
+    },
+    Rmdir {
+        parent: Ino,
+        #[serde(with = "serde_bytes")]
+        name: Vec<u8>,
+    },
+    Rename {
+        parent: Ino,
+        #[serde(with = "serde_bytes")]
+        name: Vec<u8>,
+        new_parent: Ino,
+        #[serde(with = "serde_bytes")]
+        new_name: Vec<u8>,
+        flags: RenameFlags,
+    },
+    Readlink {
+        ino: Ino,
+    },
+    /// Entries after `cookie` (0: from the start), as many as fit one
+    /// reply and at most `max`; with `plus`, each with its attributes.
+    Readdir {
+        ino: Ino,
+        cookie: u64,
+        max: u32,
+        plus: bool,
+    },
+    Getxattr {
+        ino: Ino,
+        #[serde(with = "serde_bytes")]
+        name: Vec<u8>,
+    },
+    Setxattr {
+        ino: Ino,
+        #[serde(with = "serde_bytes")]
+        name: Vec<u8>,
+        #[serde(with = "serde_bytes")]
+        value: Vec<u8>,
+        mode: XattrMode,
+    },
+    Listxattr {
+        ino: Ino,
+    },
+    Removexattr {
+        ino: Ino,
+        #[serde(with = "serde_bytes")]
+        name: Vec<u8>,
+    },
+    Statfs,
+    /// An open handle of `ino`, held by the session: an inode unlinked
+    /// while open lives until its last handle is released (or its session
+    /// ends).
+    Open {
+        ino: Ino,
+    },
+    Release {
+        ino: Ino,
+    },
+}
+
+/// One directory entry on the wire.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Entry {
+    #[serde(with = "serde_bytes")]
+    pub name: Vec<u8>,
+    pub ino: Ino,
+    pub kind: FileType,
+    /// Resumes the listing after this entry.
+    pub cookie: u64,
+    /// With `plus`.
+    pub attr: Option<Attr>,
+}
+
+/// The answer to a [`MetaOp`] that succeeded.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum MetaReply {
+    Attr(Attr),
+    /// Entries of a listing; `end`: there are no more.
+    Entries {
+        entries: Vec<Entry>,
+        end: bool,
+    },
+    /// A symlink's target, an xattr's value.
+    Bytes(#[serde(with = "serde_bytes")] Vec<u8>),
+    /// Xattr names.
+    Names(Vec<serde_bytes::ByteBuf>),
+    StatFs {
+        files: u64,
+        name_max: u32,
+        block_size: u32,
+    },
+    Done,
+}
+
+/// A changelog consumer.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConsumerInfo {
+    pub id: String,
+    pub name: Option<String>,
+    pub mask: u32,
+    /// Every record up to this index is cleared.
+    pub cleared: u64,
+}
+
+/// One changelog record, as Lustre's `lfs changelog` shows it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChangelogRecord {
+    pub index: u64,
+    /// Lustre's type number (1 = CREAT, …).
+    pub rtype: u8,
+    pub flags: u32,
+    pub time: Nanos,
+    pub target: Ino,
+    pub parent: Ino,
+    #[serde(with = "serde_bytes")]
+    pub name: Vec<u8>,
+    /// A rename's source: (parent, name, the inode renamed).
+    pub source: Option<(Ino, serde_bytes::ByteBuf, Ino)>,
+    pub uid: u32,
+    pub gid: u32,
+}
+
+/// Changelog requests.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ChangelogOp {
+    /// A new consumer (`cl1`, `cl2`, …) that sees records of the types in
+    /// `mask` from now on.
+    Register {
+        name: Option<String>,
+        mask: u32,
+    },
+    /// By id or name.
+    Deregister {
+        id: String,
+    },
+    List,
+    /// Up to `max` records after the consumer's cursor (or from `from`);
+    /// if there are none, wait up to `wait_ms` for the first.
+    Read {
+        id: String,
+        from: Option<u64>,
+        max: u32,
+        wait_ms: u32,
+    },
+    /// Acknowledge every record up to `upto`.
+    Clear {
+        id: String,
+        upto: u64,
+    },
+}
+
+/// Changelog answers.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ChangelogReply {
+    Consumer(ConsumerInfo),
+    Consumers(Vec<ConsumerInfo>),
+    Records(Vec<ChangelogRecord>),
+    Done,
+}

@@ -1,0 +1,249 @@
+//! Namespace and changelog requests onto the store (`interlock-meta`):
+//! each runs on the connection's task (the namespace's operations take
+//! no lock for long and never wait for the disk), and its answer goes
+//! through the acker (`durable`) when it made a change. The files a
+//! session holds open are tracked here, so that its end closes them (an
+//! orphan goes with its last handle).
+//!
+//! Costs: each request is one namespace operation (see `interlock-meta`:
+//! O(log n) for entry operations, O(log n + k) for a listing of k);
+//! opening and closing cost O(1) expected more here.
+
+use std::collections::HashMap;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use interlock_journal::changelog::{Consumer, Mask};
+use interlock_meta::{Cred, Errno, FileType, Ino, NewInode, Seq};
+use interlock_proto::Reply;
+use interlock_proto::meta::{ChangelogOp, ChangelogRecord, ChangelogReply, ConsumerInfo, Entry, MetaOp, MetaReply};
+
+use crate::{Inner, durable};
+
+/// Records since the last checkpoint that make the checkpointer write a
+/// new one (about 100 MB of journal; a restart replays at most this many
+/// records after loading the image).
+pub(crate) const CHECKPOINT_EVERY: u64 = 1_000_000;
+/// Most records in one changelog read (each at most ~600 bytes: under a
+/// frame).
+const MAX_RECORDS: u32 = 256;
+/// A listing stops when its entries reach this many bytes (estimated):
+/// under a frame.
+const LISTING_BYTES: usize = 192 << 10;
+
+pub(crate) fn now() -> i64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos() as i64)
+}
+
+/// Open handles per session: session -> inode -> count.
+#[derive(Default)]
+pub(crate) struct Opens(scc::HashMap<u64, HashMap<Ino, u32>, foldhash::fast::RandomState>);
+
+impl Opens {
+    fn add(&self, sid: u64, ino: Ino) {
+        *self.0.entry_sync(sid).or_default().get_mut().entry(ino).or_default() += 1;
+    }
+
+    /// Takes one of the session's handles of `ino`; whether it had one.
+    fn take(&self, sid: u64, ino: Ino) -> bool {
+        self.0
+            .update_sync(&sid, |_, m| match m.get_mut(&ino) {
+                Some(n) if *n > 1 => {
+                    *n -= 1;
+                    true
+                }
+                Some(_) => m.remove(&ino).is_some(),
+                None => false,
+            })
+            .unwrap_or(false)
+    }
+
+    /// Every handle of a session that ended.
+    fn end(&self, sid: u64) -> HashMap<Ino, u32> {
+        self.0.remove_sync(&sid).map(|(_, m)| m).unwrap_or_default()
+    }
+}
+
+/// Closes the files a session that ended held open.
+pub(crate) fn end_session(inner: &Inner, sid: u64) {
+    let ns = inner.store.ns();
+    for (ino, n) in inner.opens.end(sid) {
+        for _ in 0..n {
+            if let Err(e) = ns.release(&Cred::root(), ino) {
+                tracing::warn!(session = sid, ino, error = %e, "closing a file of an ended session");
+            }
+        }
+    }
+}
+
+/// Serves a namespace request; `None` when the answer will be pushed.
+pub(crate) fn request(inner: &Inner, sid: u64, id: u64, cred: &Cred, op: MetaOp) -> Option<Reply> {
+    match run(inner, sid, cred, op) {
+        Ok((reply, seq)) => inner.acker.answer(&inner.store, seq, sid, id, Reply::Meta(reply)),
+        Err(e) => Some(Reply::Errno(e.0)),
+    }
+}
+
+fn run(inner: &Inner, sid: u64, cred: &Cred, op: MetaOp) -> Result<(MetaReply, Seq), Errno> {
+    let ns = inner.store.ns();
+    let now = now();
+    let attr = |(a, s)| (MetaReply::Attr(a), s);
+    let done = |s| (MetaReply::Done, s);
+    Ok(match op {
+        MetaOp::Lookup { parent, name } => (MetaReply::Attr(ns.lookup(cred, parent, &name)?), 0),
+        MetaOp::Getattr { ino } => (MetaReply::Attr(ns.getattr(ino)?), 0),
+        MetaOp::Setattr { ino, set } => attr(ns.setattr(cred, ino, &set, now)?),
+        MetaOp::Create { parent, name, kind, perm, rdev, target } => {
+            if kind == FileType::Symlink && target.is_empty() {
+                return Err(Errno::ENOENT);
+            }
+            attr(ns.create(cred, parent, &name, NewInode { kind, perm, rdev }, &target, now)?)
+        }
+        MetaOp::Link { ino, parent, name } => attr(ns.link(cred, ino, parent, &name, now)?),
+        MetaOp::Unlink { parent, name } => done(ns.unlink(cred, parent, &name, now)?),
+        MetaOp::Rmdir { parent, name } => done(ns.rmdir(cred, parent, &name, now)?),
+        MetaOp::Rename { parent, name, new_parent, new_name, flags } => {
+            done(ns.rename(cred, (parent, &name), (new_parent, &new_name), flags, now)?)
+        }
+        MetaOp::Readlink { ino } => (MetaReply::Bytes(ns.readlink(ino)?), 0),
+        MetaOp::Readdir { ino, cookie, max, plus } => (listing(inner, cred, ino, cookie, max, plus)?, 0),
+        MetaOp::Getxattr { ino, name } => (MetaReply::Bytes(ns.getxattr(cred, ino, &name)?), 0),
+        MetaOp::Setxattr { ino, name, value, mode } => done(ns.setxattr(cred, ino, &name, &value, mode, now)?),
+        MetaOp::Listxattr { ino } => {
+            (MetaReply::Names(ns.listxattr(cred, ino)?.into_iter().map(serde_bytes::ByteBuf::from).collect()), 0)
+        }
+        MetaOp::Removexattr { ino, name } => done(ns.removexattr(cred, ino, &name, now)?),
+        MetaOp::Statfs => {
+            let s = ns.statfs();
+            (MetaReply::StatFs { files: s.files, name_max: s.name_max, block_size: s.block_size }, 0)
+        }
+        MetaOp::Open { ino } => {
+            let a = ns.open(ino)?;
+            inner.opens.add(sid, ino);
+            (MetaReply::Attr(a), 0)
+        }
+        MetaOp::Release { ino } => {
+            if !inner.opens.take(sid, ino) {
+                return Err(Errno::EBADF);
+            }
+            done(ns.release(cred, ino)?)
+        }
+    })
+}
+
+/// A page of a listing: at most `max` entries and what fits a frame.
+fn listing(inner: &Inner, cred: &Cred, ino: Ino, cookie: u64, max: u32, plus: bool) -> Result<MetaReply, Errno> {
+    let ns = inner.store.ns();
+    let want = (max as usize).clamp(1, 4096);
+    let page: Vec<Entry> = if plus {
+        ns.readdirplus(cred, ino, cookie, want)?
+            .into_iter()
+            .map(|(e, a)| Entry { name: e.name, ino: e.ino, kind: e.kind, cookie: e.cookie, attr: Some(a) })
+            .collect()
+    } else {
+        ns.readdir(cred, ino, cookie, want)?
+            .into_iter()
+            .map(|e| Entry { name: e.name, ino: e.ino, kind: e.kind, cookie: e.cookie, attr: None })
+            .collect()
+    };
+    let mut end = page.len() < want;
+    let mut bytes = 0;
+    let mut entries = Vec::with_capacity(page.len());
+    for e in page {
+        bytes += e.name.len() + if plus { 96 } else { 24 };
+        if bytes > LISTING_BYTES {
+            end = false;
+            break;
+        }
+        entries.push(e);
+    }
+    Ok(MetaReply::Entries { entries, end })
+}
+
+fn consumer_info(c: Consumer) -> ConsumerInfo {
+    ConsumerInfo { id: c.id, name: c.name, mask: c.mask.0, cleared: c.cleared }
+}
+
+/// Serves a changelog request; `None` when the answer will be pushed (a
+/// read that waits for records, on a blocking thread).
+pub(crate) fn changelog(inner: &Inner, sid: u64, id: u64, op: ChangelogOp) -> Option<Reply> {
+    let cl = inner.store.changelog();
+    let now = now().max(0) as u64;
+    let r = match op {
+        ChangelogOp::Register { name, mask } => {
+            cl.register(name.as_deref(), Mask(mask), now).map(|c| ChangelogReply::Consumer(consumer_info(c)))
+        }
+        ChangelogOp::Deregister { id } => cl.deregister(&id).map(|()| ChangelogReply::Done),
+        ChangelogOp::List => Ok(ChangelogReply::Consumers(cl.consumers().into_iter().map(consumer_info).collect())),
+        ChangelogOp::Clear { id, upto } => cl.clear(&id, upto, now).map(|()| ChangelogReply::Done),
+        ChangelogOp::Read { id: who, from, max, wait_ms } if wait_ms > 0 => {
+            let server = inner.me.upgrade()?;
+            tokio::task::spawn_blocking(move || {
+                let wait = Some(Duration::from_millis(u64::from(wait_ms)));
+                let reply = read(&server, &who, from, max, wait);
+                durable::push(&server, sid, id, reply);
+            });
+            return None;
+        }
+        ChangelogOp::Read { id, from, max, .. } => return Some(read(inner, &id, from, max, None)),
+    };
+    Some(r.map_or_else(|e| Reply::Error(e.to_string()), Reply::Changelog))
+}
+
+fn read(inner: &Inner, who: &str, from: Option<u64>, max: u32, wait: Option<Duration>) -> Reply {
+    let max = max.clamp(1, MAX_RECORDS) as usize;
+    match inner.store.changelog().read(who, from, max, wait) {
+        Ok(entries) => Reply::Changelog(ChangelogReply::Records(
+            entries
+                .into_iter()
+                .map(|e| {
+                    let r = e.record;
+                    ChangelogRecord {
+                        index: e.index,
+                        rtype: r.rtype as u8,
+                        flags: r.flags,
+                        time: r.time_ns as i64,
+                        target: r.target,
+                        parent: r.parent,
+                        name: r.name,
+                        source: r.source.map(|s| (s.parent, s.name.into(), s.target)),
+                        uid: r.uid,
+                        gid: r.gid,
+                    }
+                })
+                .collect(),
+        )),
+        Err(e) => Reply::Error(e.to_string()),
+    }
+}
+
+/// The checkpointer's thread: a checkpoint every [`CHECKPOINT_EVERY`]
+/// records (which also purges the journal behind it and the slowest
+/// consumer), idle changelog consumers deregistered, and once the
+/// recovery window is over, orphans nobody reopened freed. Runs until the
+/// server is gone.
+pub(crate) fn checkpointer(inner: std::sync::Weak<Inner>) {
+    let mut swept = false;
+    let mut ticks = 0u64;
+    loop {
+        std::thread::sleep(Duration::from_millis(500));
+        let Some(server) = inner.upgrade() else { return };
+        let store = &server.store;
+        if store.since_checkpoint() >= CHECKPOINT_EVERY
+            && let Err(e) = store.checkpoint()
+        {
+            tracing::error!(error = %e, "checkpoint failed");
+        }
+        if !swept && server.recovering().is_none() {
+            swept = true;
+            if let Err(e) = store.ns().forget_orphans(&Cred::root()) {
+                tracing::error!(error = %e, "freeing orphans after the restart");
+            }
+        }
+        ticks += 1;
+        if ticks.is_multiple_of(120)
+            && let Err(e) = store.changelog().gc(now().max(0) as u64)
+        {
+            tracing::error!(error = %e, "changelog consumer gc");
+        }
+    }
+}
