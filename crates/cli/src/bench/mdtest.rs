@@ -16,6 +16,10 @@
 //!   changelog's).
 //! - `memory`: the namespace alone, no journal (not durable): how it
 //!   scales with no disk and no flusher thread beside it.
+//! - `net`: through a server over loopback (started by the benchmark,
+//!   its journal in the system's temporary directory, unless `--server`):
+//!   T creators, each on its own connection, each waiting for its answer
+//!   (durable) before its next request, as `redis-benchmark -c T` does.
 //! - `kernel`: the same shape on tmpfs (`/dev/shm`): open(O_CREAT|O_EXCL)
 //!   and close, stat, unlink. Not durable; the directory's `i_rwsem`
 //!   serializes its creators.
@@ -25,6 +29,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use interlock_client::{Client, ClientOptions};
 use interlock_journal::changelog::Mask;
 use interlock_meta::{Cred, FileType, Ino, Namespace, NewInode, ROOT, Seq, Store, StoreOptions};
 use serde_json::{Map, Value, json};
@@ -47,9 +52,12 @@ pub struct Args {
     /// for all to be durable), or both.
     #[arg(long, value_delimiter = ',', default_value = "each,end", value_parser = ["each", "end"])]
     ack: Vec<String>,
-    /// Variants: engine, memory, kernel.
-    #[arg(long, value_delimiter = ',', default_value = "engine,memory,kernel", value_parser = ["engine", "memory", "kernel"])]
+    /// Variants: engine, memory, net, kernel.
+    #[arg(long, value_delimiter = ',', default_value = "engine,memory,net,kernel", value_parser = ["engine", "memory", "net", "kernel"])]
     variant: Vec<String>,
+    /// For `net`: measure this server (HOST:PORT) instead of starting one.
+    #[arg(long, value_parser = crate::args::server)]
+    server: Option<String>,
     /// Where the engine's journal goes (default: the current directory;
     /// a fresh subdirectory per run, removed after). On tmpfs an fsync
     /// costs nothing: durable figures need a real disk.
@@ -111,6 +119,15 @@ pub fn run(args: Args) -> Result<(), String> {
             for (phase, s) in PHASES.iter().zip(memory(t, files)?) {
                 let mut r = row("memory", phase, t, files, s);
                 r.insert("changelog".into(), json!(false));
+                report.row(r);
+            }
+        }
+        if args.variant.iter().any(|v| v == "net") {
+            let (addr, options, _own) = super::netbench::server_addr(&args.server, false)?;
+            for (phase, s) in PHASES.iter().zip(net(&addr, &options, t, files)?) {
+                let mut r = row("net", phase, t, files, s);
+                r.insert("changelog".into(), json!(false));
+                r.insert("ack".into(), json!("each"));
                 report.row(r);
             }
         }
@@ -264,6 +281,60 @@ fn follow(store: Arc<Store>, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<R
             return Err("the changelog consumer saw no record".into());
         }
         Ok(())
+    })
+}
+
+/// Through a server: T connections, each one creator waiting for each
+/// answer. Seconds for create, stat and unlink.
+fn net(addr: &str, options: &ClientOptions, threads: usize, files: u64) -> Result<[f64; 3], String> {
+    let rt = crate::remote::runtime();
+    rt.block_on(async {
+        let mut clients = Vec::new();
+        for _ in 0..threads {
+            clients.push(Client::connect(addr, options.clone()).await.map_err(|e| e.to_string())?);
+        }
+        let root = Cred::root();
+        // A fresh directory per run, so runs against one server do not meet.
+        let dir = format!("mdtest.{}.{threads}", now());
+        let d = clients[0]
+            .create(&root, ROOT, dir.as_bytes(), FileType::Directory, 0o777, b"")
+            .await
+            .map_err(|e| e.to_string())?;
+        let mut secs = [0.0; 3];
+        for (p, secs) in secs.iter_mut().enumerate() {
+            let start = std::time::Instant::now();
+            let tasks: Vec<_> = clients
+                .iter()
+                .enumerate()
+                .map(|(t, c)| {
+                    let (c, root) = (c.clone(), root.clone());
+                    tokio::spawn(async move {
+                        let mut buf = Vec::with_capacity(24);
+                        let mut i = t as u64;
+                        while i < files {
+                            let n = name(&mut buf, i).to_vec();
+                            let r = match p {
+                                0 => c.create(&root, d.ino, &n, FileType::Regular, 0o644, b"").await.map(drop),
+                                1 => c.lookup(&root, d.ino, &n).await.map(drop),
+                                _ => c.unlink(&root, d.ino, &n).await,
+                            };
+                            r.map_err(|e| format!("{}: {e}", PHASES[p]))?;
+                            i += threads as u64;
+                        }
+                        Ok::<(), String>(())
+                    })
+                })
+                .collect();
+            for t in tasks {
+                t.await.map_err(|e| e.to_string())??;
+            }
+            *secs = start.elapsed().as_secs_f64();
+        }
+        let _ = clients[0].rmdir(&root, ROOT, dir.as_bytes()).await;
+        for c in clients {
+            let _ = c.bye().await;
+        }
+        Ok(secs)
     })
 }
 

@@ -4,6 +4,7 @@
 //! line. Each figure is the median of `--repeat` runs (the kernel's are
 //! run once: they are the slow side).
 
+mod du;
 mod flocks;
 mod floor;
 mod handover;
@@ -48,6 +49,9 @@ pub enum BenchCommand {
     /// checkpoint's time (idle and under load), and a restart's time
     /// (load, replay, recount).
     Restart(restart::Args),
+    /// Seed 004: a tree of N files built through a server, then walked as
+    /// `du -s` does (readdirplus, a page per round trip).
+    Du(du::Args),
 }
 
 pub fn run(cmd: BenchCommand) -> Result<(), String> {
@@ -60,6 +64,7 @@ pub fn run(cmd: BenchCommand) -> Result<(), String> {
         BenchCommand::Net(args) => netbench::net(args),
         BenchCommand::Mdtest(args) => mdtest::run(args),
         BenchCommand::Restart(args) => restart::run(args),
+        BenchCommand::Du(args) => du::run(args),
     }
 }
 

@@ -79,7 +79,7 @@ pub struct NetArgs {
 }
 
 /// A server of our own on a free loopback port, for the benchmark's life.
-struct OwnServer {
+pub(super) struct OwnServer {
     addr: String,
     /// What clients trust, if it speaks TLS.
     tls: Option<std::sync::Arc<rustls::ClientConfig>>,
@@ -115,7 +115,10 @@ fn own_server(tls: bool) -> Result<OwnServer, String> {
 
 /// The server to measure (`given`, else one of our own) and the options
 /// to reach it with.
-fn server_addr(given: &Option<String>, tls: bool) -> Result<(String, ClientOptions, Option<OwnServer>), String> {
+pub(super) fn server_addr(
+    given: &Option<String>,
+    tls: bool,
+) -> Result<(String, ClientOptions, Option<OwnServer>), String> {
     match given {
         Some(a) => Ok((a.clone(), ClientOptions::default(), None)),
         None => {
