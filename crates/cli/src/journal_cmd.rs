@@ -16,7 +16,9 @@ pub enum JournalCommand {
         /// The log directory.
         dir: PathBuf,
     },
-    /// Print records readably, one per line, in Lustre's changelog format.
+    /// Print records readably, one per line, in Lustre's changelog format
+    /// (a namespace store's journal, such as DATA/meta, through the
+    /// changelog's view of its records).
     Dump {
         /// The log directory.
         dir: PathBuf,
@@ -71,6 +73,10 @@ fn check(dir: &std::path::Path) -> Result<(), String> {
 
 fn dump(dir: &std::path::Path, from: u64, types: Mask) -> Result<(), String> {
     exists(dir)?;
+    // A namespace store's journal holds its own records, which the
+    // changelog shows projected; any other log holds changelog records.
+    let project: changelog::Projection =
+        if dir.join("meta.ckpt").is_file() { interlock_meta::project } else { |bytes| Record::decode(bytes).map(Some) };
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());
     let mut err = None;
     interlock_journal::read_dir(dir, from, |index, bytes| {
@@ -78,8 +84,8 @@ fn dump(dir: &std::path::Path, from: u64, types: Mask) -> Result<(), String> {
         if err.is_some() {
             return;
         }
-        match Record::decode(bytes) {
-            Ok(r) if types.contains(r.rtype) => {
+        match project(bytes) {
+            Ok(Some(r)) if types.contains(r.rtype) => {
                 if let Err(e) = writeln!(out, "{}", line(index, &r)) {
                     err = Some(e);
                 }
