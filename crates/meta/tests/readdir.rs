@@ -1,0 +1,76 @@
+//! Listings under concurrent change: while other threads create, unlink
+//! and rename names in the directory, a listing paged with any page size
+//! returns every entry present throughout it exactly once, and no name
+//! twice.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use interlock_meta::{Cred, FileType, Namespace, NewInode, ROOT, RenameFlags};
+
+fn file() -> NewInode {
+    NewInode { kind: FileType::Regular, perm: 0o644, rdev: 0 }
+}
+
+#[test]
+fn an_entry_present_throughout_a_listing_is_listed_exactly_once() {
+    let ns = Arc::new(Namespace::new(42, 0));
+    let root = Cred::root();
+    let (d, _) = ns.create(&root, ROOT, b"d", NewInode { kind: FileType::Directory, perm: 0o755, rdev: 0 }, b"", 1).unwrap();
+    let stable: Vec<String> = (0..500).map(|i| format!("stable.{i}")).collect();
+    for n in &stable {
+        ns.create(&root, d.ino, n.as_bytes(), file(), b"", 1).unwrap();
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let churners: Vec<_> = (0..2u64)
+        .map(|t| {
+            let (ns, stop) = (ns.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let root = Cred::root();
+                let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ t;
+                let mut changes = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    let a = format!("churn.{t}.{}", x % 300);
+                    let b = format!("churn.{t}.{}", (x >> 20) % 300);
+                    let _ = match (x >> 40) % 3 {
+                        0 => ns.create(&root, d.ino, a.as_bytes(), file(), b"", 2).map(drop),
+                        1 => ns.unlink(&root, d.ino, a.as_bytes(), 2).map(drop),
+                        _ => ns.rename(&root, (d.ino, a.as_bytes()), (d.ino, b.as_bytes()), RenameFlags::default(), 2).map(drop),
+                    };
+                    changes += 1;
+                }
+                changes
+            })
+        })
+        .collect();
+    for round in 0..200usize {
+        let page = [1, 2, 3, 7, 16, 64, 333][round % 7];
+        let mut seen: HashMap<Vec<u8>, usize> = HashMap::new();
+        let mut cookie = 0;
+        loop {
+            let batch = ns.readdir(&root, d.ino, cookie, page).unwrap();
+            assert!(batch.len() <= page);
+            for e in &batch {
+                *seen.entry(e.name.clone()).or_default() += 1;
+                assert!(e.cookie > cookie, "cookies move forward");
+            }
+            match batch.last() {
+                Some(last) => cookie = last.cookie,
+                None => break,
+            }
+        }
+        for n in &stable {
+            assert_eq!(seen.get(n.as_bytes()), Some(&1), "round {round} (page {page}): {n}");
+        }
+        if let Some((name, n)) = seen.iter().find(|(_, n)| **n > 1) {
+            panic!("round {round}: {} listed {n} times", String::from_utf8_lossy(name));
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    let changes: u64 = churners.into_iter().map(|c| c.join().unwrap()).sum();
+    assert!(changes > 1000, "the directory changed during the listings: {changes} changes");
+}
