@@ -17,7 +17,8 @@ fn file() -> NewInode {
 fn an_entry_present_throughout_a_listing_is_listed_exactly_once() {
     let ns = Arc::new(Namespace::new(42, 0));
     let root = Cred::root();
-    let (d, _) = ns.create(&root, ROOT, b"d", NewInode { kind: FileType::Directory, perm: 0o755, rdev: 0 }, b"", 1).unwrap();
+    let (d, _) =
+        ns.create(&root, ROOT, b"d", NewInode { kind: FileType::Directory, perm: 0o755, rdev: 0 }, b"", 1).unwrap();
     let stable: Vec<String> = (0..500).map(|i| format!("stable.{i}")).collect();
     for n in &stable {
         ns.create(&root, d.ino, n.as_bytes(), file(), b"", 1).unwrap();
@@ -39,7 +40,9 @@ fn an_entry_present_throughout_a_listing_is_listed_exactly_once() {
                     let _ = match (x >> 40) % 3 {
                         0 => ns.create(&root, d.ino, a.as_bytes(), file(), b"", 2).map(drop),
                         1 => ns.unlink(&root, d.ino, a.as_bytes(), 2).map(drop),
-                        _ => ns.rename(&root, (d.ino, a.as_bytes()), (d.ino, b.as_bytes()), RenameFlags::default(), 2).map(drop),
+                        _ => ns
+                            .rename(&root, (d.ino, a.as_bytes()), (d.ino, b.as_bytes()), RenameFlags::default(), 2)
+                            .map(drop),
                     };
                     changes += 1;
                 }

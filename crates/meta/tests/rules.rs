@@ -1,7 +1,9 @@
 //! Rules the random differential test reaches too rarely to guard: each
 //! named case, with the errno Linux gives.
 
-use interlock_meta::{Cred, Errno, FileType, Namespace, NewInode, ROOT, RenameFlags};
+mod common;
+
+use interlock_meta::{Cred, Errno, FileType, Namespace, NewInode, ROOT, RenameFlags, SetAttr, XattrMode};
 
 fn user() -> Cred {
     Cred { uid: 1000, gid: 1000, groups: vec![] }
@@ -43,4 +45,88 @@ fn renames_that_would_make_a_loop_are_refused() {
     assert_eq!(ns.rename(&root, (b.ino, b"d"), (ROOT, b"a"), flags, 5), Err(Errno::ENOTEMPTY));
     let swap = RenameFlags { exchange: true, ..flags };
     assert_eq!(ns.rename(&root, (b.ino, b"d"), (ROOT, b"a"), swap, 5), Err(Errno::EINVAL));
+}
+
+/// Bad input gets Linux's errno and changes nothing: names with `/` or
+/// NUL, empty or over 255 bytes, `.` and `..` as targets, xattrs over
+/// the limits, operations on a removed inode or in a removed directory, a
+/// file as a parent.
+#[test]
+fn bad_input_gets_its_errno_and_changes_nothing() {
+    let ns = Namespace::new(1, 0);
+    let root = Cred::root();
+    let (d, _) = ns.create(&root, ROOT, b"d", new(FileType::Directory, 0o755), b"", 1).unwrap();
+    let (f, _) = ns.create(&root, d.ino, b"f", new(FileType::Regular, 0o644), b"", 2).unwrap();
+    let (gone, _) = ns.create(&root, ROOT, b"gone", new(FileType::Regular, 0o644), b"", 3).unwrap();
+    ns.unlink(&root, ROOT, b"gone", 4).unwrap();
+    let (dead, _) = ns.create(&root, ROOT, b"dead", new(FileType::Directory, 0o755), b"", 5).unwrap();
+    ns.open(dead.ino).unwrap();
+    ns.rmdir(&root, ROOT, b"dead", 6).unwrap();
+    let long = vec![b'x'; 256];
+    let flags = RenameFlags::default();
+    let before = common::dump(&ns, &[dead.ino]);
+    let file = || new(FileType::Regular, 0o644);
+    let cases: Vec<(&str, Result<(), Errno>, Errno)> = vec![
+        ("slash in a name", ns.create(&root, ROOT, b"a/b", file(), b"", 9).map(drop), Errno::EINVAL),
+        ("NUL in a name", ns.create(&root, ROOT, b"a\0b", file(), b"", 9).map(drop), Errno::EINVAL),
+        ("empty name", ns.create(&root, ROOT, b"", file(), b"", 9).map(drop), Errno::EINVAL),
+        ("256-byte name", ns.create(&root, ROOT, &long, file(), b"", 9).map(drop), Errno::ENAMETOOLONG),
+        ("256-byte lookup", ns.lookup(&root, ROOT, &long).map(drop), Errno::ENAMETOOLONG),
+        ("create .", ns.create(&root, d.ino, b".", file(), b"", 9).map(drop), Errno::EEXIST),
+        ("mkdir ..", ns.create(&root, d.ino, b"..", new(FileType::Directory, 0o755), b"", 9).map(drop), Errno::EEXIST),
+        ("unlink .", ns.unlink(&root, d.ino, b".", 9).map(drop), Errno::EISDIR),
+        ("rmdir .", ns.rmdir(&root, d.ino, b".", 9).map(drop), Errno::EINVAL),
+        ("rmdir ..", ns.rmdir(&root, d.ino, b"..", 9).map(drop), Errno::ENOTEMPTY),
+        ("rename onto ..", ns.rename(&root, (d.ino, b"f"), (d.ino, b".."), flags, 9).map(drop), Errno::EBUSY),
+        ("link to .", ns.link(&root, f.ino, d.ino, b".", 9).map(drop), Errno::EEXIST),
+        ("rmdir of a file", ns.rmdir(&root, d.ino, b"f", 9).map(drop), Errno::ENOTDIR),
+        ("unlink of a directory", ns.unlink(&root, ROOT, b"d", 9).map(drop), Errno::EISDIR),
+        (
+            "rename both flags",
+            ns.rename(&root, (d.ino, b"f"), (d.ino, b"g"), RenameFlags { noreplace: true, exchange: true }, 9)
+                .map(drop),
+            Errno::EINVAL,
+        ),
+        (
+            "xattr value over 64 KiB",
+            ns.setxattr(&root, f.ino, b"user.v", &vec![0; 65_537], XattrMode::Any, 9).map(drop),
+            Errno::E2BIG,
+        ),
+        (
+            "xattr name over 255",
+            ns.setxattr(&root, f.ino, &[b"user.".as_slice(), &long].concat(), b"v", XattrMode::Any, 9).map(drop),
+            Errno::ERANGE,
+        ),
+        (
+            "xattr replace of nothing",
+            ns.setxattr(&root, f.ino, b"user.none", b"v", XattrMode::Replace, 9).map(drop),
+            Errno::ENODATA,
+        ),
+        (
+            "unknown xattr namespace",
+            ns.setxattr(&root, f.ino, b"bogus.v", b"v", XattrMode::Any, 9).map(drop),
+            Errno::EOPNOTSUPP,
+        ),
+        ("getattr of a removed inode", ns.getattr(gone.ino).map(drop), Errno::ENOENT),
+        (
+            "setattr of a removed inode",
+            ns.setattr(&root, gone.ino, &SetAttr { perm: Some(0o600), ..SetAttr::default() }, 9).map(drop),
+            Errno::ENOENT,
+        ),
+        ("link of a removed inode", ns.link(&root, gone.ino, ROOT, b"back", 9).map(drop), Errno::ENOENT),
+        ("create in a removed directory", ns.create(&root, dead.ino, b"x", file(), b"", 9).map(drop), Errno::ENOENT),
+        ("a file as a parent", ns.create(&root, f.ino, b"x", file(), b"", 9).map(drop), Errno::ENOTDIR),
+        ("listing a file", ns.readdir(&root, f.ino, 0, 10).map(drop), Errno::ENOTDIR),
+        ("readlink of a file", ns.readlink(f.ino).map(drop), Errno::EINVAL),
+        (
+            "truncate of a directory",
+            ns.setattr(&root, d.ino, &SetAttr { size: Some(0), ..SetAttr::default() }, 9).map(drop),
+            Errno::EISDIR,
+        ),
+        ("release of what is not open", ns.release(&root, f.ino).map(drop), Errno::EBADF),
+    ];
+    for (what, got, want) in cases {
+        assert_eq!(got, Err(want), "{what}");
+    }
+    assert_eq!(common::dump(&ns, &[dead.ino]), before, "nothing changed");
 }
