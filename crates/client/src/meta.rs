@@ -176,6 +176,23 @@ impl Client {
         self.done(cred, MetaOp::Release { ino }).await
     }
 
+    /// Up to `size` bytes of regular file `ino` from `offset` (fewer at
+    /// its end; at most 128 KiB a call).
+    pub async fn read(&self, cred: &Cred, ino: Ino, offset: u64, size: u32) -> Result<Vec<u8>, ClientError> {
+        self.bytes(cred, MetaOp::Read { ino, offset, size }).await
+    }
+
+    /// Writes `data` (at most 128 KiB a call) at `offset`; the file's
+    /// attributes after it.
+    pub async fn write(&self, cred: &Cred, ino: Ino, offset: u64, data: &[u8]) -> Result<Attr, ClientError> {
+        self.attr(cred, MetaOp::Write { ino, offset, data: data.to_vec() }).await
+    }
+
+    /// Makes the file's data, and every change made so far, durable.
+    pub async fn fsync(&self, cred: &Cred, ino: Ino) -> Result<(), ClientError> {
+        self.done(cred, MetaOp::Fsync { ino }).await
+    }
+
     async fn changelog(&self, op: ChangelogOp) -> Result<ChangelogReply, ClientError> {
         match self.request(Op::Changelog(op)).await? {
             Reply::Changelog(r) => Ok(r),

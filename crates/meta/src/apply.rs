@@ -100,6 +100,17 @@ impl Namespace {
                 }
                 i.ctime.store(*ctime, Relaxed);
             }
+            Mutation::Write { ino, size, perm, time } => {
+                let Ok(i) = self.inode(*ino) else { return };
+                if let Some(p) = perm {
+                    i.meta.lock().perm = *p;
+                }
+                if let Some(s) = size {
+                    i.size.store(*s, Relaxed);
+                }
+                i.mtime.store(*time, Relaxed);
+                i.ctime.store(*time, Relaxed);
+            }
             Mutation::SetXattr { ino, name, value, time } => {
                 let Ok(i) = self.inode(*ino) else { return };
                 {

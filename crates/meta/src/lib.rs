@@ -32,6 +32,7 @@
 mod access;
 mod apply;
 mod checkpoint;
+mod data;
 mod errno;
 pub mod fsck;
 mod inode;

@@ -78,6 +78,14 @@ pub enum Mutation {
         mtime: Option<Nanos>,
         ctime: Nanos,
     },
+    /// Data written: the new size if it grew, the setuid/setgid bits a
+    /// write by a non-root caller clears, and the time (mtime and ctime).
+    Write {
+        ino: Ino,
+        size: Option<u64>,
+        perm: Option<u32>,
+        time: Nanos,
+    },
     SetXattr {
         ino: Ino,
         name: Vec<u8>,

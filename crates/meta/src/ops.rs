@@ -322,6 +322,20 @@ impl Namespace {
     /// exclusive, so that the times its creators move forward and a time
     /// set here are logged in the order they are applied.
     pub fn setattr(&self, cred: &Cred, ino: Ino, set: &SetAttr, now: Nanos) -> Result<(Attr, Seq)> {
+        self.setattr_with(cred, ino, set, now, |_| Ok(()))
+    }
+
+    /// [`setattr`](Namespace::setattr), calling `resize` with a new size
+    /// after it is recorded and applied, still under the inode's lock (the
+    /// store truncates the data file there, so no write lands between).
+    pub fn setattr_with(
+        &self,
+        cred: &Cred,
+        ino: Ino,
+        set: &SetAttr,
+        now: Nanos,
+        resize: impl FnOnce(u64) -> Result<()>,
+    ) -> Result<(Attr, Seq)> {
         let i = self.inode(ino)?;
         let dirs: &[(&Inode, bool)] = if i.is_dir() { &[(&i, true)] } else { &[] };
         let _held = self.stripes.lock(dirs, &[Self::ino_lock(ino)]);
@@ -395,6 +409,60 @@ impl Namespace {
         let m =
             Mutation::SetAttr { ino, perm, uid, gid, size: set.size, atime: set.atime.map(resolve), mtime, ctime: now };
         let seq = self.commit(cred, &m)?;
+        if let Some(size) = set.size {
+            resize(size)?;
+        }
+        Ok((i.attr(), seq))
+    }
+
+    /// A regular file the caller may read (its owner always may, as an
+    /// NFS server lets the owner of a file it opened read it), and its
+    /// attributes. O(1) expected.
+    pub fn readable(&self, cred: &Cred, ino: Ino) -> Result<Attr> {
+        let i = self.inode(ino)?;
+        regular(&i)?;
+        let o = i.owner();
+        if cred.uid != o.uid {
+            access::check(cred, &o, access::READ)?;
+        }
+        Ok(i.attr())
+    }
+
+    /// Writes `len` bytes at `offset` of regular file `ino`: checks (write
+    /// permission, the owner always having it; the size limit), then
+    /// `put` writes the data, then the new size (if it grew) and times
+    /// are recorded, all under the inode's lock, so size and data agree.
+    /// A write by anyone but root clears setuid, and setgid if group
+    /// executable, as Linux's `file_remove_privs`. O(1) expected, plus
+    /// `put`.
+    pub fn write_with(
+        &self,
+        cred: &Cred,
+        ino: Ino,
+        (offset, len): (u64, u64),
+        now: Nanos,
+        put: impl FnOnce() -> Result<()>,
+    ) -> Result<(Attr, Seq)> {
+        let i = self.inode(ino)?;
+        let _held = self.stripes.lock(&[], &[Self::ino_lock(ino)]);
+        self.inode(ino)?;
+        regular(&i)?;
+        let o = i.owner();
+        if cred.uid != o.uid {
+            access::check(cred, &o, WRITE)?;
+        }
+        let end = offset.checked_add(len).filter(|&e| e <= FILE_SIZE_MAX).ok_or(Errno::EFBIG)?;
+        put()?;
+        let size = (end > i.size.load(Relaxed)).then_some(end);
+        let mut perm = None;
+        if !cred.is_root() {
+            let mut p = o.perm & !libc::S_ISUID;
+            if p & libc::S_IXGRP != 0 {
+                p &= !libc::S_ISGID;
+            }
+            perm = (p != o.perm).then_some(p);
+        }
+        let seq = self.commit(cred, &Mutation::Write { ino, size, perm, time: now })?;
         Ok((i.attr(), seq))
     }
 
@@ -486,6 +554,15 @@ impl Namespace {
             }
         }
         Ok(last)
+    }
+}
+
+/// Data operations work on regular files only.
+fn regular(i: &Inode) -> Result<()> {
+    match i.kind {
+        FileType::Regular => Ok(()),
+        FileType::Directory => Err(Errno::EISDIR),
+        _ => Err(Errno::EINVAL),
     }
 }
 

@@ -94,6 +94,7 @@ pub fn project(bytes: &[u8]) -> Result<Option<Record>, Error> {
             };
             record(t, *ctime, *ino, 0, b"")
         }
+        Mutation::Write { ino, time, .. } => record(RecordType::MTIME, *time, *ino, 0, b""),
         Mutation::SetXattr { ino, name, time, .. } | Mutation::RemoveXattr { ino, name, time } => {
             record(RecordType::XATTR, *time, *ino, 0, name)
         }

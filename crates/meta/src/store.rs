@@ -32,12 +32,13 @@ use interlock_journal::{Error, Options};
 use parking_lot::Mutex;
 
 use crate::checkpoint::{self, Written};
+use crate::data::Data;
 use crate::errno::{Errno, Result};
 use crate::log::{Log, Seq};
-use crate::mutation::Mutation;
+use crate::mutation::{Gone, Mutation};
 use crate::namespace::Namespace;
 use crate::record;
-use crate::types::{Cred, Ino, Nanos};
+use crate::types::{Attr, Cred, Ino, Nanos, SetAttr};
 
 /// How a store keeps its journal and changelog.
 #[derive(Clone, Debug, Default)]
@@ -45,6 +46,11 @@ pub struct StoreOptions {
     pub journal: Options,
     pub changelog: ChangelogOptions,
 }
+
+/// Inodes freed by records not yet durable: their data goes once the
+/// record is (a crash before leaves the data of an inode that still
+/// exists after replay).
+type Freed = Arc<Mutex<Vec<(Seq, Ino)>>>;
 
 /// What [`Store::open`] found.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -59,11 +65,17 @@ pub struct Opened {
     pub torn_bytes: Option<u64>,
     /// Entries whose inode does not exist: damage (`fsck` reports it).
     pub dangling: Vec<(Ino, Vec<u8>, Ino)>,
+    /// Data files removed (their inodes were freed) and cut (past their
+    /// file's size), left so by a crash.
+    pub data_removed: u64,
+    pub data_cut: u64,
 }
 
 /// The namespace, its journal and its changelog.
 pub struct Store {
     ns: Namespace,
+    data: Data,
+    freed: Freed,
     changelog: Arc<Changelog>,
     dir: PathBuf,
     /// One checkpoint at a time.
@@ -73,15 +85,28 @@ pub struct Store {
 }
 
 /// The journal, as the namespace's [`Log`].
-struct JournalLog(Arc<Changelog>);
+struct JournalLog {
+    changelog: Arc<Changelog>,
+    freed: Freed,
+}
 
 impl Log for JournalLog {
-    /// O(record) on the caller's thread, no lock (the journal's append).
+    /// O(record) on the caller's thread, no lock (the journal's append);
+    /// a record that frees an inode also notes it, for its data.
     fn record(&self, cred: &Cred, m: &Mutation) -> Result<Seq> {
-        self.0.journal().append(&record::encode(cred, m)).map_err(|e| {
+        let seq = self.changelog.journal().append(&record::encode(cred, m)).map_err(|e| {
             tracing::error!(error = %e, "journal append failed");
             Errno::EIO
-        })
+        })?;
+        let freed = match m {
+            Mutation::Remove { ino, gone: Gone::Freed, .. } | Mutation::Forget { ino } => Some(*ino),
+            Mutation::Rename { victim: Some(v), gone: Gone::Freed, exchange: false, .. } => Some(*v),
+            _ => None,
+        };
+        if let Some(ino) = freed {
+            self.freed.lock().push((seq, ino));
+        }
+        Ok(seq)
     }
 }
 
@@ -124,10 +149,16 @@ impl Store {
             return Err(Error::Corrupt { path: dir.to_path_buf(), offset: 0, what });
         }
         let dangling = ns.rebuild_counts();
+        let io = |e| Error::Io { path: dir.join("data"), source: e };
+        let data = Data::open(dir).map_err(io)?;
+        let (data_removed, data_cut) = data.reconcile(&ns).map_err(io)?;
         let changelog = Arc::new(changelog);
-        ns.set_log(Arc::new(JournalLog(changelog.clone())));
+        let freed = Freed::default();
+        ns.set_log(Arc::new(JournalLog { changelog: changelog.clone(), freed: freed.clone() }));
         let store = Store {
             ns,
+            data,
+            freed,
             changelog,
             dir: dir.to_path_buf(),
             checkpointing: Mutex::new(()),
@@ -137,7 +168,8 @@ impl Store {
             // The seed and the root reach the disk before any record.
             store.checkpoint()?;
         }
-        let opened = Opened { created, start, replayed, torn_bytes: recovery.torn_bytes, dangling };
+        let opened =
+            Opened { created, start, replayed, torn_bytes: recovery.torn_bytes, dangling, data_removed, data_cut };
         Ok((store, opened))
     }
 
@@ -154,6 +186,48 @@ impl Store {
             return Ok(());
         }
         self.changelog.journal().wait_durable(seq).map_err(|_| Errno::EIO)
+    }
+
+    /// `len` bytes of regular file `ino` from `offset` (fewer at its end).
+    pub fn read(&self, cred: &Cred, ino: Ino, offset: u64, len: usize) -> Result<Vec<u8>> {
+        let a = self.ns.readable(cred, ino)?;
+        self.data.read(ino, offset, len, a.size)
+    }
+
+    /// Writes `bytes` at `offset` of regular file `ino` (see
+    /// [`Namespace::write_with`]); the data reaches the disk at
+    /// [`fsync`](Store::fsync), the size and times with the record.
+    pub fn write(&self, cred: &Cred, ino: Ino, offset: u64, bytes: &[u8], now: Nanos) -> Result<(Attr, Seq)> {
+        self.ns.write_with(cred, ino, (offset, bytes.len() as u64), now, || self.data.write(ino, offset, bytes))
+    }
+
+    /// [`Namespace::setattr`], with the data file cut or extended to a
+    /// new size under the inode's lock.
+    pub fn setattr(&self, cred: &Cred, ino: Ino, set: &SetAttr, now: Nanos) -> Result<(Attr, Seq)> {
+        self.ns.setattr_with(cred, ino, set, now, |size| self.data.truncate(ino, size))
+    }
+
+    /// Makes `ino`'s data durable, and returns the [`Seq`] to wait for so
+    /// that its size and times (every record so far) are too.
+    pub fn fsync(&self, ino: Ino) -> Result<Seq> {
+        self.ns.getattr(ino)?;
+        self.data.sync(ino)?;
+        Ok(self.changelog.journal().next_index().saturating_sub(1))
+    }
+
+    /// Removes the data of inodes whose freeing record is durable. O(freed).
+    pub fn collect_freed(&self) -> usize {
+        let durable = self.changelog.journal().durable_end();
+        let ready: Vec<(Seq, Ino)> = {
+            let mut f = self.freed.lock();
+            let (ready, later) = std::mem::take(&mut *f).into_iter().partition(|(s, _)| *s < durable);
+            *f = later;
+            ready
+        };
+        for (_, ino) in &ready {
+            self.data.remove(*ino);
+        }
+        ready.len()
     }
 
     /// The changelog: the journal read through consumers.

@@ -12,15 +12,18 @@ fn new(kind: FileType) -> NewInode {
     NewInode { kind, perm: 0o755, rdev: 0 }
 }
 
-/// The bytes of every file in `dir`.
+/// The bytes of every file under `dir`, by path.
 fn files(dir: &std::path::Path) -> Vec<(String, Vec<u8>)> {
-    let mut out: Vec<_> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| {
-            let e = e.unwrap();
-            (e.file_name().to_string_lossy().into_owned(), std::fs::read(e.path()).unwrap())
-        })
-        .collect();
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap() {
+        let e = e.unwrap();
+        if e.file_type().unwrap().is_dir() {
+            let sub = files(&e.path());
+            out.extend(sub.into_iter().map(|(n, b)| (format!("{}/{n}", e.file_name().to_string_lossy()), b)));
+        } else {
+            out.push((e.file_name().to_string_lossy().into_owned(), std::fs::read(e.path()).unwrap()));
+        }
+    }
     out.sort();
     out
 }

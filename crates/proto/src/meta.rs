@@ -105,7 +105,30 @@ pub enum MetaOp {
     Release {
         ino: Ino,
     },
+    /// Up to `size` bytes of a regular file from `offset` (at most
+    /// [`MAX_DATA`]): [`MetaReply::Bytes`], short at the end of the file.
+    Read {
+        ino: Ino,
+        offset: u64,
+        size: u32,
+    },
+    /// Writes `data` (at most [`MAX_DATA`] bytes) at `offset`:
+    /// [`MetaReply::Attr`] with the new size.
+    Write {
+        ino: Ino,
+        offset: u64,
+        #[serde(with = "serde_bytes")]
+        data: Vec<u8>,
+    },
+    /// Makes the file's data and every change made so far durable.
+    Fsync {
+        ino: Ino,
+    },
 }
+
+/// The most data one `Read` or `Write` carries: a frame with room to
+/// spare.
+pub const MAX_DATA: usize = 128 << 10;
 
 /// One directory entry on the wire.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -15,7 +15,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use interlock_journal::changelog::{Consumer, Mask};
 use interlock_meta::{Cred, Errno, FileType, Ino, NewInode, Seq};
 use interlock_proto::Reply;
-use interlock_proto::meta::{ChangelogOp, ChangelogRecord, ChangelogReply, ConsumerInfo, Entry, MetaOp, MetaReply};
+use interlock_proto::meta::{
+    ChangelogOp, ChangelogRecord, ChangelogReply, ConsumerInfo, Entry, MAX_DATA, MetaOp, MetaReply,
+};
 
 use crate::{Inner, durable};
 
@@ -91,7 +93,7 @@ fn run(inner: &Inner, sid: u64, cred: &Cred, op: MetaOp) -> Result<(MetaReply, S
     Ok(match op {
         MetaOp::Lookup { parent, name } => (MetaReply::Attr(ns.lookup(cred, parent, &name)?), 0),
         MetaOp::Getattr { ino } => (MetaReply::Attr(ns.getattr(ino)?), 0),
-        MetaOp::Setattr { ino, set } => attr(ns.setattr(cred, ino, &set, now)?),
+        MetaOp::Setattr { ino, set } => attr(inner.store.setattr(cred, ino, &set, now)?),
         MetaOp::Create { parent, name, kind, perm, rdev, target } => {
             if kind == FileType::Symlink && target.is_empty() {
                 return Err(Errno::ENOENT);
@@ -127,6 +129,17 @@ fn run(inner: &Inner, sid: u64, cred: &Cred, op: MetaOp) -> Result<(MetaReply, S
             }
             done(ns.release(cred, ino)?)
         }
+        MetaOp::Read { ino, offset, size } => {
+            let len = (size as usize).min(MAX_DATA);
+            (MetaReply::Bytes(inner.store.read(cred, ino, offset, len)?), 0)
+        }
+        MetaOp::Write { ino, offset, data } => {
+            if data.len() > MAX_DATA {
+                return Err(Errno::EINVAL);
+            }
+            attr(inner.store.write(cred, ino, offset, &data, now)?)
+        }
+        MetaOp::Fsync { ino } => done(inner.store.fsync(ino)?),
     })
 }
 
@@ -216,9 +229,10 @@ fn read(inner: &Inner, who: &str, from: Option<u64>, max: u32, wait: Option<Dura
     }
 }
 
-/// The checkpointer's thread: a checkpoint every [`CHECKPOINT_EVERY`]
-/// records (which also purges the journal behind it and the slowest
-/// consumer), idle changelog consumers deregistered, and once the
+/// The checkpointer's thread: freed files' data removed once their
+/// records are durable, a checkpoint every [`CHECKPOINT_EVERY`] records
+/// (which also purges the journal behind it and the slowest consumer),
+/// idle changelog consumers deregistered, and once the
 /// recovery window is over, orphans nobody reopened freed. Runs until the
 /// server is gone.
 pub(crate) fn checkpointer(inner: std::sync::Weak<Inner>) {
@@ -228,6 +242,7 @@ pub(crate) fn checkpointer(inner: std::sync::Weak<Inner>) {
         std::thread::sleep(Duration::from_millis(500));
         let Some(server) = inner.upgrade() else { return };
         let store = &server.store;
+        store.collect_freed();
         if store.since_checkpoint() >= CHECKPOINT_EVERY
             && let Err(e) = store.checkpoint()
         {

@@ -1,0 +1,134 @@
+//! File data: one sparse local file per inode, under the store's
+//! `data/` (fanned out over 256 subdirectories by the inode number's low
+//! byte). Sparse files, files of many GiB and truncation up and down are
+//! the local file system's; the kernel's page cache serves reads. The
+//! namespace's record of a file's size is the truth: a read stops at it
+//! (bytes past the end of the data file read as zeros: a file truncated
+//! up, or a hole), and when the store opens, data past a file's size is
+//! cut off and data files of inodes that no longer exist are removed (a
+//! crash between a record and the data file's change leaves one of
+//! those, never anything else).
+//!
+//! Costs: a read or write is an `open` and one `pread`/`pwrite`, O(bytes);
+//! `fsync` is the data file's `fdatasync`.
+
+use std::fs::{File, OpenOptions};
+use std::io::ErrorKind;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use crate::errno::{Errno, Result};
+use crate::namespace::Namespace;
+use crate::types::Ino;
+
+pub(crate) struct Data {
+    dir: PathBuf,
+}
+
+/// An I/O error as the errno a file system returns.
+fn errno(e: std::io::Error) -> Errno {
+    Errno(e.raw_os_error().unwrap_or(libc::EIO))
+}
+
+impl Data {
+    pub fn open(store: &Path) -> std::io::Result<Data> {
+        let dir = store.join("data");
+        std::fs::create_dir_all(&dir)?;
+        Ok(Data { dir })
+    }
+
+    fn path(&self, ino: Ino) -> PathBuf {
+        self.dir.join(format!("{:02x}", ino & 0xff)).join(format!("{ino:016x}"))
+    }
+
+    fn file(&self, ino: Ino) -> Result<Option<File>> {
+        match File::open(self.path(ino)) {
+            Ok(f) => Ok(Some(f)),
+            Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(errno(e)),
+        }
+    }
+
+    /// `len` bytes from `offset` of a file of `size` bytes: fewer at its
+    /// end, zeros where no data was written.
+    pub fn read(&self, ino: Ino, offset: u64, len: usize, size: u64) -> Result<Vec<u8>> {
+        let len = size.saturating_sub(offset).min(len as u64) as usize;
+        let mut buf = vec![0u8; len];
+        let Some(f) = self.file(ino)? else { return Ok(buf) };
+        let mut done = 0;
+        while done < len {
+            match f.read_at(&mut buf[done..], offset + done as u64) {
+                Ok(0) => break, // past the data file's end: zeros
+                Ok(n) => done += n,
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) => return Err(errno(e)),
+            }
+        }
+        Ok(buf)
+    }
+
+    pub fn write(&self, ino: Ino, offset: u64, bytes: &[u8]) -> Result<()> {
+        let path = self.path(ino);
+        let open = |p: &Path| OpenOptions::new().write(true).create(true).truncate(false).open(p);
+        let f = match open(&path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == ErrorKind::NotFound => {
+                std::fs::create_dir_all(path.parent().expect("a fan-out directory")).map_err(errno)?;
+                open(&path).map_err(errno)?
+            }
+            Err(e) => return Err(errno(e)),
+        };
+        f.write_all_at(bytes, offset).map_err(errno)
+    }
+
+    /// Cuts or extends (sparsely) the data file to `size`, if it has one.
+    pub fn truncate(&self, ino: Ino, size: u64) -> Result<()> {
+        match OpenOptions::new().write(true).open(self.path(ino)) {
+            Ok(f) => f.set_len(size).map_err(errno),
+            Err(e) if e.kind() == ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(errno(e)),
+        }
+    }
+
+    /// The data is on disk (what `fsync` promises).
+    pub fn sync(&self, ino: Ino) -> Result<()> {
+        match self.file(ino)? {
+            Some(f) => f.sync_data().map_err(errno),
+            None => Ok(()),
+        }
+    }
+
+    pub fn remove(&self, ino: Ino) {
+        if let Err(e) = std::fs::remove_file(self.path(ino))
+            && e.kind() != ErrorKind::NotFound
+        {
+            tracing::warn!(ino, error = %e, "removing a freed file's data");
+        }
+    }
+
+    /// After replay: removes the data of inodes that do not exist, cuts
+    /// data past each file's size. O(data files). Returns (removed, cut).
+    pub fn reconcile(&self, ns: &Namespace) -> std::io::Result<(u64, u64)> {
+        let (mut removed, mut cut) = (0, 0);
+        for fan in std::fs::read_dir(&self.dir)? {
+            for entry in std::fs::read_dir(fan?.path())? {
+                let entry = entry?;
+                let Some(ino) = entry.file_name().to_str().and_then(|n| Ino::from_str_radix(n, 16).ok()) else {
+                    continue;
+                };
+                match ns.getattr(ino) {
+                    Err(_) => {
+                        std::fs::remove_file(entry.path())?;
+                        removed += 1;
+                    }
+                    Ok(a) if entry.metadata()?.len() > a.size => {
+                        OpenOptions::new().write(true).open(entry.path())?.set_len(a.size)?;
+                        cut += 1;
+                    }
+                    Ok(_) => {}
+                }
+            }
+        }
+        Ok((removed, cut))
+    }
+}

@@ -1,0 +1,114 @@
+//! File data against the kernel: random writes at any offset, truncates
+//! up and down, reads and restarts on two files of a store, and the same
+//! on two files in a tmpfs directory, must read back the same bytes at
+//! every step and in the end. And a freed file's data goes.
+
+use std::os::unix::fs::FileExt;
+
+use interlock_meta::{Cred, FileType, Ino, NewInode, ROOT, SetAttr, Store, StoreOptions};
+use proptest::prelude::*;
+
+#[derive(Clone, Debug)]
+enum Op {
+    Write(usize, u64, usize, u8),
+    Truncate(usize, u64),
+    Read(usize, u64, usize),
+    Reopen,
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    // Offsets up to a few 128 KiB pages, holes included; sizes across
+    // page boundaries.
+    let off = prop_oneof![0u64..5_000, 0u64..600_000, Just(4095u64), Just(131_072u64)];
+    prop_oneof![
+        4 => (0usize..2, off.clone(), 1usize..70_000, any::<u8>()).prop_map(|(f, o, l, b)| Op::Write(f, o, l, b)),
+        2 => (0usize..2, prop_oneof![0u64..700_000, Just(0u64)]).prop_map(|(f, s)| Op::Truncate(f, s)),
+        3 => (0usize..2, off, 1usize..200_000).prop_map(|(f, o, l)| Op::Read(f, o, l)),
+        1 => Just(Op::Reopen),
+    ]
+}
+
+fn kernel_read(f: &std::fs::File, off: u64, len: usize) -> Vec<u8> {
+    let size = f.metadata().unwrap().len();
+    let len = size.saturating_sub(off).min(len as u64) as usize;
+    let mut buf = vec![0u8; len];
+    f.read_exact_at(&mut buf, off).unwrap();
+    buf
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(
+        std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(64)))]
+
+    #[test]
+    fn data_reads_back_as_the_kernels_does(ops in prop::collection::vec(op(), 1..40)) {
+        let tmp = tempfile::tempdir().unwrap();
+        let shm = tempfile::tempdir_in("/dev/shm").unwrap();
+        let root = Cred::root();
+        let (mut store, _) = Store::open(tmp.path(), StoreOptions::default(), 1).unwrap();
+        let new = || NewInode { kind: FileType::Regular, perm: 0o644, rdev: 0 };
+        let inos: Vec<Ino> = (0..2)
+            .map(|i| store.ns().create(&root, ROOT, format!("f{i}").as_bytes(), new(), b"", 2).unwrap().0.ino)
+            .collect();
+        let kernel: Vec<std::fs::File> = (0..2)
+            .map(|i| std::fs::File::options().read(true).write(true).create(true).truncate(false).open(shm.path().join(format!("f{i}"))).unwrap())
+            .collect();
+        for (t, op) in ops.iter().enumerate() {
+            match *op {
+                Op::Write(f, off, len, b) => {
+                    let bytes = vec![b; len];
+                    let (a, seq) = store.write(&root, inos[f], off, &bytes, 10 + t as i64).unwrap();
+                    store.wait(seq).unwrap();
+                    kernel[f].write_all_at(&bytes, off).unwrap();
+                    prop_assert_eq!(a.size, kernel[f].metadata().unwrap().len(), "size after the write");
+                }
+                Op::Truncate(f, size) => {
+                    let set = SetAttr { size: Some(size), ..SetAttr::default() };
+                    let (_, seq) = store.setattr(&root, inos[f], &set, 10 + t as i64).unwrap();
+                    store.wait(seq).unwrap();
+                    kernel[f].set_len(size).unwrap();
+                }
+                Op::Read(f, off, len) => {
+                    let ours = store.read(&root, inos[f], off, len).unwrap();
+                    prop_assert!(ours == kernel_read(&kernel[f], off, len), "read {} bytes at {} of f{}", len, off, f);
+                }
+                Op::Reopen => {
+                    drop(store);
+                    store = Store::open(tmp.path(), StoreOptions::default(), 1).unwrap().0;
+                }
+            }
+        }
+        for f in 0..2 {
+            let size = kernel[f].metadata().unwrap().len();
+            prop_assert_eq!(store.ns().getattr(inos[f]).unwrap().size, size);
+            prop_assert!(store.read(&root, inos[f], 0, size as usize + 10).unwrap() == kernel_read(&kernel[f], 0, size as usize + 10), "f{} in the end", f);
+        }
+    }
+}
+
+fn data_files(dir: &std::path::Path) -> usize {
+    std::fs::read_dir(dir.join("data")).unwrap().map(|d| std::fs::read_dir(d.unwrap().path()).unwrap().count()).sum()
+}
+
+/// A file's data goes once the record that frees it is durable; if the
+/// store stops first, the next start removes it.
+#[test]
+fn a_freed_files_data_goes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = Cred::root();
+    let new = || NewInode { kind: FileType::Regular, perm: 0o644, rdev: 0 };
+    let (store, _) = Store::open(tmp.path(), StoreOptions::default(), 1).unwrap();
+    for (i, name) in [b"a", b"b"].iter().enumerate() {
+        let (f, _) = store.ns().create(&root, ROOT, *name, new(), b"", 2).unwrap();
+        store.write(&root, f.ino, 1 << 30, b"far out", 3).unwrap();
+        assert_eq!(store.ns().getattr(f.ino).unwrap().size, (1 << 30) + 7, "a sparse file of a GiB ({i})");
+    }
+    assert_eq!(data_files(tmp.path()), 2);
+    store.wait(store.ns().unlink(&root, ROOT, b"a", 4).unwrap()).unwrap();
+    assert_eq!(store.collect_freed(), 1);
+    assert_eq!(data_files(tmp.path()), 1);
+    store.ns().unlink(&root, ROOT, b"b", 5).unwrap();
+    drop(store);
+    let (_, opened) = Store::open(tmp.path(), StoreOptions::default(), 6).unwrap();
+    assert_eq!((opened.data_removed, data_files(tmp.path())), (1, 0));
+}
