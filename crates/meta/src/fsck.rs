@@ -89,23 +89,7 @@ pub fn check_dir(dir: &Path) -> Result<Report, Error> {
         return Err(Error::Invalid(format!("{}: no namespace checkpoint (meta.ckpt) here", dir.display())));
     };
     let ns = loaded.ns;
-    let mut replayed = 0;
-    let mut bad = None;
-    interlock_journal::read_dir(dir, loaded.start, |index, bytes| {
-        if bad.is_some() {
-            return;
-        }
-        match record::decode(bytes) {
-            Ok(r) => {
-                ns.apply(&r.m);
-                replayed += 1;
-            }
-            Err(e) => bad = Some(format!("record {index}: {e}")),
-        }
-    })?;
-    if let Some(what) = bad {
-        return Err(Error::Corrupt { path: dir.to_path_buf(), offset: 0, what });
-    }
+    let replayed = record::replay(&ns, dir, |apply| interlock_journal::read_dir(dir, loaded.start, apply))?;
     let mut report = ns.check();
     report.start = loaded.start;
     report.replayed = replayed;

@@ -5,11 +5,14 @@
 //! with Lustre's record type (`01CREAT`, `06UNLNK`, `08RENME`, …) and
 //! fields.
 
+use std::path::Path;
+
 use interlock_journal::Error;
 use interlock_journal::changelog::{Record, RecordType, RenameSource};
 use serde::{Deserialize, Serialize};
 
 use crate::mutation::{Gone, Mutation};
+use crate::namespace::Namespace;
 use crate::types::{Cred, FileType, Nanos};
 
 /// Lustre's `CLF_UNLINK_LAST` (and `CLF_RENAME_LAST`): the removal took
@@ -39,6 +42,35 @@ pub(crate) fn encode(cred: &Cred, m: &Mutation) -> Vec<u8> {
 
 pub(crate) fn decode(bytes: &[u8]) -> Result<Read, Error> {
     postcard::from_bytes(bytes).map_err(|e| Error::Invalid(format!("not a namespace record: {e}")))
+}
+
+/// Applies to `ns`, in order, every record that `read` hands to the
+/// function it is given (a journal's read from the replay start); the
+/// number applied. A record that does not decode is corruption of the
+/// store in `dir`. O(records).
+pub(crate) fn replay(
+    ns: &Namespace,
+    dir: &Path,
+    read: impl FnOnce(&mut dyn FnMut(u64, &[u8])) -> Result<usize, Error>,
+) -> Result<u64, Error> {
+    let mut replayed = 0;
+    let mut bad = None;
+    read(&mut |index, bytes| {
+        if bad.is_some() {
+            return;
+        }
+        match decode(bytes) {
+            Ok(r) => {
+                ns.apply(&r.m);
+                replayed += 1;
+            }
+            Err(e) => bad = Some(format!("record {index}: {e}")),
+        }
+    })?;
+    match bad {
+        Some(what) => Err(Error::Corrupt { path: dir.to_path_buf(), offset: 0, what }),
+        None => Ok(replayed),
+    }
 }
 
 /// The changelog record a journal record stands for (`None` for

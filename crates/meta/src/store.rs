@@ -131,23 +131,7 @@ impl Store {
                 what: format!("replay must start at {start}, but the journal starts at {}", recovery.first),
             });
         }
-        let mut replayed = 0;
-        let mut bad = None;
-        changelog.journal().read(start, usize::MAX, |index, bytes| {
-            if bad.is_some() {
-                return;
-            }
-            match record::decode(bytes) {
-                Ok(r) => {
-                    ns.apply(&r.m);
-                    replayed += 1;
-                }
-                Err(e) => bad = Some(format!("record {index}: {e}")),
-            }
-        })?;
-        if let Some(what) = bad {
-            return Err(Error::Corrupt { path: dir.to_path_buf(), offset: 0, what });
-        }
+        let replayed = record::replay(&ns, dir, |apply| changelog.journal().read(start, usize::MAX, apply))?;
         let dangling = ns.rebuild_counts();
         let io = |e| Error::Io { path: dir.join("data"), source: e };
         let data = Data::open(dir).map_err(io)?;
