@@ -9,7 +9,9 @@
 
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, Ordering::Relaxed};
 
-use parking_lot::{Mutex, RwLock};
+use parking_lot::Mutex;
+
+use crate::sync::RwLock;
 
 use crate::access::Owner;
 use crate::types::{Attr, DIRENT_SIZE, FileType, Ino, Nanos};

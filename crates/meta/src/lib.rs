@@ -43,6 +43,7 @@ mod namespace;
 mod ops;
 mod record;
 mod store;
+mod sync;
 mod types;
 
 pub use checkpoint::Written;
