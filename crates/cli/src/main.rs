@@ -30,7 +30,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Run the lock server: cluster-wide locks over TCP, with leases.
+    /// Run the server: cluster-wide locks with leases, and the shared
+    /// namespace (files, directories, data, changelog) over TCP.
     Serve(remote::serve::ServeArgs),
     /// Hold a cluster-wide lock while a command runs (like flock(1)).
     ///
@@ -51,7 +52,7 @@ enum Command {
     /// command sees the lock's fencing token in INTERLOCK_FENCE.
     Lock(remote::lock::LockArgs),
     /// Live counters of a server: sessions, resources, locks, waiters,
-    /// request rate.
+    /// request rate, inodes, journal, changelog consumers.
     Status(remote::status::StatusArgs),
     /// End a session at once, as if its lease had run out: its locks are
     /// released and its waits withdrawn (force a dead client out; find its
