@@ -194,7 +194,7 @@ impl Namespace {
     /// Recounts every link and entry count from the entries, points each
     /// directory at the directory that names it, and frees inodes that
     /// nothing names and that are not orphans. Run after replay, before
-    /// the namespace serves. O(n). Returns the entries whose inode does
+    /// the namespace serves. O(n), over every core. Returns the entries whose inode does
     /// not exist (none, in a namespace that is not damaged): they are
     /// left in place for `fsck` to report.
     pub fn rebuild_counts(&self) -> Vec<(Ino, Vec<u8>, Ino)> {
@@ -209,27 +209,29 @@ impl Namespace {
             }
             true
         });
-        let mut dangling = Vec::new();
-        let guard = scc::Guard::new();
-        for (k, &ino) in self.entries.iter(&guard) {
-            let (Ok(p), Ok(c)) = (self.inode(k.parent), self.inode(ino)) else {
-                dangling.push((k.parent, k.name.to_vec(), ino));
-                continue;
-            };
-            if let Some(pd) = &p.dir {
-                pd.entries.fetch_add(1, Relaxed);
+        // The entries are counted in parallel, a range of parent
+        // directories per core (the counts are atomic). Each thread walks
+        // the whole index and takes its own parents: scc's bounded `range`
+        // was 60 times slower for these splits (24 s instead of 0.4 s at
+        // 550k entries), and a walk costs little beside the counting.
+        let parts = std::thread::available_parallelism().map_or(1, |n| n.get()).clamp(1, 8) as u64;
+        let top = self.next_ino.load(Relaxed);
+        let dangling = parking_lot::Mutex::new(Vec::new());
+        std::thread::scope(|s| {
+            for part in 0..parts {
+                let dangling = &dangling;
+                s.spawn(move || {
+                    let (from, to) = (top * part / parts, top * (part + 1) / parts);
+                    let guard = scc::Guard::new();
+                    for (k, &ino) in self.entries.iter(&guard) {
+                        if (from..to).contains(&k.parent) || (part + 1 == parts && k.parent >= to) {
+                            self.count_entry(k, ino, dangling);
+                        }
+                    }
+                });
             }
-            match &c.dir {
-                Some(d) => {
-                    p.nlink.fetch_add(1, Relaxed);
-                    d.parent.store(k.parent, Relaxed);
-                    d.dead.store(false, Relaxed);
-                }
-                None => {
-                    c.nlink.fetch_add(1, Relaxed);
-                }
-            }
-        }
+        });
+        let dangling = dangling.into_inner();
         self.inodes.retain_sync(|_, i| {
             let named = match &i.dir {
                 Some(d) => !d.dead.load(Relaxed),
@@ -241,6 +243,27 @@ impl Namespace {
             named || i.orphan.load(Relaxed)
         });
         dangling
+    }
+
+    /// One entry's share of [`rebuild_counts`](Namespace::rebuild_counts).
+    fn count_entry(&self, k: &Key, ino: Ino, dangling: &parking_lot::Mutex<Vec<(Ino, Vec<u8>, Ino)>>) {
+        let (Ok(p), Ok(c)) = (self.inode(k.parent), self.inode(ino)) else {
+            dangling.lock().push((k.parent, k.name.to_vec(), ino));
+            return;
+        };
+        if let Some(pd) = &p.dir {
+            pd.entries.fetch_add(1, Relaxed);
+        }
+        match &c.dir {
+            Some(d) => {
+                p.nlink.fetch_add(1, Relaxed);
+                d.parent.store(k.parent, Relaxed);
+                d.dead.store(false, Relaxed);
+            }
+            None => {
+                c.nlink.fetch_add(1, Relaxed);
+            }
+        }
     }
 
     /// The range of keys of directory `dir`'s entries.

@@ -18,7 +18,8 @@
 //! before it. It is written to a temporary file, synced, renamed over the
 //! old one and the directory synced, so a crash leaves the old checkpoint
 //! or the new one, never a mix. Costs: O(n) to write and to load, for n
-//! inodes and entries; the pause before the walk is O(stripes), not O(n).
+//! inodes and entries (loading decodes on one thread and inserts on
+//! another); the pause before the walk is O(stripes), not O(n).
 
 use std::fs::File;
 use std::io::{BufReader, BufWriter, Read, Write};
@@ -37,6 +38,8 @@ use crate::types::{FileType, Ino, Nanos};
 pub const FILE: &str = "meta.ckpt";
 const MAGIC: &[u8; 8] = b"ILNSCKP1";
 const VERSION: u32 = 1;
+/// Items handed from the reading thread to the inserting one at a time.
+const BATCH: usize = 4096;
 
 #[derive(Serialize, Deserialize)]
 enum Item {
@@ -121,6 +124,8 @@ pub struct Written {
     pub inodes: u64,
     pub entries: u64,
     pub bytes: u64,
+    /// How long changes were held back while the start was chosen.
+    pub pause: std::time::Duration,
 }
 
 /// A writer that counts and checksums what passes.
@@ -195,7 +200,7 @@ pub fn write(
     durable()?;
     std::fs::rename(&tmp, &path).map_err(|e| io_error(&path, e))?;
     sync_dir(dir)?;
-    Ok(Written { start, inodes, entries, bytes: out.bytes + 4 })
+    Ok(Written { start, inodes, entries, bytes: out.bytes + 4, pause: std::time::Duration::ZERO })
 }
 
 fn io_error(path: &Path, source: std::io::Error) -> Error {
@@ -238,26 +243,44 @@ pub fn load(dir: &Path) -> Result<Option<Loaded>, Error> {
     }
     let ns = Namespace::empty(seed);
     ns.next_ino.store(next_ino, Relaxed);
-    let (mut inodes, mut entries) = (0u64, 0u64);
-    loop {
-        match r.item(&mut buf)? {
-            Item::Inode(img) => {
-                inodes += 1;
-                ns.inodes.upsert_sync(img.ino, Arc::new(img.into_inode()));
+    // This thread reads and decodes; another inserts, in batches.
+    let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<Item>>(8);
+    std::thread::scope(|s| {
+        let ns = &ns;
+        s.spawn(move || {
+            for item in rx.into_iter().flatten() {
+                match item {
+                    Item::Inode(img) => {
+                        ns.inodes.upsert_sync(img.ino, Arc::new(img.into_inode()));
+                    }
+                    Item::Entry { parent, name, ino } => ns.entries.upsert_sync(ns.key(parent, &name), ino),
+                    Item::Header { .. } | Item::End { .. } => {}
+                }
             }
-            Item::Entry { parent, name, ino } => {
-                entries += 1;
-                ns.entries.upsert_sync(ns.key(parent, &name), ino);
-            }
-            Item::End { inodes: i, entries: e } => {
-                if (i, e) != (inodes, entries) {
+        });
+        let (mut inodes, mut entries) = (0u64, 0u64);
+        let mut batch = Vec::with_capacity(BATCH);
+        loop {
+            let item = r.item(&mut buf)?;
+            match &item {
+                Item::Inode(_) => inodes += 1,
+                Item::Entry { .. } => entries += 1,
+                Item::End { inodes: i, entries: e } if (*i, *e) != (inodes, entries) => {
                     return Err(r.corrupt(&format!("counts {inodes}/{entries}, end says {i}/{e}")));
                 }
-                break;
+                Item::End { .. } => break,
+                Item::Header { .. } => return Err(r.corrupt("a second header")),
             }
-            Item::Header { .. } => return Err(r.corrupt("a second header")),
+            batch.push(item);
+            if batch.len() == BATCH {
+                // The inserter ends only when this sender goes.
+                let _ = tx.send(std::mem::replace(&mut batch, Vec::with_capacity(BATCH)));
+            }
         }
-    }
+        let _ = tx.send(batch);
+        drop(tx);
+        Ok(())
+    })?;
     let want = r.crc;
     let mut crc = [0u8; 4];
     r.inner.read_exact(&mut crc).map_err(|e| io_error(&path, e))?;

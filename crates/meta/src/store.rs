@@ -227,9 +227,12 @@ impl Store {
     pub fn checkpoint(&self) -> std::result::Result<Written, Error> {
         let _one = self.checkpointing.lock();
         let journal = self.changelog.journal();
+        let paused = std::time::Instant::now();
         let start = self.ns.stripes.quiesce(|| journal.next_index());
-        let written =
+        let pause = paused.elapsed();
+        let mut written =
             checkpoint::write(&self.ns, start, &self.dir, || journal.wait_for(journal.next_index(), None).map(drop))?;
+        written.pause = pause;
         self.changelog.set_checkpoint(start - 1)?;
         self.checkpoint_start.store(start, std::sync::atomic::Ordering::Relaxed);
         Ok(written)

@@ -5,7 +5,8 @@
 //! else runs and while creators go on (its pause and its time); makes
 //! `--after` more files behind it, as a journal to replay; drops the
 //! store as a `kill -9` after the last acknowledgement would; and times
-//! the restart (load the checkpoint, replay, recount links).
+//! the restart (load the checkpoint, replay, recount links). A
+//! checkpoint row shows how long changes were held back (`pause us`).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -42,6 +43,7 @@ const COLUMNS: &[(&str, &str)] = &[
     ("heap B/file", "heap_bytes_per_file"),
     ("rss B/file", "rss_bytes_per_file"),
     ("MB", "megabytes"),
+    ("pause us", "pause_us"),
     ("replayed", "replayed"),
 ];
 
@@ -151,6 +153,7 @@ pub fn run(args: Args) -> Result<(), String> {
     let written = store.checkpoint().map_err(|e| e.to_string())?;
     let mut r = row("checkpoint", written.inodes, t.elapsed().as_secs_f64());
     r.insert("megabytes".into(), json!(written.bytes as f64 / 1e6));
+    r.insert("pause_us".into(), json!(written.pause.as_micros() as u64));
     report.row(r);
 
     // A checkpoint while creators go on: how long it takes, and what they
@@ -163,6 +166,7 @@ pub fn run(args: Args) -> Result<(), String> {
     })?;
     let mut r = row("checkpoint-under-load", busy.inodes, t.elapsed().as_secs_f64());
     r.insert("megabytes".into(), json!(busy.bytes as f64 / 1e6));
+    r.insert("pause_us".into(), json!(busy.pause.as_micros() as u64));
     report.row(r);
 
     drop(store);

@@ -12,7 +12,7 @@ use interlock_client::{Client, ClientError};
 use interlock_journal::changelog::{Mask, Record, RecordType, RenameSource};
 use serde_json::json;
 
-use super::{ServerArgs, runtime, status_of};
+use super::{ServerArgs, failed, runtime};
 use crate::journal_cmd::line;
 
 #[derive(clap::Args)]
@@ -75,14 +75,7 @@ pub fn changelog(args: ChangelogArgs) -> ExitCode {
         };
         match result.await {
             Ok(()) => ExitCode::SUCCESS,
-            Err(ClientError::Server(e)) => {
-                eprintln!("interlock changelog: {e}");
-                ExitCode::FAILURE
-            }
-            Err(e) => {
-                eprintln!("interlock changelog: {e}");
-                ExitCode::from(status_of(&e))
-            }
+            Err(e) => failed("changelog", &e),
         }
     })
 }

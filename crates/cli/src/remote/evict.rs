@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use interlock_client::{Client, ClientError};
 
-use super::{ServerArgs, runtime, status_of};
+use super::{ServerArgs, failed, runtime};
 
 #[derive(clap::Args)]
 pub struct EvictArgs {
@@ -30,14 +30,7 @@ pub fn evict(args: EvictArgs) -> ExitCode {
                 println!("session {} ended: its locks are released, its waits withdrawn", args.session);
                 ExitCode::SUCCESS
             }
-            Err(ClientError::Server(e)) => {
-                eprintln!("interlock evict: {e}");
-                ExitCode::FAILURE
-            }
-            Err(e) => {
-                eprintln!("interlock evict: {e}");
-                ExitCode::from(status_of(&e))
-            }
+            Err(e) => failed("evict", &e),
         }
     })
 }

@@ -69,6 +69,17 @@ pub fn status_of(e: &ClientError) -> u8 {
     }
 }
 
+/// Reports a failed operator command (`interlock CMD: ...`): 1 for what
+/// the server refused (no such session, consumer, …), else as
+/// [`status_of`].
+pub fn failed(cmd: &str, e: &ClientError) -> std::process::ExitCode {
+    eprintln!("interlock {cmd}: {e}");
+    match e {
+        ClientError::Server(_) => std::process::ExitCode::FAILURE,
+        e => std::process::ExitCode::from(status_of(e)),
+    }
+}
+
 pub fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime")
 }
