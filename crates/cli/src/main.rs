@@ -51,6 +51,17 @@ enum Command {
     /// 126 if the command cannot be run, 127 if it is not found. The
     /// command sees the lock's fencing token in INTERLOCK_FENCE.
     Lock(remote::lock::LockArgs),
+    /// Mount the shared tree (FUSE): ordinary programs share its files
+    /// and their fcntl, OFD and flock locks with every other mount.
+    ///
+    /// Needs root and /dev/fuse (Debian package fuse3 for fusermount3).
+    /// The mount serves every user of the machine; the server checks each
+    /// operation with the calling process's uid, gid and groups. Stays in
+    /// the foreground until unmounted (fusermount3 -u MOUNTPOINT, umount,
+    /// Ctrl-C or SIGTERM). Exit status: 0 unmounted; 2 a usage error or a
+    /// bad mount point; 69 the server cannot be reached or the mount
+    /// failed; 77 not root, or the token was refused.
+    Mount(remote::mount::MountArgs),
     /// Live counters of a server: sessions, resources, locks, waiters,
     /// request rate, inodes, journal, changelog consumers.
     Status(remote::status::StatusArgs),
@@ -109,6 +120,7 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Serve(args) => remote::serve::serve(args),
         Command::Lock(args) => remote::lock::lock(args),
+        Command::Mount(args) => remote::mount::mount(args),
         Command::Status(args) => remote::status::status(args),
         Command::Evict(args) => remote::evict::evict(args),
         Command::TlsInit(args) => match tls_init::run(args) {

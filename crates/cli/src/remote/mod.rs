@@ -1,11 +1,12 @@
 //! The commands that talk to a server (`serve`, `lock`, `status`, `evict`,
-//! `changelog`)
+//! `changelog`, `mount`)
 //! and what they share: where the server is, the token, the runtime, and
 //! how a client error becomes an exit status.
 
 pub mod changelog;
 pub mod evict;
 pub mod lock;
+pub mod mount;
 pub mod serve;
 pub mod status;
 

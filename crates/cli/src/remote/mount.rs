@@ -1,0 +1,208 @@
+//! `interlock mount MOUNTPOINT`: the shared tree as a local file system.
+//!
+//! Stays in the foreground until unmounted (`fusermount3 -u`, `umount`,
+//! Ctrl-C or SIGTERM, which unmount). `--background` starts the same
+//! command detached and returns once the mount is live: a new process
+//! rather than a fork, as forking a process with threads is unsafe.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode, Stdio};
+use std::time::{Duration, Instant};
+
+use interlock_client::Client;
+use interlock_fs::{Config, MountError, MountOptions};
+use tokio::signal::unix::{SignalKind, signal};
+
+use super::{ServerArgs, runtime, serve::init_logging, status_of};
+use crate::exit;
+
+/// Set in the detached child of `--background`.
+const DETACHED: &str = "INTERLOCK_MOUNT_DETACHED";
+
+#[derive(clap::Args)]
+pub struct MountArgs {
+    /// Where to mount: an existing directory nothing is mounted on.
+    mountpoint: PathBuf,
+    /// Mount options, comma-separated: `ro` (read-only), `rw` (the
+    /// default), `entry_timeout=SECS` and `attr_timeout=SECS` (how long
+    /// the kernel may keep names and attributes; default 1, 0 to ask the
+    /// server every time). File data is never cached.
+    #[arg(short = 'o', value_name = "OPTIONS")]
+    options: Vec<String>,
+    /// Detach once the mount is live (logs are dropped unless
+    /// --log-file).
+    #[arg(long)]
+    background: bool,
+    /// With --background: append the mount's log here.
+    #[arg(long, value_name = "FILE", requires = "background")]
+    log_file: Option<PathBuf>,
+    #[command(flatten)]
+    server: ServerArgs,
+}
+
+/// `-o` options into a mount configuration.
+fn config(args: &MountArgs) -> Result<Config, String> {
+    let mut cfg = Config { mountpoint: args.mountpoint.clone(), options: MountOptions::default(), ..Config::default() };
+    for opt in args.options.iter().flat_map(|o| o.split(',')).filter(|o| !o.is_empty()) {
+        let secs = |v: &str| {
+            v.parse::<f64>()
+                .ok()
+                .filter(|s| s.is_finite() && *s >= 0.0 && *s <= 3600.0)
+                .map(Duration::from_secs_f64)
+                .ok_or_else(|| format!("-o {opt}: want seconds from 0 to 3600"))
+        };
+        match opt.split_once('=') {
+            None if opt == "ro" => cfg.options.read_only = true,
+            None if opt == "rw" => cfg.options.read_only = false,
+            Some(("entry_timeout", v)) => cfg.entry_timeout = secs(v)?,
+            Some(("attr_timeout", v)) => cfg.attr_timeout = secs(v)?,
+            _ => {
+                return Err(format!(
+                    "unknown mount option {opt:?} (known: ro, rw, entry_timeout=SECS, attr_timeout=SECS)"
+                ));
+            }
+        }
+    }
+    Ok(cfg)
+}
+
+pub fn mount(args: MountArgs) -> ExitCode {
+    let cfg = match config(&args) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("interlock mount: {e}");
+            return ExitCode::from(exit::USAGE);
+        }
+    };
+    if args.background && std::env::var_os(DETACHED).is_none() {
+        return detach(&args);
+    }
+    if std::env::var_os(DETACHED).is_some() {
+        // Out of the caller's session: its terminal closing is no signal
+        // to us.
+        let _ = nix::unistd::setsid();
+    }
+    init_logging();
+    runtime().block_on(async move {
+        let options = match args.server.options() {
+            Ok(o) => o,
+            Err(e) => {
+                eprintln!("interlock mount: {e}");
+                return ExitCode::from(exit::USAGE);
+            }
+        };
+        let client = match Client::connect(&args.server.server, options).await {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("interlock mount: {e}");
+                return ExitCode::from(status_of(&e));
+            }
+        };
+        run(client, &cfg).await
+    })
+}
+
+async fn run(client: Client, cfg: &Config) -> ExitCode {
+    let mounted = match interlock_fs::mount(client, cfg) {
+        Ok(m) => m,
+        Err(e) => {
+            eprintln!("interlock mount: {e}");
+            return ExitCode::from(match e {
+                MountError::NotRoot => exit::AUTH,
+                MountError::MountPoint(..) => exit::USAGE,
+                _ => exit::UNAVAILABLE,
+            });
+        }
+    };
+    let path = std::fs::canonicalize(&cfg.mountpoint).unwrap_or_else(|_| cfg.mountpoint.clone());
+    tracing::info!(mountpoint = %path.display(), "mounted");
+    let (Ok(mut int), Ok(mut term)) = (signal(SignalKind::interrupt()), signal(SignalKind::terminate())) else {
+        eprintln!("interlock mount: cannot handle signals");
+        let _ = interlock_fs::unmount(&path);
+        return ExitCode::FAILURE;
+    };
+    let serving = mounted.serve();
+    tokio::pin!(serving);
+    let done = tokio::select! {
+        r = &mut serving => r,
+        _ = int.recv() => unmount_then(&path, serving).await,
+        _ = term.recv() => unmount_then(&path, serving).await,
+    };
+    match done {
+        Ok(()) => {
+            tracing::info!(mountpoint = %path.display(), "unmounted");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("interlock mount: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Unmounts, then lets the session see the end.
+async fn unmount_then(
+    path: &Path,
+    serving: impl std::future::Future<Output = std::io::Result<()>>,
+) -> std::io::Result<()> {
+    tracing::info!(mountpoint = %path.display(), "unmounting");
+    interlock_fs::unmount(path).map_err(std::io::Error::from)?;
+    serving.await
+}
+
+/// Starts this command again, detached, and waits until its mount is
+/// live (or it failed).
+fn detach(args: &MountArgs) -> ExitCode {
+    let me = match std::env::current_exe() {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("interlock mount: cannot find this program: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let log = match &args.log_file {
+        Some(f) => match std::fs::OpenOptions::new().create(true).append(true).open(f) {
+            Ok(f) => Stdio::from(f),
+            Err(e) => {
+                eprintln!("interlock mount: log file {}: {e}", f.display());
+                return ExitCode::from(exit::USAGE);
+            }
+        },
+        None => Stdio::null(),
+    };
+    let argv: Vec<_> = std::env::args_os().skip(1).collect();
+    let mut child = match Command::new(me)
+        .args(argv)
+        .env(DETACHED, "1")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+    {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("interlock mount: cannot start the mount process: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let path = std::fs::canonicalize(&args.mountpoint).unwrap_or_else(|_| args.mountpoint.clone());
+    let until = Instant::now() + Duration::from_secs_f64(args.server.connect_timeout + 10.0);
+    loop {
+        if interlock_fs::is_mounted(&path) {
+            println!("interlock: mounted at {} (pid {})", path.display(), child.id());
+            return ExitCode::SUCCESS;
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            eprintln!("interlock mount: the mount process ended ({status}) before the mount was live; see --log-file");
+            return ExitCode::from(status.code().map_or(1, |c| c as u8));
+        }
+        if Instant::now() > until {
+            eprintln!(
+                "interlock mount: the mount was not live in time; it goes on in the background (pid {})",
+                child.id()
+            );
+            return ExitCode::from(exit::UNAVAILABLE);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}

@@ -1,0 +1,95 @@
+//! interlock mount: a FUSE file system over the interlock client, where
+//! unmodified programs share files and cluster-wide fcntl, OFD and flock
+//! locks.
+//!
+//! # Design
+//!
+//! - [`abi`]: the kernel protocol (`linux/fuse.h`), parsed and encoded by
+//!   hand; no FUSE crate gave flock, interruptible blocking locks and
+//!   answers from any task together (see `docs/dependencies.md`).
+//! - [`mountpoint`]: mount(2) of `/dev/fuse` and the unmount.
+//! - [`session`]: one thread reads requests; each runs as a task on the
+//!   client's runtime and answers when done, so requests overlap and a
+//!   blocked lock holds no thread. `FUSE_INTERRUPT` withdraws a blocked
+//!   lock at the server.
+//! - `ops`: requests → client calls; the server checks permissions with
+//!   the caller's uid, gid and supplementary groups (`creds`).
+//! - `locks`: the kernel's lock owners → the client's owners; what
+//!   `FUSE_FLUSH` and `FUSE_RELEASE` release.
+//! - `handles`: open files.
+//!
+//! Node ids are inode numbers (the root is 1 in both; inode numbers are
+//! never reused, so no generation is needed and `FORGET` needs no work).
+//!
+//! What is cached: names and attributes for the mount's `entry_timeout`
+//! and `attr_timeout` (1 s by default, as libfuse's); attributes are
+//! dropped at every open and lock grant (close-to-open, and coherence
+//! under a lock). File data is never cached: every read and write goes to
+//! the server (`FOPEN_DIRECT_IO`).
+//!
+//! ```no_run
+//! # async fn run(client: interlock_client::Client) -> std::io::Result<()> {
+//! use interlock_fs::{Config, mount};
+//! let cfg = Config { mountpoint: "/mnt/shared".into(), ..Config::default() };
+//! let mounted = mount(client, &cfg)?;
+//! mounted.serve().await // until unmounted
+//! # }
+//! ```
+
+mod abi;
+mod creds;
+mod handles;
+mod locks;
+pub mod mountpoint;
+mod ops;
+mod session;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+pub use mountpoint::{MountError, MountOptions, is_mounted, unmount};
+
+/// A mount's settings.
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub mountpoint: PathBuf,
+    pub options: MountOptions,
+    /// How long the kernel may keep a name.
+    pub entry_timeout: Duration,
+    /// How long the kernel may keep attributes.
+    pub attr_timeout: Duration,
+}
+
+impl Default for Config {
+    fn default() -> Config {
+        Config {
+            mountpoint: PathBuf::new(),
+            options: MountOptions::default(),
+            entry_timeout: Duration::from_secs(1),
+            attr_timeout: Duration::from_secs(1),
+        }
+    }
+}
+
+/// A live mount, not yet served.
+pub struct Mounted {
+    fs: Arc<ops::Fs>,
+}
+
+/// Mounts the file system `client` serves at `cfg.mountpoint`. The mount
+/// answers nothing until [`Mounted::serve`] runs.
+pub fn mount(client: interlock_client::Client, cfg: &Config) -> Result<Mounted, MountError> {
+    let dev = mountpoint::mount(&cfg.mountpoint, &cfg.options)?;
+    let ttl = abi::Ttl { entry: cfg.entry_timeout, attr: cfg.attr_timeout };
+    Ok(Mounted { fs: Arc::new(ops::Fs::new(client, Arc::new(dev), ttl, cfg.options.read_only)) })
+}
+
+impl Mounted {
+    /// Answers the kernel until the file system is unmounted.
+    pub async fn serve(self) -> std::io::Result<()> {
+        let rt = tokio::runtime::Handle::current();
+        let fs = self.fs;
+        tokio::task::spawn_blocking(move || session::run(fs, rt)).await.map_err(std::io::Error::other)?
+    }
+}

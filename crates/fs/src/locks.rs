@@ -1,0 +1,240 @@
+//! fcntl, OFD and flock locks through the mount, onto the lock service.
+//!
+//! The kernel names a lock's owner with a 64-bit `lock_owner`: the
+//! process's file table for POSIX locks, the open file for OFD and flock
+//! locks. Each becomes one of the client's 32-bit owner numbers
+//! ([`Owners`]). POSIX and OFD requests look alike on the wire (both are
+//! `FUSE_SETLK` without `FUSE_LK_FLOCK`), so both are POSIX locks at the
+//! server with owners that differ, which is how they conflict in the
+//! kernel too; what tells them apart is when they go:
+//!
+//! - `FUSE_FLUSH` (every `close(2)`) carries the closing process's
+//!   `lock_owner`: its POSIX locks on the file go, as POSIX says.
+//! - `FUSE_RELEASE` (the last close of an open file) drops every lock
+//!   taken through that open file (OFD and flock locks; a POSIX owner's
+//!   were dropped at its flush already).
+//!
+//! Each inode is one resource at the server (`ino/N`), the same name on
+//! every mount, so a lock taken on one mount is seen on every other.
+
+use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
+
+use foldhash::{HashMap, HashSet};
+use interlock_client::meta::Ino;
+use interlock_client::{ClientError, LockSpec};
+use interlock_core::{Mode, Range};
+use interlock_proto::Kind;
+use parking_lot::Mutex;
+
+use interlock_proto::owner;
+use tokio::sync::oneshot;
+
+use crate::abi::Args;
+use crate::ops::{Answer, Fs};
+
+/// The lock service's resource for an inode.
+pub fn resource(ino: Ino) -> Vec<u8> {
+    format!("ino/{ino}").into_bytes()
+}
+
+/// Kernel lock owners as the client's owner numbers, and the pid that
+/// took each owner's last lock (what `F_GETLK` reports on this mount).
+#[derive(Default)]
+pub struct Owners {
+    numbers: Mutex<HashMap<u64, u32>>,
+    pids: Mutex<HashMap<u32, u32>>,
+    next: AtomicU32,
+    /// (kernel owner, inode) pairs holding POSIX locks: a flush of
+    /// anything else asks the server nothing.
+    posix: Mutex<HashSet<(u64, Ino)>>,
+}
+
+impl Owners {
+    /// The number for kernel owner `owner`, made on first use. O(1).
+    pub fn number(&self, owner: u64) -> u32 {
+        *self.numbers.lock().entry(owner).or_insert_with(|| self.next.fetch_add(1, Relaxed) + 1)
+    }
+
+    pub fn note_pid(&self, number: u32, pid: u32) {
+        self.pids.lock().insert(number, pid);
+    }
+
+    pub fn pid(&self, number: u32) -> u32 {
+        self.pids.lock().get(&number).copied().unwrap_or(0)
+    }
+
+    pub fn note_posix(&self, owner: u64, ino: Ino) {
+        self.posix.lock().insert((owner, ino));
+    }
+
+    /// Whether `owner` may hold POSIX locks on `ino`; forgets it.
+    pub fn take_posix(&self, owner: u64, ino: Ino) -> bool {
+        self.posix.lock().remove(&(owner, ino))
+    }
+}
+
+/// `fuse_lk_in`: which lock, for whom.
+#[derive(Clone, Copy, Debug)]
+pub struct LkIn {
+    pub fh: u64,
+    pub owner: u64,
+    pub start: u64,
+    pub end: u64,
+    pub typ: u32,
+    pub pid: u32,
+    pub flock: bool,
+}
+
+impl LkIn {
+    pub fn parse(a: &mut Args<'_>) -> Result<LkIn, crate::abi::Malformed> {
+        let (fh, owner, start, end, typ, pid, flags) =
+            (a.u64()?, a.u64()?, a.u64()?, a.u64()?, a.u32()?, a.u32()?, a.u32()?);
+        Ok(LkIn { fh, owner, start, end, typ, pid, flock: flags & crate::abi::LK_FLOCK != 0 })
+    }
+
+    pub fn kind(&self) -> Kind {
+        if self.flock { Kind::Flock } else { Kind::Posix }
+    }
+
+    /// The request as the client takes it (`owner` numbered); `None` for
+    /// an unlock.
+    pub fn spec(&self, ino: Ino, owner: u32) -> Result<(LockSpec, bool), i32> {
+        let mode = match self.typ as i32 {
+            libc::F_RDLCK => Mode::PR,
+            libc::F_WRLCK => Mode::EX,
+            libc::F_UNLCK => Mode::NL,
+            _ => return Err(libc::EINVAL),
+        };
+        let range =
+            if self.flock { Range::WHOLE } else { Range::new(self.start, self.end).map_err(|_| libc::EINVAL)? };
+        let unlock = mode == Mode::NL;
+        Ok((LockSpec { resource: resource(ino), kind: self.kind(), owner, mode, range }, unlock))
+    }
+}
+
+/// `fuse_lk_out` for a conflicting lock (or `F_UNLCK`: none).
+pub fn lk_out(start: u64, end: u64, mode: Option<u8>, pid: u32) -> Vec<u8> {
+    let typ = match mode {
+        None => libc::F_UNLCK,
+        Some(m) if m == Mode::PR as u8 => libc::F_RDLCK,
+        Some(_) => libc::F_WRLCK,
+    };
+    let mut out = Vec::with_capacity(24);
+    crate::abi::put64(&mut out, start);
+    crate::abi::put64(&mut out, end);
+    crate::abi::put32(&mut out, typ as u32);
+    crate::abi::put32(&mut out, pid);
+    out
+}
+
+/// The errno a failed client call gives the caller.
+pub fn errno(e: &ClientError) -> i32 {
+    match e {
+        ClientError::Errno(n) => *n,
+        ClientError::Deadlock => libc::EDEADLK,
+        ClientError::Recovering(_) => libc::EAGAIN,
+        ClientError::Invalid(_) => libc::EINVAL,
+        ClientError::LockLost | ClientError::ConnectionLost => libc::EIO,
+        other => {
+            tracing::warn!(error = %other, "a call to the server failed");
+            libc::EIO
+        }
+    }
+}
+
+impl Fs {
+    /// `F_GETLK`/`F_OFD_GETLK`: the first conflicting lock at the server,
+    /// with the pid that took it if it is this mount's, else 0 (a holder
+    /// on another mount is in no pid namespace here).
+    pub(crate) async fn getlk(&self, ino: Ino, a: &mut Args<'_>) -> Answer {
+        let lk = LkIn::parse(a)?;
+        let owner = self.owners.number(lk.owner);
+        let (spec, _) = lk.spec(ino, owner)?;
+        let out = match self.client.test(&spec).await.map_err(|e| errno(&e))? {
+            None => lk_out(lk.start, lk.end, None, 0),
+            Some(c) => {
+                let here = owner::session(c.owner) == self.client.session();
+                let pid = if here { self.owners.pid(owner::number(c.owner)) } else { 0 };
+                lk_out(c.start, c.end, Some(c.mode), pid)
+            }
+        };
+        Ok(out)
+    }
+
+    /// `F_SETLK(W)`, `F_OFD_SETLK(W)`, `flock`: a lock or an unlock at
+    /// the server. A blocking request (`cancel` given) waits there, in
+    /// FIFO order, holding no thread; if the caller is interrupted
+    /// (`FUSE_INTERRUPT`), the wait is withdrawn and the caller gets
+    /// `EINTR`. A grant drops the kernel's cached attributes, so what was
+    /// written under the lock elsewhere shows here.
+    pub(crate) async fn setlk(&self, ino: Ino, a: &mut Args<'_>, cancel: Option<oneshot::Receiver<()>>) -> Answer {
+        let lk = LkIn::parse(a)?;
+        let owner = self.owners.number(lk.owner);
+        let (spec, unlock) = lk.spec(ino, owner)?;
+        if unlock {
+            self.client.unlock(&spec).await.map_err(|e| errno(&e))?;
+            return Ok(Vec::new());
+        }
+        if let Some(h) = self.handles.get(lk.fh) {
+            h.lockers.lock().insert((spec.kind, lk.owner));
+        }
+        if !lk.flock {
+            self.owners.note_posix(lk.owner, ino);
+        }
+        let granted = match cancel {
+            None => self.client.try_lock(&spec).await.map_err(|e| errno(&e))?.is_some(),
+            Some(cancel) => tokio::select! {
+                r = self.client.lock(&spec) => { r.map_err(|e| errno(&e))?; true }
+                _ = cancel => return Err(libc::EINTR),
+            },
+        };
+        if !granted {
+            return Err(libc::EAGAIN);
+        }
+        self.owners.note_pid(owner, lk.pid);
+        self.invalidate(ino);
+        Ok(Vec::new())
+    }
+
+    /// Every `close(2)`: the closing process's POSIX locks on the file go
+    /// (asked of the server only if it took any here).
+    pub(crate) async fn flush(&self, ino: Ino, a: &mut Args<'_>) -> Answer {
+        a.skip(16)?;
+        let owner = a.u64()?;
+        if self.owners.take_posix(owner, ino) {
+            let number = self.owners.number(owner);
+            self.client.close(&resource(ino), Kind::Posix, number).await.map_err(|e| errno(&e))?;
+        }
+        Ok(Vec::new())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kernel_owners_get_stable_distinct_numbers() {
+        let o = Owners::default();
+        let a = o.number(0xdead_beef_0000);
+        let b = o.number(0xdead_beef_0008);
+        assert_ne!(a, b);
+        assert_eq!(o.number(0xdead_beef_0000), a);
+        o.note_posix(1, 5);
+        assert!(o.take_posix(1, 5));
+        assert!(!o.take_posix(1, 5));
+    }
+
+    #[test]
+    fn lock_types_map_to_modes_and_back() {
+        let lk = LkIn { fh: 1, owner: 2, start: 0, end: 9, typ: libc::F_WRLCK as u32, pid: 3, flock: false };
+        let (spec, unlock) = lk.spec(7, 1).unwrap();
+        assert_eq!((spec.mode, unlock, spec.kind), (Mode::EX, false, Kind::Posix));
+        assert_eq!(spec.range, Range::new(0, 9).unwrap());
+        let (spec, _) = LkIn { flock: true, typ: libc::F_RDLCK as u32, ..lk }.spec(7, 1).unwrap();
+        assert_eq!((spec.mode, spec.kind, spec.range), (Mode::PR, Kind::Flock, Range::WHOLE));
+        assert!(LkIn { typ: 99, ..lk }.spec(7, 1).is_err());
+        assert_eq!(&lk_out(0, 9, Some(Mode::PR as u8), 0)[16..20], &(libc::F_RDLCK as u32).to_ne_bytes());
+        assert_eq!(&lk_out(0, 9, None, 0)[16..20], &(libc::F_UNLCK as u32).to_ne_bytes());
+    }
+}

@@ -1,0 +1,437 @@
+//! Each kernel request as calls to the client: one round trip for most
+//! (lookup, getattr, create, unlink, …), one per 128 KiB of data, all
+//! issued at once, for reads and writes, a page of a listing per
+//! `READDIR(PLUS)`. The server checks permissions with the caller's ids
+//! ([`creds`](crate::creds)) and answers errnos the kernel gets verbatim.
+
+use std::fs::File;
+use std::io::Write;
+use std::sync::Arc;
+
+use futures::future::try_join_all;
+use interlock_client::Client;
+use interlock_client::meta::{Attr, Cred, FileType, Ino, ROOT, RenameFlags, SetAttr, TimeSet, XattrMode};
+use interlock_proto::meta::{MAX_DATA, MetaOp};
+use tokio::sync::oneshot;
+
+use crate::abi::{self, Args, InHeader, Malformed, Ttl, fattr, op};
+use crate::handles::Handles;
+use crate::locks::{Owners, errno};
+
+/// A reply's body, or the errno to fail with.
+pub type Answer = Result<Vec<u8>, i32>;
+
+impl From<Malformed> for i32 {
+    fn from(m: Malformed) -> i32 {
+        tracing::warn!("{m}");
+        libc::EIO
+    }
+}
+
+/// The file system a mount serves: the client, the open files, the lock
+/// owners, and the device (for notifications).
+pub struct Fs {
+    pub(crate) client: Client,
+    pub(crate) ttl: Ttl,
+    pub(crate) read_only: bool,
+    pub(crate) handles: Handles,
+    pub(crate) owners: Owners,
+    pub(crate) dev: Arc<File>,
+}
+
+fn call<T>(r: Result<T, interlock_client::ClientError>) -> Result<T, i32> {
+    r.map_err(|e| errno(&e))
+}
+
+impl Fs {
+    pub fn new(client: Client, dev: Arc<File>, ttl: Ttl, read_only: bool) -> Fs {
+        Fs { client, ttl, read_only, handles: Handles::default(), owners: Owners::default(), dev }
+    }
+
+    /// Answers one request; `None` for those the kernel wants no answer
+    /// to. `cancel` fires if a blocking lock request is interrupted.
+    pub async fn handle(&self, h: InHeader, body: &[u8], cancel: Option<oneshot::Receiver<()>>) -> Option<Answer> {
+        if matches!(h.opcode, op::FORGET | op::BATCH_FORGET) {
+            return None;
+        }
+        let cred = crate::creds::of(&h);
+        let mut a = Args::new(body);
+        let ino = h.nodeid;
+        let r = match h.opcode {
+            op::LOOKUP => self.lookup(&cred, ino, &mut a).await,
+            op::GETATTR => call(self.client.getattr(&cred, ino).await).map(|at| abi::attr_out(&at, self.ttl)),
+            op::SETATTR => self.setattr(&cred, ino, &mut a).await,
+            op::READLINK => call(self.client.readlink(&cred, ino).await),
+            op::SYMLINK => self.symlink(&cred, ino, &mut a).await,
+            op::MKNOD => self.mknod(&cred, ino, &mut a).await,
+            op::MKDIR => self.mkdir(&cred, ino, &mut a).await,
+            op::UNLINK => self.remove(&cred, ino, &mut a, false).await,
+            op::RMDIR => self.remove(&cred, ino, &mut a, true).await,
+            op::RENAME => self.rename(&cred, ino, &mut a, false).await,
+            op::RENAME2 => self.rename(&cred, ino, &mut a, true).await,
+            op::LINK => self.link(&cred, ino, &mut a).await,
+            op::OPEN => self.open(&cred, ino).await,
+            op::READ => self.read(&cred, ino, &mut a).await,
+            op::WRITE => self.write(&cred, ino, &mut a).await,
+            op::STATFS => self.statfs(&cred).await,
+            op::RELEASE => self.release(&cred, &mut a).await,
+            op::FSYNC => call(self.client.fsync(&cred, ino).await).map(|()| Vec::new()),
+            op::SETXATTR => self.setxattr(&cred, ino, &mut a).await,
+            op::GETXATTR => self.getxattr(&cred, ino, &mut a).await,
+            op::LISTXATTR => self.listxattr(&cred, ino, &mut a).await,
+            op::REMOVEXATTR => self.removexattr(&cred, ino, &mut a).await,
+            op::FLUSH => self.flush(ino, &mut a).await,
+            op::OPENDIR => Ok(abi::open_out(0, 0)),
+            op::RELEASEDIR | op::FSYNCDIR | op::DESTROY => Ok(Vec::new()),
+            op::READDIR => self.readdir(&cred, ino, &mut a, false).await,
+            op::READDIRPLUS => self.readdir(&cred, ino, &mut a, true).await,
+            op::GETLK => self.getlk(ino, &mut a).await,
+            op::SETLK => self.setlk(ino, &mut a, None).await,
+            op::SETLKW => self.setlk(ino, &mut a, cancel).await,
+            op::CREATE => self.create(&cred, ino, &mut a).await,
+            _ => Err(libc::ENOSYS),
+        };
+        Some(r)
+    }
+
+    /// Fails changes on a read-only mount.
+    fn writable(&self) -> Result<(), i32> {
+        if self.read_only { Err(libc::EROFS) } else { Ok(()) }
+    }
+
+    fn entry(&self, a: &Attr) -> Vec<u8> {
+        abi::entry(a, self.ttl)
+    }
+
+    async fn lookup(&self, cred: &Cred, parent: Ino, a: &mut Args<'_>) -> Answer {
+        let name = a.cstr()?;
+        call(self.client.lookup(cred, parent, name).await).map(|at| self.entry(&at))
+    }
+
+    async fn setattr(&self, cred: &Cred, ino: Ino, a: &mut Args<'_>) -> Answer {
+        self.writable()?;
+        let valid = a.u32()?;
+        a.skip(4)?;
+        let (_fh, size, _owner, atime, mtime, _ctime) = (a.u64()?, a.u64()?, a.u64()?, a.u64()?, a.u64()?, a.u64()?);
+        let (atimensec, mtimensec, _ctimensec, mode) = (a.u32()?, a.u32()?, a.u32()?, a.u32()?);
+        a.skip(4)?;
+        let (uid, gid) = (a.u32()?, a.u32()?);
+        let has = |bit| valid & bit != 0;
+        let time = |now, set, secs: u64, nsec: u32| {
+            if has(now) {
+                Some(TimeSet::Now)
+            } else if has(set) {
+                Some(TimeSet::At((secs as i64).saturating_mul(1_000_000_000).saturating_add(i64::from(nsec))))
+            } else {
+                None
+            }
+        };
+        let set = SetAttr {
+            perm: has(fattr::MODE).then_some(mode & 0o7777),
+            uid: has(fattr::UID).then_some(uid),
+            gid: has(fattr::GID).then_some(gid),
+            size: has(fattr::SIZE).then_some(size),
+            atime: time(fattr::ATIME_NOW, fattr::ATIME, atime, atimensec),
+            mtime: time(fattr::MTIME_NOW, fattr::MTIME, mtime, mtimensec),
+            opened_for_write: has(fattr::FH) && has(fattr::SIZE),
+            chown: has(fattr::UID) || has(fattr::GID),
+        };
+        call(self.client.setattr(cred, ino, set).await).map(|at| abi::attr_out(&at, self.ttl))
+    }
+
+    /// Makes an inode of `kind` with permission bits from `mode`.
+    async fn make(
+        &self,
+        cred: &Cred,
+        (parent, name): (Ino, &[u8]),
+        (kind, mode, rdev): (FileType, u32, u64),
+        target: &[u8],
+    ) -> Answer {
+        self.writable()?;
+        let op =
+            MetaOp::Create { parent, name: name.to_vec(), kind, perm: mode & 0o7777, rdev, target: target.to_vec() };
+        match call(self.client.meta(cred, op).await)? {
+            interlock_proto::meta::MetaReply::Attr(at) => Ok(self.entry(&at)),
+            _ => Err(libc::EIO),
+        }
+    }
+
+    async fn symlink(&self, cred: &Cred, parent: Ino, a: &mut Args<'_>) -> Answer {
+        let (name, target) = (a.cstr()?, a.cstr()?);
+        self.make(cred, (parent, name), (FileType::Symlink, 0o777, 0), target).await
+    }
+
+    async fn mknod(&self, cred: &Cred, parent: Ino, a: &mut Args<'_>) -> Answer {
+        let (mode, rdev) = (a.u32()?, a.u32()?);
+        a.skip(8)?;
+        let name = a.cstr()?;
+        let kind = FileType::from_mode(mode).ok_or(libc::EINVAL)?;
+        self.make(cred, (parent, name), (kind, mode, u64::from(rdev)), b"").await
+    }
+
+    async fn mkdir(&self, cred: &Cred, parent: Ino, a: &mut Args<'_>) -> Answer {
+        let mode = a.u32()?;
+        a.skip(4)?;
+        let name = a.cstr()?;
+        self.make(cred, (parent, name), (FileType::Directory, mode, 0), b"").await
+    }
+
+    async fn remove(&self, cred: &Cred, parent: Ino, a: &mut Args<'_>, dir: bool) -> Answer {
+        self.writable()?;
+        let name = a.cstr()?;
+        let r = if dir {
+            self.client.rmdir(cred, parent, name).await
+        } else {
+            self.client.unlink(cred, parent, name).await
+        };
+        call(r).map(|()| Vec::new())
+    }
+
+    async fn rename(&self, cred: &Cred, parent: Ino, a: &mut Args<'_>, two: bool) -> Answer {
+        self.writable()?;
+        let new_parent = a.u64()?;
+        let mut flags = RenameFlags::default();
+        if two {
+            let f = a.u32()?;
+            a.skip(4)?;
+            if f & !(libc::RENAME_NOREPLACE | libc::RENAME_EXCHANGE) != 0 {
+                return Err(libc::EINVAL);
+            }
+            flags.noreplace = f & libc::RENAME_NOREPLACE != 0;
+            flags.exchange = f & libc::RENAME_EXCHANGE != 0;
+        }
+        let (name, new_name) = (a.cstr()?, a.cstr()?);
+        call(self.client.rename(cred, (parent, name), (new_parent, new_name), flags).await).map(|()| Vec::new())
+    }
+
+    async fn link(&self, cred: &Cred, parent: Ino, a: &mut Args<'_>) -> Answer {
+        self.writable()?;
+        let ino = a.u64()?;
+        let name = a.cstr()?;
+        call(self.client.link(cred, ino, parent, name).await).map(|at| self.entry(&at))
+    }
+
+    /// Holds `ino` open at the server and gives the kernel a handle. Data
+    /// bypasses the page cache (`FOPEN_DIRECT_IO`): what another mount
+    /// wrote is what the next read sees. The kernel's cached attributes
+    /// are dropped, so a size changed elsewhere shows after the open
+    /// (close-to-open).
+    async fn open(&self, cred: &Cred, ino: Ino) -> Answer {
+        call(self.client.open(cred, ino).await)?;
+        self.invalidate(ino);
+        Ok(abi::open_out(self.handles.insert(ino), abi::FOPEN_DIRECT_IO))
+    }
+
+    /// `FUSE_CREATE`: create and open. If another mount made the name
+    /// first, and the caller did not ask for `O_EXCL`, the existing file
+    /// is opened, as a local `open(O_CREAT)` would.
+    async fn create(&self, cred: &Cred, parent: Ino, a: &mut Args<'_>) -> Answer {
+        self.writable()?;
+        let (flags, mode) = (a.u32()?, a.u32()?);
+        a.skip(8)?;
+        let name = a.cstr()?;
+        let made = self.client.create(cred, parent, name, FileType::Regular, mode & 0o7777, b"").await;
+        let attr = match made {
+            Err(interlock_client::ClientError::Errno(libc::EEXIST)) if flags as i32 & libc::O_EXCL == 0 => {
+                call(self.client.lookup(cred, parent, name).await)?
+            }
+            r => call(r)?,
+        };
+        call(self.client.open(cred, attr.ino).await)?;
+        let mut out = self.entry(&attr);
+        out.extend_from_slice(&abi::open_out(self.handles.insert(attr.ino), abi::FOPEN_DIRECT_IO));
+        Ok(out)
+    }
+
+    async fn read(&self, cred: &Cred, ino: Ino, a: &mut Args<'_>) -> Answer {
+        let (_fh, offset, size) = (a.u64()?, a.u64()?, a.u32()? as usize);
+        let parts = (0..size.div_ceil(MAX_DATA)).map(|i| {
+            let at = offset + (i * MAX_DATA) as u64;
+            let len = (size - i * MAX_DATA).min(MAX_DATA) as u32;
+            self.client.read(cred, ino, at, len)
+        });
+        let parts = call(try_join_all(parts).await)?;
+        let mut out = Vec::with_capacity(size);
+        for p in parts {
+            let short = p.len() < MAX_DATA;
+            out.extend_from_slice(&p);
+            if short {
+                break;
+            }
+        }
+        Ok(out)
+    }
+
+    async fn write(&self, cred: &Cred, ino: Ino, a: &mut Args<'_>) -> Answer {
+        self.writable()?;
+        let (_fh, offset, size) = (a.u64()?, a.u64()?, a.u32()? as usize);
+        a.skip(20)?;
+        let data = a.bytes(size)?;
+        let parts = data
+            .chunks(MAX_DATA)
+            .enumerate()
+            .map(|(i, c)| self.client.write(cred, ino, offset + (i * MAX_DATA) as u64, c));
+        call(try_join_all(parts).await)?;
+        let mut out = Vec::with_capacity(8);
+        abi::put32(&mut out, size as u32);
+        abi::put32(&mut out, 0);
+        Ok(out)
+    }
+
+    async fn statfs(&self, cred: &Cred) -> Answer {
+        let (files, name_max, bsize) = call(self.client.statfs(cred).await)?;
+        // Space is the server's disk's; the namespace does not count it:
+        // report a large, constant capacity rather than a guess.
+        const BLOCKS: u64 = 1 << 32;
+        const FILES: u64 = 1 << 32;
+        let mut out = Vec::with_capacity(80);
+        for v in [BLOCKS, BLOCKS, BLOCKS, FILES, FILES.saturating_sub(files)] {
+            abi::put64(&mut out, v);
+        }
+        for v in [bsize, name_max, bsize, 0, 0, 0, 0, 0, 0, 0] {
+            abi::put32(&mut out, v);
+        }
+        Ok(out)
+    }
+
+    /// The last close of an open file: the locks taken through it go (OFD
+    /// and flock locks; see [`locks`](crate::locks)), and the server's
+    /// hold on the inode.
+    async fn release(&self, cred: &Cred, a: &mut Args<'_>) -> Answer {
+        let fh = a.u64()?;
+        let Some(handle) = self.handles.remove(fh) else { return Ok(Vec::new()) };
+        let lockers: Vec<_> = handle.lockers.lock().drain().collect();
+        let resource = crate::locks::resource(handle.ino);
+        for (kind, owner) in lockers {
+            let number = self.owners.number(owner);
+            if let Err(e) = self.client.close(&resource, kind, number).await {
+                tracing::warn!(ino = handle.ino, error = %e, "releasing the locks of a closed file");
+            }
+        }
+        // After a server restart the server no longer knows the open: it
+        // is gone already.
+        match self.client.release(cred, handle.ino).await {
+            Ok(()) | Err(interlock_client::ClientError::Errno(libc::EBADF)) => Ok(Vec::new()),
+            Err(e) => Err(errno(&e)),
+        }
+    }
+
+    async fn setxattr(&self, cred: &Cred, ino: Ino, a: &mut Args<'_>) -> Answer {
+        self.writable()?;
+        let (size, flags) = (a.u32()? as usize, a.u32()?);
+        let name = a.cstr()?;
+        let value = a.bytes(size)?;
+        let mode = match flags as i32 {
+            0 => XattrMode::Any,
+            libc::XATTR_CREATE => XattrMode::Create,
+            libc::XATTR_REPLACE => XattrMode::Replace,
+            _ => return Err(libc::EINVAL),
+        };
+        call(self.client.setxattr(cred, ino, name, value, mode).await).map(|()| Vec::new())
+    }
+
+    async fn getxattr(&self, cred: &Cred, ino: Ino, a: &mut Args<'_>) -> Answer {
+        let size = a.u32()? as usize;
+        a.skip(4)?;
+        let name = a.cstr()?;
+        sized(call(self.client.getxattr(cred, ino, name).await)?, size)
+    }
+
+    async fn listxattr(&self, cred: &Cred, ino: Ino, a: &mut Args<'_>) -> Answer {
+        let size = a.u32()? as usize;
+        let names = call(self.client.listxattr(cred, ino).await)?;
+        let mut list = Vec::new();
+        for n in names {
+            list.extend_from_slice(&n);
+            list.push(0);
+        }
+        sized(list, size)
+    }
+
+    async fn removexattr(&self, cred: &Cred, ino: Ino, a: &mut Args<'_>) -> Answer {
+        self.writable()?;
+        let name = a.cstr()?;
+        call(self.client.removexattr(cred, ino, name).await).map(|()| Vec::new())
+    }
+
+    /// A listing page: `.` and `..` (cookies 1 and 2), then the server's
+    /// entries (cookies from 3, stable: an entry present throughout is
+    /// listed once), as many as fit the kernel's buffer. With `plus`,
+    /// each entry's attributes too, so `ls -l` and `du` need no lookup per
+    /// file.
+    async fn readdir(&self, cred: &Cred, ino: Ino, a: &mut Args<'_>, plus: bool) -> Answer {
+        let (_fh, mut cookie, size) = (a.u64()?, a.u64()?, a.u32()? as usize);
+        let mut out = Vec::with_capacity(size);
+        let dir = abi::dtype(FileType::Directory);
+        let put = |out: &mut Vec<u8>, entry: Option<&Attr>, ino, cookie, kind, name: &[u8]| {
+            if plus {
+                if out.len() + abi::direntplus_len(name) > size {
+                    return false;
+                }
+                match entry {
+                    Some(at) => abi::put_entry(out, at, self.ttl),
+                    None => out.resize(out.len() + 128, 0),
+                }
+            }
+            abi::put_dirent(out, size, ino, cookie, kind, name)
+        };
+        if cookie == 0 {
+            if !put(&mut out, None, ino, 1, dir, b".") {
+                return Ok(out);
+            }
+            cookie = 1;
+        }
+        if cookie == 1 {
+            let up = if ino == ROOT { ROOT } else { call(self.client.lookup(cred, ino, b"..").await)?.ino };
+            if !put(&mut out, None, up, 2, dir, b"..") {
+                return Ok(out);
+            }
+            cookie = 2;
+        }
+        let mut from = if cookie == 2 { 0 } else { cookie };
+        let want = (size / if plus { 160 } else { 32 }).max(1) as u32;
+        loop {
+            let (entries, end) = call(self.client.readdir(cred, ino, from, want, plus).await)?;
+            for e in &entries {
+                if plus && e.attr.is_none() {
+                    continue;
+                }
+                if !put(&mut out, e.attr.as_ref(), e.ino, e.cookie, abi::dtype(e.kind), &e.name) {
+                    return Ok(out);
+                }
+                from = e.cookie;
+            }
+            if end || entries.is_empty() {
+                return Ok(out);
+            }
+        }
+    }
+
+    /// Tells the kernel to forget `ino`'s cached attributes.
+    pub(crate) fn invalidate(&self, ino: Ino) {
+        let mut body = Vec::with_capacity(24);
+        abi::put64(&mut body, ino);
+        abi::put64(&mut body, -1i64 as u64);
+        abi::put64(&mut body, 0);
+        // ENOENT: the kernel has no such inode cached; nothing to drop.
+        if let Err(e) = (&*self.dev).write(&abi::notify(abi::NOTIFY_INVAL_INODE, &body))
+            && e.raw_os_error() != Some(libc::ENOENT)
+        {
+            tracing::debug!(ino, error = %e, "invalidating cached attributes");
+        }
+    }
+}
+
+/// An xattr value or name list for a buffer of `size` (0: just the size).
+fn sized(v: Vec<u8>, size: usize) -> Answer {
+    if size == 0 {
+        let mut out = Vec::with_capacity(8);
+        abi::put32(&mut out, v.len() as u32);
+        abi::put32(&mut out, 0);
+        Ok(out)
+    } else if v.len() > size {
+        Err(libc::ERANGE)
+    } else {
+        Ok(v)
+    }
+}
