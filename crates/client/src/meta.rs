@@ -185,7 +185,13 @@ impl Client {
     /// Writes `data` (at most 128 KiB a call) at `offset`; the file's
     /// attributes after it.
     pub async fn write(&self, cred: &Cred, ino: Ino, offset: u64, data: &[u8]) -> Result<Attr, ClientError> {
-        self.attr(cred, MetaOp::Write { ino, offset, data: data.to_vec() }).await
+        self.attr(cred, MetaOp::Write { ino, offset, append: false, data: data.to_vec() }).await
+    }
+
+    /// Writes `data` (at most 128 KiB) at the end of the file, wherever
+    /// that is when it arrives (`O_APPEND`); the file's attributes after.
+    pub async fn append(&self, cred: &Cred, ino: Ino, data: &[u8]) -> Result<Attr, ClientError> {
+        self.attr(cred, MetaOp::Write { ino, offset: 0, append: true, data: data.to_vec() }).await
     }
 
     /// Makes the file's data, and every change made so far, durable.

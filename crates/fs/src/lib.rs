@@ -28,12 +28,12 @@
 //! the server (`FOPEN_DIRECT_IO`).
 //!
 //! ```no_run
-//! # async fn run(client: interlock_client::Client) -> std::io::Result<()> {
+//! # async fn run(client: interlock_client::Client) -> Result<(), Box<dyn std::error::Error>> {
 //! use interlock_fs::{Config, mount};
 //! let cfg = Config { mountpoint: "/mnt/shared".into(), ..Config::default() };
 //! let mounted = mount(client, &cfg)?;
-//! mounted.serve().await // until unmounted
-//! # }
+//! mounted.serve().await?; // until unmounted
+//! # Ok(()) }
 //! ```
 
 mod abi;

@@ -9,8 +9,10 @@ use std::io::Write;
 use std::sync::Arc;
 
 use futures::future::try_join_all;
-use interlock_client::Client;
+use std::time::Duration;
+
 use interlock_client::meta::{Attr, Cred, FileType, Ino, ROOT, RenameFlags, SetAttr, TimeSet, XattrMode};
+use interlock_client::{Client, ClientError};
 use interlock_proto::meta::{MAX_DATA, MetaOp};
 use tokio::sync::oneshot;
 
@@ -39,9 +41,14 @@ pub struct Fs {
     pub(crate) dev: Arc<File>,
 }
 
-fn call<T>(r: Result<T, interlock_client::ClientError>) -> Result<T, i32> {
+/// A call's result, failures as errnos.
+fn call<T>(r: Result<T, ClientError>) -> Result<T, i32> {
     r.map_err(|e| errno(&e))
 }
+
+/// How long a call that can be repeated is retried after the server
+/// restarted (the client reconnects meanwhile).
+const RETRY_FOR: Duration = Duration::from_secs(60);
 
 impl Fs {
     pub fn new(client: Client, dev: Arc<File>, ttl: Ttl, read_only: bool) -> Fs {
@@ -59,9 +66,9 @@ impl Fs {
         let ino = h.nodeid;
         let r = match h.opcode {
             op::LOOKUP => self.lookup(&cred, ino, &mut a).await,
-            op::GETATTR => call(self.client.getattr(&cred, ino).await).map(|at| abi::attr_out(&at, self.ttl)),
+            op::GETATTR => self.again(|| self.client.getattr(&cred, ino)).await.map(|at| abi::attr_out(&at, self.ttl)),
             op::SETATTR => self.setattr(&cred, ino, &mut a).await,
-            op::READLINK => call(self.client.readlink(&cred, ino).await),
+            op::READLINK => self.again(|| self.client.readlink(&cred, ino)).await,
             op::SYMLINK => self.symlink(&cred, ino, &mut a).await,
             op::MKNOD => self.mknod(&cred, ino, &mut a).await,
             op::MKDIR => self.mkdir(&cred, ino, &mut a).await,
@@ -75,7 +82,7 @@ impl Fs {
             op::WRITE => self.write(&cred, ino, &mut a).await,
             op::STATFS => self.statfs(&cred).await,
             op::RELEASE => self.release(&cred, &mut a).await,
-            op::FSYNC => call(self.client.fsync(&cred, ino).await).map(|()| Vec::new()),
+            op::FSYNC => self.again(|| self.client.fsync(&cred, ino)).await.map(|()| Vec::new()),
             op::SETXATTR => self.setxattr(&cred, ino, &mut a).await,
             op::GETXATTR => self.getxattr(&cred, ino, &mut a).await,
             op::LISTXATTR => self.listxattr(&cred, ino, &mut a).await,
@@ -94,6 +101,26 @@ impl Fs {
         Some(r)
     }
 
+    /// Runs a call that may be repeated (a read, a write at an offset, a
+    /// lookup, …) again if it failed because the server restarted and the
+    /// session with it: the file system goes on across a server restart.
+    /// Calls that may not be repeated (create, unlink, rename, …: the
+    /// first may have taken effect) fail with `EIO` then.
+    pub(crate) async fn again<T, F: Future<Output = Result<T, ClientError>>>(
+        &self,
+        f: impl Fn() -> F,
+    ) -> Result<T, i32> {
+        let until = tokio::time::Instant::now() + RETRY_FOR;
+        loop {
+            match f().await {
+                Err(ClientError::ConnectionLost) if tokio::time::Instant::now() < until => {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                r => return call(r),
+            }
+        }
+    }
+
     /// Fails changes on a read-only mount.
     fn writable(&self) -> Result<(), i32> {
         if self.read_only { Err(libc::EROFS) } else { Ok(()) }
@@ -105,7 +132,7 @@ impl Fs {
 
     async fn lookup(&self, cred: &Cred, parent: Ino, a: &mut Args<'_>) -> Answer {
         let name = a.cstr()?;
-        call(self.client.lookup(cred, parent, name).await).map(|at| self.entry(&at))
+        self.again(|| self.client.lookup(cred, parent, name)).await.map(|at| self.entry(&at))
     }
 
     async fn setattr(&self, cred: &Cred, ino: Ino, a: &mut Args<'_>) -> Answer {
@@ -136,7 +163,7 @@ impl Fs {
             opened_for_write: has(fattr::FH) && has(fattr::SIZE),
             chown: has(fattr::UID) || has(fattr::GID),
         };
-        call(self.client.setattr(cred, ino, set).await).map(|at| abi::attr_out(&at, self.ttl))
+        self.again(|| self.client.setattr(cred, ino, set.clone())).await.map(|at| abi::attr_out(&at, self.ttl))
     }
 
     /// Makes an inode of `kind` with permission bits from `mode`.
@@ -217,7 +244,7 @@ impl Fs {
     /// are dropped, so a size changed elsewhere shows after the open
     /// (close-to-open).
     async fn open(&self, cred: &Cred, ino: Ino) -> Answer {
-        call(self.client.open(cred, ino).await)?;
+        self.again(|| self.client.open(cred, ino)).await?;
         self.invalidate(ino);
         Ok(abi::open_out(self.handles.insert(ino), abi::FOPEN_DIRECT_IO))
     }
@@ -232,12 +259,12 @@ impl Fs {
         let name = a.cstr()?;
         let made = self.client.create(cred, parent, name, FileType::Regular, mode & 0o7777, b"").await;
         let attr = match made {
-            Err(interlock_client::ClientError::Errno(libc::EEXIST)) if flags as i32 & libc::O_EXCL == 0 => {
-                call(self.client.lookup(cred, parent, name).await)?
+            Err(ClientError::Errno(libc::EEXIST)) if flags as i32 & libc::O_EXCL == 0 => {
+                self.again(|| self.client.lookup(cred, parent, name)).await?
             }
             r => call(r)?,
         };
-        call(self.client.open(cred, attr.ino).await)?;
+        self.again(|| self.client.open(cred, attr.ino)).await?;
         let mut out = self.entry(&attr);
         out.extend_from_slice(&abi::open_out(self.handles.insert(attr.ino), abi::FOPEN_DIRECT_IO));
         Ok(out)
@@ -248,9 +275,9 @@ impl Fs {
         let parts = (0..size.div_ceil(MAX_DATA)).map(|i| {
             let at = offset + (i * MAX_DATA) as u64;
             let len = (size - i * MAX_DATA).min(MAX_DATA) as u32;
-            self.client.read(cred, ino, at, len)
+            self.again(move || self.client.read(cred, ino, at, len))
         });
-        let parts = call(try_join_all(parts).await)?;
+        let parts = try_join_all(parts).await?;
         let mut out = Vec::with_capacity(size);
         for p in parts {
             let short = p.len() < MAX_DATA;
@@ -265,13 +292,23 @@ impl Fs {
     async fn write(&self, cred: &Cred, ino: Ino, a: &mut Args<'_>) -> Answer {
         self.writable()?;
         let (_fh, offset, size) = (a.u64()?, a.u64()?, a.u32()? as usize);
-        a.skip(20)?;
+        a.skip(12)?;
+        let flags = a.u32()? as i32;
+        a.skip(4)?;
         let data = a.bytes(size)?;
-        let parts = data
-            .chunks(MAX_DATA)
-            .enumerate()
-            .map(|(i, c)| self.client.write(cred, ino, offset + (i * MAX_DATA) as u64, c));
-        call(try_join_all(parts).await)?;
+        if flags & libc::O_APPEND != 0 {
+            // At the server's end of the file, not at the kernel's idea of
+            // it (another mount may have appended since); in order.
+            for c in data.chunks(MAX_DATA) {
+                call(self.client.append(cred, ino, c).await)?;
+            }
+        } else {
+            let parts = data
+                .chunks(MAX_DATA)
+                .enumerate()
+                .map(|(i, c)| self.again(move || self.client.write(cred, ino, offset + (i * MAX_DATA) as u64, c)));
+            try_join_all(parts).await?;
+        }
         let mut out = Vec::with_capacity(8);
         abi::put32(&mut out, size as u32);
         abi::put32(&mut out, 0);
@@ -279,7 +316,7 @@ impl Fs {
     }
 
     async fn statfs(&self, cred: &Cred) -> Answer {
-        let (files, name_max, bsize) = call(self.client.statfs(cred).await)?;
+        let (files, name_max, bsize) = self.again(|| self.client.statfs(cred)).await?;
         // Space is the server's disk's; the namespace does not count it:
         // report a large, constant capacity rather than a guess.
         const BLOCKS: u64 = 1 << 32;
@@ -309,9 +346,9 @@ impl Fs {
             }
         }
         // After a server restart the server no longer knows the open: it
-        // is gone already.
+        // went with the old session.
         match self.client.release(cred, handle.ino).await {
-            Ok(()) | Err(interlock_client::ClientError::Errno(libc::EBADF)) => Ok(Vec::new()),
+            Ok(()) | Err(ClientError::Errno(libc::EBADF) | ClientError::ConnectionLost) => Ok(Vec::new()),
             Err(e) => Err(errno(&e)),
         }
     }
@@ -334,12 +371,12 @@ impl Fs {
         let size = a.u32()? as usize;
         a.skip(4)?;
         let name = a.cstr()?;
-        sized(call(self.client.getxattr(cred, ino, name).await)?, size)
+        sized(self.again(|| self.client.getxattr(cred, ino, name)).await?, size)
     }
 
     async fn listxattr(&self, cred: &Cred, ino: Ino, a: &mut Args<'_>) -> Answer {
         let size = a.u32()? as usize;
-        let names = call(self.client.listxattr(cred, ino).await)?;
+        let names = self.again(|| self.client.listxattr(cred, ino)).await?;
         let mut list = Vec::new();
         for n in names {
             list.extend_from_slice(&n);
@@ -382,7 +419,7 @@ impl Fs {
             cookie = 1;
         }
         if cookie == 1 {
-            let up = if ino == ROOT { ROOT } else { call(self.client.lookup(cred, ino, b"..").await)?.ino };
+            let up = if ino == ROOT { ROOT } else { self.again(|| self.client.lookup(cred, ino, b"..")).await?.ino };
             if !put(&mut out, None, up, 2, dir, b"..") {
                 return Ok(out);
             }
@@ -391,7 +428,7 @@ impl Fs {
         let mut from = if cookie == 2 { 0 } else { cookie };
         let want = (size / if plus { 160 } else { 32 }).max(1) as u32;
         loop {
-            let (entries, end) = call(self.client.readdir(cred, ino, from, want, plus).await)?;
+            let (entries, end) = self.again(|| self.client.readdir(cred, ino, from, want, plus)).await?;
             for e in &entries {
                 if plus && e.attr.is_none() {
                     continue;

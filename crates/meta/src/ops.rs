@@ -428,7 +428,8 @@ impl Namespace {
         Ok(i.attr())
     }
 
-    /// Writes `len` bytes at `offset` of regular file `ino`: checks (write
+    /// Writes `len` bytes at `offset` (`None`: at the end, an append) of
+    /// regular file `ino`: checks (write
     /// permission, the owner always having it; the size limit), then
     /// `put` writes the data, then the new size (if it grew) and times
     /// are recorded, all under the inode's lock, so size and data agree.
@@ -439,9 +440,9 @@ impl Namespace {
         &self,
         cred: &Cred,
         ino: Ino,
-        (offset, len): (u64, u64),
+        (offset, len): (Option<u64>, u64),
         now: Nanos,
-        put: impl FnOnce() -> Result<()>,
+        put: impl FnOnce(u64) -> Result<()>,
     ) -> Result<(Attr, Seq)> {
         let i = self.inode(ino)?;
         let _held = self.stripes.lock(&[], &[Self::ino_lock(ino)]);
@@ -451,8 +452,11 @@ impl Namespace {
         if cred.uid != o.uid {
             access::check(cred, &o, WRITE)?;
         }
+        // An append takes the size under the inode's lock: appends from
+        // any number of clients never overwrite each other.
+        let offset = offset.unwrap_or_else(|| i.size.load(Relaxed));
         let end = offset.checked_add(len).filter(|&e| e <= FILE_SIZE_MAX).ok_or(Errno::EFBIG)?;
-        put()?;
+        put(offset)?;
         let size = (end > i.size.load(Relaxed)).then_some(end);
         let mut perm = None;
         if !cred.is_root() {

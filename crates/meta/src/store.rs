@@ -181,8 +181,10 @@ impl Store {
     /// Writes `bytes` at `offset` of regular file `ino` (see
     /// [`Namespace::write_with`]); the data reaches the disk at
     /// [`fsync`](Store::fsync), the size and times with the record.
-    pub fn write(&self, cred: &Cred, ino: Ino, offset: u64, bytes: &[u8], now: Nanos) -> Result<(Attr, Seq)> {
-        self.ns.write_with(cred, ino, (offset, bytes.len() as u64), now, || self.data.write(ino, offset, bytes))
+    /// `offset` `None` appends: the write goes at the end of the file, as
+    /// the file is under the inode's lock.
+    pub fn write(&self, cred: &Cred, ino: Ino, offset: Option<u64>, bytes: &[u8], now: Nanos) -> Result<(Attr, Seq)> {
+        self.ns.write_with(cred, ino, (offset, bytes.len() as u64), now, |at| self.data.write(ino, at, bytes))
     }
 
     /// [`Namespace::setattr`], with the data file cut or extended to a

@@ -57,7 +57,7 @@ proptest! {
             match *op {
                 Op::Write(f, off, len, b) => {
                     let bytes = vec![b; len];
-                    let (a, seq) = store.write(&root, inos[f], off, &bytes, 10 + t as i64).unwrap();
+                    let (a, seq) = store.write(&root, inos[f], Some(off), &bytes, 10 + t as i64).unwrap();
                     store.wait(seq).unwrap();
                     kernel[f].write_all_at(&bytes, off).unwrap();
                     prop_assert_eq!(a.size, kernel[f].metadata().unwrap().len(), "size after the write");
@@ -100,7 +100,7 @@ fn a_freed_files_data_goes() {
     let (store, _) = Store::open(tmp.path(), StoreOptions::default(), 1).unwrap();
     for (i, name) in [b"a", b"b"].iter().enumerate() {
         let (f, _) = store.ns().create(&root, ROOT, *name, new(), b"", 2).unwrap();
-        store.write(&root, f.ino, 1 << 30, b"far out", 3).unwrap();
+        store.write(&root, f.ino, Some(1 << 30), b"far out", 3).unwrap();
         assert_eq!(store.ns().getattr(f.ino).unwrap().size, (1 << 30) + 7, "a sparse file of a GiB ({i})");
     }
     assert_eq!(data_files(tmp.path()), 2);

@@ -1,9 +1,10 @@
-//! The namespace's operations on the wire (protocol 5): each request
+//! The namespace's operations on the wire (protocol 6): each request
 //! carries the caller's credentials, which the server checks permissions
 //! with, as a local file system checks a process's; each answer is a
 //! [`MetaReply`] or the errno the operation failed with, which the mount
 //! hands to the kernel verbatim. A change is answered only once its
-//! journal record is durable.
+//! journal record is durable (a `Write` excepted: like `write(2)`, it is
+//! durable at the next `Fsync`).
 //!
 //! And the changelog: register, deregister, list, read (with a wait:
 //! follow) and clear, as Lustre's `lfs changelog` does them.
@@ -113,10 +114,14 @@ pub enum MetaOp {
         size: u32,
     },
     /// Writes `data` (at most [`MAX_DATA`] bytes) at `offset`:
-    /// [`MetaReply::Attr`] with the new size.
+    /// [`MetaReply::Attr`] with the new size. Answered before it is
+    /// durable, as `write(2)` is: [`MetaOp::Fsync`] makes it so.
     Write {
         ino: Ino,
         offset: u64,
+        /// Write at the end of the file instead of `offset` (`O_APPEND`),
+        /// atomically: appends from any number of clients never overlap.
+        append: bool,
         #[serde(with = "serde_bytes")]
         data: Vec<u8>,
     },

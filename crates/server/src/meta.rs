@@ -133,11 +133,15 @@ fn run(inner: &Inner, sid: u64, cred: &Cred, op: MetaOp) -> Result<(MetaReply, S
             let len = (size as usize).min(MAX_DATA);
             (MetaReply::Bytes(inner.store.read(cred, ino, offset, len)?), 0)
         }
-        MetaOp::Write { ino, offset, data } => {
+        MetaOp::Write { ino, offset, append, data } => {
             if data.len() > MAX_DATA {
                 return Err(Errno::EINVAL);
             }
-            attr(inner.store.write(cred, ino, offset, &data, now)?)
+            // Answered at once, as write(2) returns before its data is
+            // on disk: the record, like the data, is durable by the next
+            // fsync (which waits for every record so far).
+            let (a, _durable_at) = inner.store.write(cred, ino, (!append).then_some(offset), &data, now)?;
+            (MetaReply::Attr(a), 0)
         }
         MetaOp::Fsync { ino } => done(inner.store.fsync(ino)?),
     })

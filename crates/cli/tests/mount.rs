@@ -1,0 +1,379 @@
+//! `interlock mount` with real programs and real system calls: two mounts
+//! of one server are two nodes of a cluster. Locks taken through one are
+//! seen through the other; data written under a lock is read under it;
+//! a blocked lock wait yields to a signal; a killed mount gives its locks
+//! back; a restarted server keeps the mount's files and locks. And the
+//! mount against the kernel: random sequences of file-system calls give
+//! what tmpfs gives.
+//!
+//! Needs root and /dev/fuse. Without them these tests say loudly that
+//! they skipped, unless `INTERLOCK_REQUIRE_FUSE` is set (scripts/test sets
+//! it where /dev/fuse exists), when they fail instead.
+
+mod common;
+
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Write};
+use std::os::fd::AsFd;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{BIN, ServerProc};
+use nix::errno::Errno;
+use nix::fcntl::{FcntlArg, FlockArg, fcntl};
+
+/// Whether FUSE tests can run here; says so loudly when not.
+fn fuse_ready(test: &str) -> bool {
+    let ready = Path::new("/dev/fuse").exists() && nix::unistd::Uid::effective().is_root();
+    if !ready {
+        assert!(std::env::var_os("INTERLOCK_REQUIRE_FUSE").is_none(), "{test}: /dev/fuse and root are required");
+        eprintln!("SKIPPED {test}: needs root and /dev/fuse");
+    }
+    ready
+}
+
+/// `interlock mount` in the foreground on a fresh directory; unmounted
+/// and waited for on drop.
+struct Mount {
+    child: Child,
+    dir: tempfile::TempDir,
+}
+
+impl Mount {
+    fn new(addr: &str) -> Mount {
+        let dir = tempfile::tempdir().unwrap();
+        let child = Command::new(BIN)
+            .args(["mount", "--server", addr])
+            .arg(dir.path())
+            .env("INTERLOCK_LOG", "warn")
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut m = Mount { child, dir };
+        let path = std::fs::canonicalize(m.dir.path()).unwrap();
+        wait_for("the mount", || {
+            assert!(m.child.try_wait().unwrap().is_none(), "interlock mount exited");
+            interlock_fs::is_mounted(&path)
+        });
+        m
+    }
+
+    fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    fn join(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+}
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        let _ = interlock_fs::unmount(self.dir.path());
+        if self.child.try_wait().ok().flatten().is_none() {
+            let until = Instant::now() + Duration::from_secs(10);
+            while self.child.try_wait().ok().flatten().is_none() && Instant::now() < until {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// Polls `done` until it holds (at most 30 s).
+fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
+    let until = Instant::now() + Duration::from_secs(30);
+    while !done() {
+        assert!(Instant::now() < until, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+fn server() -> (tempfile::TempDir, ServerProc) {
+    let data = tempfile::tempdir().unwrap();
+    let server = ServerProc::start(data.path(), "127.0.0.1:0", &["--lease-ms", "2000"]);
+    (data, server)
+}
+
+fn rw(path: &Path) -> File {
+    OpenOptions::new().read(true).write(true).create(true).truncate(false).open(path).unwrap()
+}
+
+/// flock(2) on an open file (nix's `Flock` guard takes the file; these
+/// tests change one file's lock in place).
+#[allow(deprecated)]
+fn flock(f: &File, op: FlockArg) -> nix::Result<()> {
+    nix::fcntl::flock(std::os::fd::AsRawFd::as_raw_fd(f), op)
+}
+
+fn posix(typ: i32, start: i64, len: i64) -> libc::flock {
+    libc::flock { l_type: typ as i16, l_whence: libc::SEEK_SET as i16, l_start: start, l_len: len, l_pid: 0 }
+}
+
+fn waiters(addr: &str) -> u64 {
+    common::rt().block_on(async { common::client(addr).await.status().await.unwrap().waiters })
+}
+
+#[test]
+fn flock_posix_and_ofd_locks_exclude_across_mounts() {
+    if !fuse_ready("flock_posix_and_ofd_locks_exclude_across_mounts") {
+        return;
+    }
+    let (_data, server) = server();
+    let (a, b) = (Mount::new(&server.addr), Mount::new(&server.addr));
+    let (fa, fb) = (rw(&a.join("f")), rw(&b.join("f")));
+
+    // flock(2)
+    flock(&fa, FlockArg::LockExclusive).unwrap();
+    assert_eq!(flock(&fb, FlockArg::LockExclusiveNonblock), Err(Errno::EWOULDBLOCK));
+    flock(&fa, FlockArg::Unlock).unwrap();
+    flock(&fb, FlockArg::LockSharedNonblock).unwrap();
+    flock(&fa, FlockArg::LockSharedNonblock).unwrap();
+    assert_eq!(flock(&fa, FlockArg::LockExclusiveNonblock), Err(Errno::EWOULDBLOCK));
+    // The last close of b's file drops its flock (the kernel sends the
+    // release after close returns: wait for it).
+    drop(fb);
+    wait_for("b's flock to go with its file", || flock(&fa, FlockArg::LockExclusiveNonblock).is_ok());
+    flock(&fa, FlockArg::Unlock).unwrap();
+
+    // OFD locks: byte ranges; F_OFD_GETLK finds the holder on the other
+    // mount (Linux gives OFD queries pid -1).
+    let fb = rw(&b.join("f"));
+    fcntl(fa.as_fd(), FcntlArg::F_OFD_SETLK(&posix(libc::F_WRLCK, 0, 10))).unwrap();
+    assert_eq!(fcntl(fb.as_fd(), FcntlArg::F_OFD_SETLK(&posix(libc::F_RDLCK, 5, 1))), Err(Errno::EAGAIN));
+    fcntl(fb.as_fd(), FcntlArg::F_OFD_SETLK(&posix(libc::F_WRLCK, 10, 5))).unwrap();
+    let mut probe = posix(libc::F_WRLCK, 0, 0);
+    fcntl(fb.as_fd(), FcntlArg::F_OFD_GETLK(&mut probe)).unwrap();
+    assert_eq!((i32::from(probe.l_type), probe.l_start, probe.l_len, probe.l_pid), (libc::F_WRLCK, 0, 10, -1));
+    drop(fa); // the OFD lock goes with its open file
+    wait_for("a's OFD lock to go with its file", || {
+        fcntl(fb.as_fd(), FcntlArg::F_OFD_SETLK(&posix(libc::F_WRLCK, 0, 10))).is_ok()
+    });
+    drop(fb);
+
+    // POSIX locks of this process through mount a (another node than b):
+    // any close of the file drops them.
+    let fa = rw(&a.join("f"));
+    let fb = rw(&b.join("f"));
+    fcntl(fa.as_fd(), FcntlArg::F_SETLK(&posix(libc::F_WRLCK, 0, 0))).unwrap();
+    assert_eq!(fcntl(fb.as_fd(), FcntlArg::F_SETLK(&posix(libc::F_WRLCK, 100, 1))), Err(Errno::EAGAIN));
+    // F_GETLK: a holder on another mount has no pid here (0).
+    let mut probe = posix(libc::F_RDLCK, 5, 1);
+    fcntl(fb.as_fd(), FcntlArg::F_GETLK(&mut probe)).unwrap();
+    assert_eq!((i32::from(probe.l_type), probe.l_start, probe.l_len, probe.l_pid), (libc::F_WRLCK, 0, 0, 0));
+    drop(File::open(a.join("f")).unwrap());
+    fcntl(fb.as_fd(), FcntlArg::F_SETLK(&posix(libc::F_WRLCK, 100, 1))).unwrap();
+}
+
+#[test]
+fn a_blocked_lock_wait_yields_to_a_signal_and_is_withdrawn() {
+    if !fuse_ready("a_blocked_lock_wait_yields_to_a_signal_and_is_withdrawn") {
+        return;
+    }
+    let (_data, server) = server();
+    let (a, b) = (Mount::new(&server.addr), Mount::new(&server.addr));
+    let fa = rw(&a.join("f"));
+    flock(&fa, FlockArg::LockExclusive).unwrap();
+    // flock(1) -w: SIGALRM interrupts the blocked flock(2) after 1 s.
+    let started = Instant::now();
+    let status = Command::new("flock").args(["-w", "1"]).arg(b.join("f")).arg("true").status().unwrap();
+    assert_eq!(status.code(), Some(1), "flock -w should time out while a holds the lock");
+    assert!(started.elapsed() < Duration::from_secs(10), "the wait outlived its signal: {:?}", started.elapsed());
+    wait_for("the interrupted wait to be withdrawn", || waiters(&server.addr) == 0);
+    flock(&fa, FlockArg::Unlock).unwrap();
+    let status = Command::new("flock").args(["-w", "10"]).arg(b.join("f")).arg("true").status().unwrap();
+    assert!(status.success());
+}
+
+#[test]
+fn two_mounts_appending_under_a_lock_lose_nothing() {
+    if !fuse_ready("two_mounts_appending_under_a_lock_lose_nothing") {
+        return;
+    }
+    let (_data, server) = server();
+    let (a, b) = (Mount::new(&server.addr), Mount::new(&server.addr));
+    File::create(a.join("log")).unwrap();
+    let writer = |dir: PathBuf, tag: &'static str| {
+        std::thread::spawn(move || {
+            let lock = rw(&dir.join("log.lock"));
+            for i in 0..40 {
+                flock(&lock, FlockArg::LockExclusive).unwrap();
+                let mut f = OpenOptions::new().append(true).open(dir.join("log")).unwrap();
+                writeln!(f, "{tag}-{i}").unwrap();
+                drop(f);
+                flock(&lock, FlockArg::Unlock).unwrap();
+            }
+        })
+    };
+    let (ta, tb) = (writer(a.path().to_path_buf(), "a"), writer(b.path().to_path_buf(), "b"));
+    ta.join().unwrap();
+    tb.join().unwrap();
+    let text = std::fs::read_to_string(b.join("log")).unwrap();
+    let mut lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 80, "{text}");
+    lines.sort();
+    lines.dedup();
+    assert_eq!(lines.len(), 80, "a line was overwritten");
+}
+
+/// ctdb's ping_pong, if the test command installed it.
+fn ping_pong() -> Option<PathBuf> {
+    let p = std::env::var_os("INTERLOCK_PING_PONG").map(PathBuf::from).unwrap_or("/usr/bin/ping_pong".into());
+    if p.exists() {
+        return Some(p);
+    }
+    assert!(std::env::var_os("INTERLOCK_REQUIRE_FUSE").is_none(), "ping_pong not found at {}", p.display());
+    eprintln!("SKIPPED ping_pong test: no ping_pong (Debian package ctdb)");
+    None
+}
+
+#[test]
+fn ping_pong_rw_sees_every_increment_across_two_mounts() {
+    if !fuse_ready("ping_pong_rw_sees_every_increment_across_two_mounts") {
+        return;
+    }
+    let Some(pp) = ping_pong() else { return };
+    let (_data, server) = server();
+    let (a, b) = (Mount::new(&server.addr), Mount::new(&server.addr));
+    File::create(a.join("pp")).unwrap();
+    let run = |m: &Mount| {
+        Command::new("timeout")
+            .args(["-s", "INT", "4"])
+            .arg(&pp)
+            .arg("-rw")
+            .arg(m.join("pp"))
+            .arg("3")
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let (pa, pb) = (run(&a), run(&b));
+    let outs = [pa.wait_with_output().unwrap(), pb.wait_with_output().unwrap()];
+    for out in outs {
+        let text = String::from_utf8_lossy(&out.stdout).replace('\r', "\n");
+        // Each process reports the increment it sees per round: 2 when
+        // both see each other's writes (1 alone; anything else is a lost
+        // or stale write).
+        let last = text.lines().rev().find_map(|l| l.trim().strip_prefix("data increment = ")).map(str::to_string);
+        assert_eq!(last.as_deref(), Some("2"), "ping_pong output:\n{text}");
+    }
+}
+
+#[test]
+fn tar_and_git_work_on_the_mount() {
+    if !fuse_ready("tar_and_git_work_on_the_mount") {
+        return;
+    }
+    let (_data, server) = server();
+    let m = Mount::new(&server.addr);
+    // tar: a tree made on local disk, packed, unpacked on the mount, the
+    // same tree (contents, modes, symlinks).
+    let src = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(src.path().join("t/sub/deeper")).unwrap();
+    for i in 0..50 {
+        std::fs::write(src.path().join(format!("t/sub/f{i}")), format!("file {i}\n").repeat(i * 100)).unwrap();
+    }
+    std::fs::write(src.path().join("t/sub/deeper/x.sh"), "#!/bin/sh\n").unwrap();
+    std::fs::set_permissions(src.path().join("t/sub/deeper/x.sh"), std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::os::unix::fs::symlink("sub/f1", src.path().join("t/link")).unwrap();
+    let tarball = src.path().join("t.tar");
+    assert!(
+        Command::new("tar").arg("-C").arg(src.path()).args(["-cf"]).arg(&tarball).arg("t").status().unwrap().success()
+    );
+    assert!(Command::new("tar").arg("-C").arg(m.path()).args(["-xf"]).arg(&tarball).status().unwrap().success());
+    let diff = Command::new("diff")
+        .arg("-r")
+        .arg("--no-dereference")
+        .arg(src.path().join("t"))
+        .arg(m.join("t"))
+        .output()
+        .unwrap();
+    assert!(diff.status.success(), "{}", String::from_utf8_lossy(&diff.stdout));
+
+    // git: init, add, commit, and a clean fsck.
+    let repo = m.join("repo");
+    std::fs::create_dir(&repo).unwrap();
+    let git = |args: &[&str]| {
+        let out = Command::new("git")
+            .arg("-C")
+            .arg(&repo)
+            .args(["-c", "user.name=t", "-c", "user.email=t@example.com", "-c", "init.defaultBranch=main"])
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "git {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    git(&["init", "-q"]);
+    std::fs::write(repo.join("README"), "hello\n").unwrap();
+    git(&["add", "README"]);
+    git(&["commit", "-q", "-m", "first"]);
+    std::fs::write(repo.join("README"), "hello again\n").unwrap();
+    git(&["commit", "-q", "-a", "-m", "second"]);
+    assert_eq!(git(&["log", "--format=%s"]), "second\nfirst\n");
+    git(&["fsck", "--strict"]);
+}
+
+#[test]
+fn a_killed_mount_gives_its_locks_back_and_unmounts_cleanly() {
+    if !fuse_ready("a_killed_mount_gives_its_locks_back_and_unmounts_cleanly") {
+        return;
+    }
+    let (_data, server) = server();
+    let (mut a, b) = (Mount::new(&server.addr), Mount::new(&server.addr));
+    let fa = rw(&a.join("f"));
+    flock(&fa, FlockArg::LockExclusive).unwrap();
+    let fb = rw(&b.join("f"));
+    assert_eq!(flock(&fb, FlockArg::LockExclusiveNonblock), Err(Errno::EWOULDBLOCK));
+    a.child.kill().unwrap();
+    a.child.wait().unwrap();
+    // Within the lease (2 s), a's lock is released: b's wait ends.
+    let started = Instant::now();
+    flock(&fb, FlockArg::LockExclusive).unwrap();
+    assert!(started.elapsed() < Duration::from_secs(15), "{:?}", started.elapsed());
+    drop(fa);
+    // The dead mount point fails until unmounted, then is a directory again.
+    assert!(std::fs::metadata(a.path()).is_err());
+    let status = Command::new("fusermount3").arg("-u").arg(a.path()).status();
+    if status.is_err() {
+        interlock_fs::unmount(a.path()).unwrap();
+    }
+    assert!(std::fs::metadata(a.path()).unwrap().is_dir());
+}
+
+#[test]
+fn a_server_restart_keeps_open_files_and_locks() {
+    if !fuse_ready("a_server_restart_keeps_open_files_and_locks") {
+        return;
+    }
+    let data = tempfile::tempdir().unwrap();
+    let mut server = ServerProc::start(data.path(), "127.0.0.1:0", &["--lease-ms", "5000", "--recovery-ms", "2000"]);
+    let addr = server.addr.clone();
+    let (a, b) = (Mount::new(&addr), Mount::new(&addr));
+    let mut fa = rw(&a.join("f"));
+    fa.write_all(b"before ").unwrap();
+    fa.sync_all().unwrap();
+    fcntl(fa.as_fd(), FcntlArg::F_OFD_SETLK(&posix(libc::F_WRLCK, 0, 0))).unwrap();
+    server.kill9();
+    let _server = ServerProc::start(data.path(), &addr, &["--lease-ms", "5000", "--recovery-ms", "2000"]);
+    // The open file goes on (the write waits for the reconnect).
+    fa.write_all(b"after").unwrap();
+    fa.sync_all().unwrap();
+    let mut text = String::new();
+    File::open(b.join("f")).unwrap().read_to_string(&mut text).unwrap();
+    assert_eq!(text, "before after");
+    // a's lock was reclaimed: once the recovery window is over (in it,
+    // b's request would be refused anyway), b cannot have it.
+    wait_for("the recovery window to end", || {
+        common::rt().block_on(async { common::client(&addr).await.status().await.unwrap().recovering_ms == 0 })
+    });
+    let fb = rw(&b.join("f"));
+    assert_eq!(fcntl(fb.as_fd(), FcntlArg::F_OFD_SETLK(&posix(libc::F_WRLCK, 0, 0))), Err(Errno::EAGAIN));
+    drop(fa);
+    wait_for("a's reclaimed lock to go with its file", || {
+        fcntl(fb.as_fd(), FcntlArg::F_OFD_SETLK(&posix(libc::F_WRLCK, 0, 0))).is_ok()
+    });
+}
