@@ -377,3 +377,149 @@ fn a_server_restart_keeps_open_files_and_locks() {
         fcntl(fb.as_fd(), FcntlArg::F_OFD_SETLK(&posix(libc::F_WRLCK, 0, 0))).is_ok()
     });
 }
+
+/// One file-system call of the differential test, on paths relative to a
+/// case's directory.
+#[derive(Clone, Debug)]
+enum FsOp {
+    Create { path: &'static str, excl: bool, trunc: bool },
+    Write { path: &'static str, offset: u64, len: usize, byte: u8 },
+    Truncate { path: &'static str, size: u64 },
+    Rename { from: &'static str, to: &'static str },
+    Link { from: &'static str, to: &'static str },
+    Unlink { path: &'static str },
+    Mkdir { path: &'static str },
+    Rmdir { path: &'static str },
+    Chmod { path: &'static str, mode: u32 },
+    Symlink { target: &'static str, path: &'static str },
+    Readdir { path: &'static str },
+}
+
+const PATHS: &[&str] = &["a", "b", "d", "e", "d/a", "d/b", "d/e", "e/a"];
+
+fn fs_op() -> impl proptest::strategy::Strategy<Value = FsOp> {
+    use proptest::prelude::*;
+    let p = || proptest::sample::select(PATHS);
+    prop_oneof![
+        (p(), any::<bool>(), any::<bool>()).prop_map(|(path, excl, trunc)| FsOp::Create { path, excl, trunc }),
+        (p(), 0u64..300_000, 1usize..200_000, any::<u8>()).prop_map(|(path, offset, len, byte)| FsOp::Write {
+            path,
+            offset,
+            len,
+            byte
+        }),
+        (p(), 0u64..400_000).prop_map(|(path, size)| FsOp::Truncate { path, size }),
+        (p(), p()).prop_map(|(from, to)| FsOp::Rename { from, to }),
+        (p(), p()).prop_map(|(from, to)| FsOp::Link { from, to }),
+        p().prop_map(|path| FsOp::Unlink { path }),
+        p().prop_map(|path| FsOp::Mkdir { path }),
+        p().prop_map(|path| FsOp::Rmdir { path }),
+        (p(), proptest::sample::select(&[0o600u32, 0o755, 0o444, 0o1777][..]))
+            .prop_map(|(path, mode)| FsOp::Chmod { path, mode }),
+        (p(), p()).prop_map(|(target, path)| FsOp::Symlink { target, path }),
+        p().prop_map(|path| FsOp::Readdir { path }),
+    ]
+}
+
+/// Runs `op` under `root`: what it returned (a listing for readdir), or
+/// its errno.
+fn apply(root: &Path, op: &FsOp) -> Result<Vec<String>, i32> {
+    let at = |p: &str| root.join(p);
+    let errno = |e: std::io::Error| e.raw_os_error().unwrap_or(-1);
+    let none = |r: std::io::Result<()>| r.map(|()| Vec::new()).map_err(errno);
+    match *op {
+        FsOp::Create { path, excl, trunc } => {
+            none(OpenOptions::new().write(true).create(!excl).create_new(excl).truncate(trunc).open(at(path)).map(drop))
+        }
+        FsOp::Write { path, offset, len, byte } => none((|| {
+            use std::os::unix::fs::FileExt;
+            OpenOptions::new().write(true).open(at(path))?.write_all_at(&vec![byte; len], offset)
+        })()),
+        FsOp::Truncate { path, size } => {
+            none(OpenOptions::new().write(true).open(at(path)).and_then(|f| f.set_len(size)))
+        }
+        FsOp::Rename { from, to } => none(std::fs::rename(at(from), at(to))),
+        FsOp::Link { from, to } => none(std::fs::hard_link(at(from), at(to))),
+        FsOp::Unlink { path } => none(std::fs::remove_file(at(path))),
+        FsOp::Mkdir { path } => none(std::fs::create_dir(at(path))),
+        FsOp::Rmdir { path } => none(std::fs::remove_dir(at(path))),
+        FsOp::Chmod { path, mode } => none(std::fs::set_permissions(at(path), std::fs::Permissions::from_mode(mode))),
+        FsOp::Symlink { target, path } => none(std::os::unix::fs::symlink(target, at(path))),
+        FsOp::Readdir { path } => {
+            let mut names: Vec<String> = std::fs::read_dir(at(path))
+                .map_err(errno)?
+                .map(|e| e.map(|e| e.file_name().to_string_lossy().into_owned()).map_err(errno))
+                .collect::<Result<_, _>>()?;
+            names.sort();
+            Ok(names)
+        }
+    }
+}
+
+/// Everything under `root` that a program can see, but times and inode
+/// numbers: each path's type, permissions, link count, size and contents
+/// (a symlink's target).
+fn tree(root: &Path) -> Vec<String> {
+    use std::os::unix::fs::MetadataExt;
+    let mut out = Vec::new();
+    let mut todo = vec![PathBuf::new()];
+    while let Some(rel) = todo.pop() {
+        let path = root.join(&rel);
+        let m = std::fs::symlink_metadata(&path).unwrap();
+        let what = if m.is_symlink() {
+            format!("link {}", std::fs::read_link(&path).unwrap().display())
+        } else if m.is_dir() {
+            for e in std::fs::read_dir(&path).unwrap() {
+                todo.push(rel.join(e.unwrap().file_name()));
+            }
+            "dir".to_string()
+        } else {
+            let data = std::fs::read(&path).unwrap();
+            let sum = data.iter().fold(0u64, |h, &b| h.wrapping_mul(1_000_003).wrapping_add(u64::from(b)));
+            format!("file {} bytes, checksum {sum:x}", data.len())
+        };
+        out.push(format!(
+            "{} {what} mode {:o} nlink {} size {}",
+            rel.display(),
+            m.mode() & 0o7777,
+            m.nlink(),
+            m.size()
+        ));
+    }
+    out.sort();
+    out
+}
+
+#[test]
+fn random_file_system_calls_give_what_tmpfs_gives() {
+    use proptest::test_runner::{Config, TestCaseError, TestRunner};
+    if !fuse_ready("random_file_system_calls_give_what_tmpfs_gives") {
+        return;
+    }
+    let (_data, server) = server();
+    let m = Mount::new(&server.addr);
+    let shm = tempfile::tempdir_in("/dev/shm").expect("tmpfs at /dev/shm");
+    let case = std::cell::Cell::new(0);
+    let mut runner = TestRunner::new(Config { cases: 40, failure_persistence: None, ..Config::default() });
+    let ops = proptest::collection::vec(fs_op(), 1..40);
+    runner
+        .run(&ops, |ops| {
+            case.set(case.get() + 1);
+            let name = format!("case{}", case.get());
+            let (ours, kernel) = (m.join(&name), shm.path().join(&name));
+            std::fs::create_dir(&ours).unwrap();
+            std::fs::create_dir(&kernel).unwrap();
+            for (i, op) in ops.iter().enumerate() {
+                let (a, b) = (apply(&ours, op), apply(&kernel, op));
+                if a != b {
+                    return Err(TestCaseError::fail(format!("op {i} {op:?}: mount {a:?}, tmpfs {b:?}")));
+                }
+            }
+            let (a, b) = (tree(&ours), tree(&kernel));
+            if a != b {
+                return Err(TestCaseError::fail(format!("final trees differ:\nmount {a:#?}\ntmpfs {b:#?}")));
+            }
+            Ok(())
+        })
+        .unwrap();
+}

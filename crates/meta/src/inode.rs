@@ -150,7 +150,8 @@ impl Inode {
     pub fn attr(&self) -> Attr {
         let m = self.meta.lock();
         let size = match &self.dir {
-            Some(d) => d.entries.load(Relaxed) * DIRENT_SIZE,
+            // As tmpfs: `.` and `..` count too.
+            Some(d) => (d.entries.load(Relaxed) + 2) * DIRENT_SIZE,
             None => self.size.load(Relaxed),
         };
         Attr {
