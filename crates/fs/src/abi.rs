@@ -62,7 +62,6 @@ pub mod init {
     pub const BIG_WRITES: u64 = 1 << 5;
     pub const FLOCK_LOCKS: u64 = 1 << 10;
     pub const DO_READDIRPLUS: u64 = 1 << 13;
-    pub const READDIRPLUS_AUTO: u64 = 1 << 14;
     pub const PARALLEL_DIROPS: u64 = 1 << 18;
     pub const MAX_PAGES: u64 = 1 << 22;
     pub const INIT_EXT: u64 = 1 << 30;

@@ -25,13 +25,15 @@ use crate::ops::{Answer, Fs};
 /// Largest write (and read) the kernel sends in one request.
 pub const MAX_WRITE: usize = 1 << 20;
 
-/// What we ask of the kernel at `FUSE_INIT`.
+/// What we ask of the kernel at `FUSE_INIT`. Readdirplus always (not
+/// `READDIRPLUS_AUTO`, which lists without attributes after the first
+/// page): `du` and `ls -l` then stat from the kernel's cache, with no
+/// lookup per file.
 const WANT: u64 = init::ASYNC_READ
     | init::POSIX_LOCKS
     | init::FLOCK_LOCKS
     | init::BIG_WRITES
     | init::DO_READDIRPLUS
-    | init::READDIRPLUS_AUTO
     | init::PARALLEL_DIROPS
     | init::MAX_PAGES
     | init::INIT_EXT

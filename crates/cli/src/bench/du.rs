@@ -43,7 +43,7 @@ pub fn run(args: Args) -> Result<(), String> {
     let mut report = Report::new(args.json, COLUMNS);
     let rt = crate::remote::runtime();
     rt.block_on(async {
-        let top = build(&addr, &options, args.files, !args.json).await?;
+        let (_, top) = build(&addr, &options, args.files, !args.json).await?;
         let client = Client::connect(&addr, options.clone()).await.map_err(|e| e.to_string())?;
         let start = Instant::now();
         let (files, bytes) = walk(&client, top).await?;
@@ -64,8 +64,14 @@ pub fn run(args: Args) -> Result<(), String> {
     })
 }
 
-/// Makes `du.TIME/dK/file.I` for I < `files`; returns the top directory.
-async fn build(addr: &str, options: &ClientOptions, files: u64, progress: bool) -> Result<Ino, String> {
+/// Makes `du.TIME/dK/file.I` for I < `files`; returns the top
+/// directory's name and inode.
+pub(super) async fn build(
+    addr: &str,
+    options: &ClientOptions,
+    files: u64,
+    progress: bool,
+) -> Result<(String, Ino), String> {
     let root = Cred::root();
     let c = Client::connect(addr, options.clone()).await.map_err(|e| e.to_string())?;
     let top_name = format!(
@@ -116,7 +122,7 @@ async fn build(addr: &str, options: &ClientOptions, files: u64, progress: bool) 
         eprintln!();
     }
     let _ = c.bye().await;
-    Ok(top.ino)
+    Ok((top_name, top.ino))
 }
 
 /// `du -s`: every file under `top` and the bytes of their sizes.

@@ -136,7 +136,7 @@ pub fn run(args: Args) -> Result<(), String> {
                 .prefix("interlock-mdtest")
                 .tempdir_in("/dev/shm")
                 .map_err(|e| format!("the kernel variant needs a tmpfs at /dev/shm: {e}"))?;
-            let secs = kernel(shm.path(), t, files)?;
+            let secs = on_dir(shm.path(), t, files)?;
             for (phase, s) in PHASES.iter().zip(secs) {
                 let mut r = row("kernel", phase, t, files, s);
                 r.insert("changelog".into(), json!(false));
@@ -338,17 +338,19 @@ fn net(addr: &str, options: &ClientOptions, threads: usize, files: u64) -> Resul
     })
 }
 
-/// The kernel on tmpfs: seconds for create, stat and unlink.
-fn kernel(dir: &Path, threads: usize, files: u64) -> Result<[f64; 3], String> {
+/// The shape on a directory of a mounted file system (tmpfs for the
+/// `kernel` variant; `bench mount` uses it on FUSE mounts): seconds for
+/// create, stat and unlink.
+pub(super) fn on_dir(dir: &Path, threads: usize, files: u64) -> Result<[f64; 3], String> {
     let path = |i: u64| dir.join(format!("file.{i}"));
     let create = phase(threads, files, |i| {
-        std::fs::File::create_new(path(i)).expect("create on tmpfs");
+        std::fs::File::create_new(path(i)).expect("create");
     });
     let stat = phase(threads, files, |i| {
-        std::fs::metadata(path(i)).expect("stat on tmpfs");
+        std::fs::metadata(path(i)).expect("stat");
     });
     let unlink = phase(threads, files, |i| {
-        std::fs::remove_file(path(i)).expect("unlink on tmpfs");
+        std::fs::remove_file(path(i)).expect("unlink");
     });
     Ok([create, stat, unlink])
 }

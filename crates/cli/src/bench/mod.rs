@@ -11,6 +11,7 @@ mod handover;
 mod journal;
 mod kernel;
 mod mdtest;
+mod mount;
 mod netbench;
 mod restart;
 mod rsb;
@@ -52,6 +53,11 @@ pub enum BenchCommand {
     /// Seed 004: a tree of N files built through a server, then walked as
     /// `du -s` does (readdirplus, a page per round trip).
     Du(du::Args),
+    /// Issue 12: through `interlock mount` beside bindfs over tmpfs (the
+    /// FUSE floor) and tmpfs: mdtest create/stat/unlink, ctdb ping_pong
+    /// with 1 and 2 processes (2 mounts), du on a cold mount, sequential
+    /// write and read. Needs root and /dev/fuse.
+    Mount(mount::Args),
 }
 
 pub fn run(cmd: BenchCommand) -> Result<(), String> {
@@ -65,6 +71,7 @@ pub fn run(cmd: BenchCommand) -> Result<(), String> {
         BenchCommand::Mdtest(args) => mdtest::run(args),
         BenchCommand::Restart(args) => restart::run(args),
         BenchCommand::Du(args) => du::run(args),
+        BenchCommand::Mount(args) => mount::run(args),
     }
 }
 

@@ -1,0 +1,313 @@
+//! `interlock bench mount`: the file system through the mount, beside
+//! the floor any FUSE file system pays here (`bindfs` over tmpfs, a
+//! passthrough) and tmpfs itself: the mdtest shape (T threads create,
+//! stat and unlink files in one shared directory), ctdb's `ping_pong` (1
+//! process; 2 processes, on two mounts for interlock), `du` over a tree
+//! of files on a cold mount, and sequential write and read of one large
+//! file. Needs root and /dev/fuse; bindfs and ping_pong where installed
+//! (rows without them are left out, with a note).
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{Map, Value, json};
+
+use super::{Report, parse_size};
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Files per mdtest run.
+    #[arg(long, default_value = "20k", value_parser = parse_size)]
+    files: u64,
+    /// Thread counts for the mdtest shape, comma-separated.
+    #[arg(long, default_value = "1,8", value_delimiter = ',')]
+    threads: Vec<usize>,
+    /// Files in the du tree.
+    #[arg(long, default_value = "100k", value_parser = parse_size)]
+    du_files: u64,
+    /// MiB to write and read sequentially.
+    #[arg(long, default_value = "1024")]
+    mib: u64,
+    /// Seconds each ping_pong run lasts.
+    #[arg(long, default_value = "4")]
+    seconds: u64,
+    /// ctdb's ping_pong (default: $INTERLOCK_PING_PONG, else
+    /// /usr/bin/ping_pong).
+    #[arg(long)]
+    ping_pong: Option<PathBuf>,
+    /// Only these variants, comma-separated (interlock, bindfs, tmpfs).
+    #[arg(long, default_value = "interlock,bindfs,tmpfs", value_delimiter = ',')]
+    variants: Vec<String>,
+    /// One JSON object per line.
+    #[arg(long)]
+    json: bool,
+}
+
+const COLUMNS: &[(&str, &str)] = &[
+    ("variant", "variant"),
+    ("test", "test"),
+    ("threads", "threads"),
+    ("ops/s (MB/s)", "ops_per_sec"),
+    ("seconds", "seconds"),
+];
+
+fn row(variant: &str, test: &str, threads: usize, rate: f64, seconds: f64) -> Map<String, Value> {
+    let mut m = Map::new();
+    m.insert("scenario".into(), json!("mount"));
+    m.insert("variant".into(), json!(variant));
+    m.insert("test".into(), json!(test));
+    m.insert("threads".into(), json!(threads));
+    m.insert("ops_per_sec".into(), json!(rate));
+    m.insert("seconds".into(), json!(seconds));
+    m
+}
+
+/// A FUSE file system process mounted on a directory; unmounted on drop.
+struct Mounted {
+    child: Child,
+    path: PathBuf,
+}
+
+impl Mounted {
+    fn start(mut cmd: Command, path: &Path) -> Result<Mounted, String> {
+        let child = cmd.stdout(Stdio::null()).spawn().map_err(|e| format!("cannot start {cmd:?}: {e}"))?;
+        let mut m = Mounted { child, path: path.to_path_buf() };
+        let until = Instant::now() + Duration::from_secs(30);
+        while !interlock_fs::is_mounted(path) {
+            if let Ok(Some(s)) = m.child.try_wait() {
+                return Err(format!("{cmd:?} ended ({s}) before mounting"));
+            }
+            if Instant::now() > until {
+                return Err(format!("{} was not mounted in time", path.display()));
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        Ok(m)
+    }
+
+    fn interlock(addr: &str, path: &Path) -> Result<Mounted, String> {
+        let mut cmd = Command::new(std::env::current_exe().map_err(|e| e.to_string())?);
+        cmd.args(["mount", "--server", addr]).arg(path).env("INTERLOCK_LOG", "warn");
+        Mounted::start(cmd, path)
+    }
+}
+
+impl Mounted {
+    fn bindfs(src: &Path, at: &Path) -> Result<Mounted, String> {
+        let mut cmd = Command::new("bindfs");
+        cmd.arg("-f").arg(src).arg(at);
+        Mounted::start(cmd, at)
+    }
+}
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        let _ = interlock_fs::unmount(&self.path);
+        let until = Instant::now() + Duration::from_secs(10);
+        while self.child.try_wait().ok().flatten().is_none() && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn dir_in(base: &Path, name: &str) -> Result<PathBuf, String> {
+    let p = base.join(name);
+    std::fs::create_dir_all(&p).map_err(|e| format!("{}: {e}", p.display()))?;
+    Ok(std::fs::canonicalize(&p).map_err(|e| e.to_string())?)
+}
+
+pub fn run(args: Args) -> Result<(), String> {
+    if !Path::new("/dev/fuse").exists() || !nix::unistd::Uid::effective().is_root() {
+        return Err("bench mount needs root and /dev/fuse".into());
+    }
+    let mut report = Report::new(args.json, COLUMNS);
+    // Our mount points and bindfs's source live on tmpfs; the server's
+    // data on the project's disk.
+    let shm = tempfile::tempdir_in("/dev/shm").map_err(|e| format!("/dev/shm: {e}"))?;
+    let pp = args
+        .ping_pong
+        .clone()
+        .or_else(|| std::env::var_os("INTERLOCK_PING_PONG").map(PathBuf::from))
+        .unwrap_or_else(|| "/usr/bin/ping_pong".into());
+    let pp = pp.exists().then_some(pp);
+    if pp.is_none() {
+        eprintln!("note: no ping_pong (Debian package ctdb, or --ping-pong): its rows are left out");
+    }
+    for variant in &args.variants {
+        match variant.as_str() {
+            "interlock" => {
+                let (addr, _, _own) = super::netbench::server_addr(&None, false)?;
+                let (a, b) = (dir_in(shm.path(), "a")?, dir_in(shm.path(), "b")?);
+                let ma = Mounted::interlock(&addr, &a)?;
+                let mb = Mounted::interlock(&addr, &b)?;
+                suite(&args, &mut report, "interlock", &a, Some(&b), pp.as_deref())?;
+                drop(mb);
+                drop(ma);
+                // du on a cold mount: the tree is made through the client,
+                // then a fresh mount walks it.
+                let (name, _) = crate::remote::runtime().block_on(super::du::build(
+                    &addr,
+                    &Default::default(),
+                    args.du_files,
+                    !args.json,
+                ))?;
+                let cold = dir_in(shm.path(), "cold")?;
+                let m = Mounted::interlock(&addr, &cold)?;
+                report.row(du(&cold.join(name), "interlock", args.du_files)?);
+                drop(m);
+            }
+            "bindfs" => {
+                if Command::new("bindfs").arg("--version").output().is_err() {
+                    eprintln!("note: no bindfs (Debian package bindfs): its rows are left out");
+                    continue;
+                }
+                let (src, at) = (dir_in(shm.path(), "bsrc")?, dir_in(shm.path(), "bmnt")?);
+                let m = Mounted::bindfs(&src, &at)?;
+                suite(&args, &mut report, "bindfs", &at, None, pp.as_deref())?;
+                drop(m);
+                // du on a cold mount of a tree made underneath.
+                tree(&src.join("du"), args.du_files)?;
+                let m = Mounted::bindfs(&src, &at)?;
+                report.row(du(&at.join("du"), "bindfs", args.du_files)?);
+                drop(m);
+            }
+            "tmpfs" => {
+                let d = dir_in(shm.path(), "t")?;
+                suite(&args, &mut report, "tmpfs", &d, None, pp.as_deref())?;
+                tree(&d.join("du"), args.du_files)?;
+                report.row(du(&d.join("du"), "tmpfs", args.du_files)?);
+            }
+            other => return Err(format!("unknown variant {other:?} (interlock, bindfs, tmpfs)")),
+        }
+    }
+    Ok(())
+}
+
+/// mdtest, ping_pong, write and read on `dir` (and `other`, a second
+/// mount of the same tree, for two-node ping_pong).
+fn suite(
+    args: &Args,
+    report: &mut Report,
+    variant: &str,
+    dir: &Path,
+    other: Option<&Path>,
+    pp: Option<&Path>,
+) -> Result<(), String> {
+    for &t in &args.threads {
+        let d = dir.join(format!("mdtest.{t}"));
+        std::fs::create_dir(&d).map_err(|e| format!("{}: {e}", d.display()))?;
+        let secs = super::mdtest::on_dir(&d, t, args.files)?;
+        for (test, s) in ["create", "stat", "unlink"].iter().zip(secs) {
+            report.row(row(variant, test, t, args.files as f64 / s.max(1e-9), s));
+        }
+    }
+    if let Some(pp) = pp {
+        let file = dir.join("pingpong");
+        std::fs::File::create(&file).map_err(|e| e.to_string())?;
+        let one = ping_pong(pp, &[&file], args.seconds)?;
+        report.row(row(variant, "pingpong1", 1, one, args.seconds as f64));
+        let second = other.map_or(file.clone(), |o| o.join("pingpong"));
+        let two = ping_pong(pp, &[&file, &second], args.seconds)?;
+        report.row(row(variant, "pingpong2", 2, two, args.seconds as f64));
+    }
+    let (w, r) = sequential(&dir.join("big"), args.mib)?;
+    let mb = (args.mib << 20) as f64 / 1e6;
+    report.row(row(variant, "write", 1, mb / w, w));
+    report.row(row(variant, "read", 1, mb / r, r));
+    Ok(())
+}
+
+/// `ping_pong FILE 3` in one process per file, at once, for `seconds`:
+/// the median of the locks/s each reported, summed over the processes.
+fn ping_pong(pp: &Path, files: &[&Path], seconds: u64) -> Result<f64, String> {
+    let n = files.len() + 1;
+    let children: Vec<Child> = files
+        .iter()
+        .map(|f| {
+            Command::new("timeout")
+                .args(["-s", "INT", &seconds.to_string()])
+                .arg(pp)
+                .arg(f)
+                .arg(n.to_string())
+                .stdout(Stdio::piped())
+                .spawn()
+                .map_err(|e| format!("ping_pong: {e}"))
+        })
+        .collect::<Result<_, _>>()?;
+    let mut total = 0.0;
+    for c in children {
+        let out = c.wait_with_output().map_err(|e| e.to_string())?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        let mut rates: Vec<f64> = text
+            .split(['\r', '\n'])
+            .filter_map(|l| l.trim().strip_suffix("locks/sec").and_then(|n| n.trim().parse().ok()))
+            .collect();
+        // The first figure covers the start-up.
+        if rates.len() > 1 {
+            rates.remove(0);
+        }
+        rates.sort_by(f64::total_cmp);
+        total += rates.get(rates.len() / 2).copied().ok_or_else(|| format!("ping_pong printed no rate: {text}"))?;
+    }
+    Ok(total)
+}
+
+/// Seconds to write `mib` MiB to `path` in 1 MiB writes (then fsync),
+/// and to read it back.
+fn sequential(path: &Path, mib: u64) -> Result<(f64, f64), String> {
+    use std::io::{Read, Write};
+    let chunk = vec![0x5au8; 1 << 20];
+    let err = |e: std::io::Error| format!("{}: {e}", path.display());
+    let start = Instant::now();
+    let mut f = std::fs::File::create(path).map_err(err)?;
+    for _ in 0..mib {
+        f.write_all(&chunk).map_err(err)?;
+    }
+    f.sync_all().map_err(err)?;
+    drop(f);
+    let w = start.elapsed().as_secs_f64();
+    let start = Instant::now();
+    let mut f = std::fs::File::open(path).map_err(err)?;
+    let mut buf = vec![0u8; 1 << 20];
+    let mut total = 0u64;
+    loop {
+        let n = f.read(&mut buf).map_err(err)?;
+        if n == 0 {
+            break;
+        }
+        total += n as u64;
+    }
+    let r = start.elapsed().as_secs_f64();
+    std::fs::remove_file(path).map_err(err)?;
+    if total != mib << 20 {
+        return Err(format!("read {total} bytes of {}", mib << 20));
+    }
+    Ok((w, r))
+}
+
+/// Makes `files` empty files under `top`, 1,000 a directory (as
+/// `bench du` does at the server).
+fn tree(top: &Path, files: u64) -> Result<(), String> {
+    for i in 0..files {
+        let d = top.join(format!("d{}", i / 1000));
+        if i % 1000 == 0 {
+            std::fs::create_dir_all(&d).map_err(|e| e.to_string())?;
+        }
+        std::fs::File::create(d.join(format!("file.{i}"))).map_err(|e| e.to_string())?;
+    }
+    Ok(())
+}
+
+/// `du -s` of `top`, which holds `files` files.
+fn du(top: &Path, variant: &str, files: u64) -> Result<Map<String, Value>, String> {
+    let start = Instant::now();
+    let out = Command::new("du").arg("-s").arg(top).output().map_err(|e| format!("du: {e}"))?;
+    let secs = start.elapsed().as_secs_f64();
+    if !out.status.success() {
+        return Err(format!("du {}: {}", top.display(), String::from_utf8_lossy(&out.stderr)));
+    }
+    Ok(row(variant, "du", 1, files as f64 / secs.max(1e-9), secs))
+}
