@@ -116,7 +116,7 @@ impl Drop for Mounted {
 fn dir_in(base: &Path, name: &str) -> Result<PathBuf, String> {
     let p = base.join(name);
     std::fs::create_dir_all(&p).map_err(|e| format!("{}: {e}", p.display()))?;
-    Ok(std::fs::canonicalize(&p).map_err(|e| e.to_string())?)
+    std::fs::canonicalize(&p).map_err(|e| e.to_string())
 }
 
 pub fn run(args: Args) -> Result<(), String> {
