@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use foldhash::{HashMap, HashSet};
-use interlock_client::meta::Ino;
+use interlock_client::meta::{Entry, Ino};
 use interlock_proto::Kind;
 use parking_lot::Mutex;
 
@@ -17,9 +17,20 @@ pub struct Handle {
     pub lockers: Mutex<HashSet<(Kind, u64)>>,
 }
 
+/// Entries of a listing fetched but not yet given to the kernel: those
+/// after cookie `after`, and whether the listing ends with them.
+struct Page {
+    after: u64,
+    plus: bool,
+    entries: Vec<Entry>,
+    end: bool,
+}
+
 #[derive(Default)]
 pub struct Handles {
     open: Mutex<HashMap<u64, Arc<Handle>>>,
+    /// Open directories and what each has fetched ahead.
+    dirs: Mutex<HashMap<u64, Option<Page>>>,
     next: AtomicU64,
 }
 
@@ -37,5 +48,34 @@ impl Handles {
 
     pub fn remove(&self, fh: u64) -> Option<Arc<Handle>> {
         self.open.lock().remove(&fh)
+    }
+
+    /// A new directory handle. O(1).
+    pub fn open_dir(&self) -> u64 {
+        let fh = self.next.fetch_add(1, Relaxed) + 1;
+        self.dirs.lock().insert(fh, None);
+        fh
+    }
+
+    pub fn close_dir(&self, fh: u64) {
+        self.dirs.lock().remove(&fh);
+    }
+
+    /// The entries fetched ahead for directory handle `fh` that follow
+    /// cookie `after`, if that is where they start (a listing that seeks
+    /// elsewhere asks the server again).
+    pub fn take_page(&self, fh: u64, after: u64, plus: bool) -> Option<(Vec<Entry>, bool)> {
+        let mut dirs = self.dirs.lock();
+        let slot = dirs.get_mut(&fh)?;
+        match slot.take() {
+            Some(p) if p.after == after && p.plus == plus => Some((p.entries, p.end)),
+            _ => None,
+        }
+    }
+
+    pub fn keep_page(&self, fh: u64, after: u64, plus: bool, entries: Vec<Entry>, end: bool) {
+        if let Some(slot) = self.dirs.lock().get_mut(&fh) {
+            *slot = Some(Page { after, plus, entries, end });
+        }
     }
 }

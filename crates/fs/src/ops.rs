@@ -46,6 +46,12 @@ fn call<T>(r: Result<T, ClientError>) -> Result<T, i32> {
     r.map_err(|e| errno(&e))
 }
 
+/// Entries asked of the server per listing call: the kernel's buffer holds
+/// a page (about 25 entries with attributes); the rest waits in the
+/// directory handle for the next call, so a listing costs a round trip
+/// per 1,024 entries, not per 25.
+const PAGE: u32 = 1024;
+
 /// How long a call that can be repeated is retried after the server
 /// restarted (the client reconnects meanwhile).
 const RETRY_FOR: Duration = Duration::from_secs(60);
@@ -88,8 +94,12 @@ impl Fs {
             op::LISTXATTR => self.listxattr(&cred, ino, &mut a).await,
             op::REMOVEXATTR => self.removexattr(&cred, ino, &mut a).await,
             op::FLUSH => self.flush(ino, &mut a).await,
-            op::OPENDIR => Ok(abi::open_out(0, 0)),
-            op::RELEASEDIR | op::FSYNCDIR | op::DESTROY => Ok(Vec::new()),
+            op::OPENDIR => Ok(abi::open_out(self.handles.open_dir(), 0)),
+            op::RELEASEDIR => a.u64().map_err(i32::from).map(|fh| {
+                self.handles.close_dir(fh);
+                Vec::new()
+            }),
+            op::FSYNCDIR | op::DESTROY => Ok(Vec::new()),
             op::READDIR => self.readdir(&cred, ino, &mut a, false).await,
             op::READDIRPLUS => self.readdir(&cred, ino, &mut a, true).await,
             op::GETLK => self.getlk(ino, &mut a).await,
@@ -393,11 +403,12 @@ impl Fs {
 
     /// A listing page: `.` and `..` (cookies 1 and 2), then the server's
     /// entries (cookies from 3, stable: an entry present throughout is
-    /// listed once), as many as fit the kernel's buffer. With `plus`,
+    /// listed once), as many as fit the kernel's buffer; the rest of the
+    /// server's page is kept with the directory handle for the next call. With `plus`,
     /// each entry's attributes too, so `ls -l` and `du` need no lookup per
     /// file.
     async fn readdir(&self, cred: &Cred, ino: Ino, a: &mut Args<'_>, plus: bool) -> Answer {
-        let (_fh, mut cookie, size) = (a.u64()?, a.u64()?, a.u32()? as usize);
+        let (fh, mut cookie, size) = (a.u64()?, a.u64()?, a.u32()? as usize);
         let mut out = Vec::with_capacity(size);
         let dir = abi::dtype(FileType::Directory);
         let put = |out: &mut Vec<u8>, entry: Option<&Attr>, ino, cookie, kind, name: &[u8]| {
@@ -426,14 +437,19 @@ impl Fs {
             cookie = 2;
         }
         let mut from = if cookie == 2 { 0 } else { cookie };
-        let want = (size / if plus { 160 } else { 32 }).max(1) as u32;
         loop {
-            let (entries, end) = self.again(|| self.client.readdir(cred, ino, from, want, plus)).await?;
-            for e in &entries {
+            // What an earlier call fetched past the kernel's buffer, else a
+            // server page of many kernel buffers' worth.
+            let (entries, end) = match self.handles.take_page(fh, from, plus) {
+                Some(page) => page,
+                None => self.again(|| self.client.readdir(cred, ino, from, PAGE, plus)).await?,
+            };
+            for (i, e) in entries.iter().enumerate() {
                 if plus && e.attr.is_none() {
                     continue;
                 }
                 if !put(&mut out, e.attr.as_ref(), e.ino, e.cookie, abi::dtype(e.kind), &e.name) {
+                    self.handles.keep_page(fh, from, plus, entries[i..].to_vec(), end);
                     return Ok(out);
                 }
                 from = e.cookie;
