@@ -523,3 +523,32 @@ fn random_file_system_calls_give_what_tmpfs_gives() {
         })
         .unwrap();
 }
+
+#[test]
+fn a_mount_that_lost_its_locks_fails_with_eio_until_the_file_is_closed() {
+    if !fuse_ready("a_mount_that_lost_its_locks_fails_with_eio_until_the_file_is_closed") {
+        return;
+    }
+    let (_data, server) = server();
+    let (a, b) = (Mount::new(&server.addr), Mount::new(&server.addr));
+    let mut fa = rw(&a.join("f"));
+    flock(&fa, FlockArg::LockExclusive).unwrap();
+    let fb = rw(&b.join("f"));
+    // Stop a's mount process past its lease (2 s): the server ends its
+    // session and b gets the lock.
+    let pid = nix::unistd::Pid::from_raw(a.child.id() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    wait_for("a's lease to run out", || flock(&fb, FlockArg::LockExclusiveNonblock).is_ok());
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).unwrap();
+    // a learns it lost the lock: the file fails rather than act as locked.
+    wait_for("a's writes to fail with EIO", || {
+        fa.write_all(b"x").err().and_then(|e| e.raw_os_error()) == Some(libc::EIO)
+    });
+    assert_eq!(flock(&fa, FlockArg::LockExclusiveNonblock), Err(Errno::EIO));
+    // Once every open of it here is closed (the kernel's release comes
+    // after close returns), the file works again, and the lock is b's.
+    drop(fa);
+    wait_for("a's file to work again", || {
+        flock(&rw(&a.join("f")), FlockArg::LockExclusiveNonblock) == Err(Errno::EWOULDBLOCK)
+    });
+}

@@ -50,6 +50,11 @@ impl Handles {
         self.open.lock().remove(&fh)
     }
 
+    /// Whether any handle of `ino` is open. O(open files).
+    pub fn is_open(&self, ino: Ino) -> bool {
+        self.open.lock().values().any(|h| h.ino == ino)
+    }
+
     /// A new directory handle. O(1).
     pub fn open_dir(&self) -> u64 {
         let fh = self.next.fetch_add(1, Relaxed) + 1;

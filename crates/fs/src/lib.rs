@@ -90,6 +90,12 @@ impl Mounted {
     pub async fn serve(self) -> std::io::Result<()> {
         let rt = tokio::runtime::Handle::current();
         let fs = self.fs;
-        tokio::task::spawn_blocking(move || session::run(fs, rt)).await.map_err(std::io::Error::other)?
+        let watcher = {
+            let fs = fs.clone();
+            tokio::spawn(async move { fs.watch_losses().await })
+        };
+        let r = tokio::task::spawn_blocking(move || session::run(fs, rt)).await.map_err(std::io::Error::other);
+        watcher.abort();
+        r?
     }
 }

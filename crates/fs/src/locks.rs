@@ -37,6 +37,32 @@ pub fn resource(ino: Ino) -> Vec<u8> {
     format!("ino/{ino}").into_bytes()
 }
 
+/// The inode a resource of [`resource`] names.
+pub fn ino_of(resource: &[u8]) -> Option<Ino> {
+    std::str::from_utf8(resource.strip_prefix(b"ino/")?).ok()?.parse().ok()
+}
+
+/// Inodes whose locks this mount lost (its session's lease ran out, or a
+/// reclaim was refused): reads, writes and lock calls on them fail with
+/// `EIO` rather than act as if the locks were held, until every open of
+/// the file here is closed.
+#[derive(Default)]
+pub struct Lost(Mutex<HashSet<Ino>>);
+
+impl Lost {
+    pub fn add(&self, ino: Ino) {
+        self.0.lock().insert(ino);
+    }
+
+    pub fn check(&self, ino: Ino) -> Result<(), i32> {
+        if self.0.lock().contains(&ino) { Err(libc::EIO) } else { Ok(()) }
+    }
+
+    pub fn clear(&self, ino: Ino) {
+        self.0.lock().remove(&ino);
+    }
+}
+
 /// Kernel lock owners as the client's owner numbers, and the pid that
 /// took each owner's last lock (what `F_GETLK` reports on this mount).
 #[derive(Default)]
@@ -147,6 +173,7 @@ impl Fs {
     /// with the pid that took it if it is this mount's, else 0 (a holder
     /// on another mount is in no pid namespace here).
     pub(crate) async fn getlk(&self, ino: Ino, a: &mut Args<'_>) -> Answer {
+        self.lost.check(ino)?;
         let lk = LkIn::parse(a)?;
         let owner = self.owners.number(lk.owner);
         let (spec, _) = lk.spec(ino, owner)?;
@@ -168,6 +195,7 @@ impl Fs {
     /// `EINTR`. A grant drops the kernel's cached attributes, so what was
     /// written under the lock elsewhere shows here.
     pub(crate) async fn setlk(&self, ino: Ino, a: &mut Args<'_>, cancel: Option<oneshot::Receiver<()>>) -> Answer {
+        self.lost.check(ino)?;
         let lk = LkIn::parse(a)?;
         let owner = self.owners.number(lk.owner);
         let (spec, unlock) = lk.spec(ino, owner)?;
@@ -220,6 +248,9 @@ mod tests {
         let b = o.number(0xdead_beef_0008);
         assert_ne!(a, b);
         assert_eq!(o.number(0xdead_beef_0000), a);
+        assert_eq!(ino_of(&resource(12345)), Some(12345));
+        assert_eq!(ino_of(b"ino/x"), None);
+        assert_eq!(ino_of(b"backup"), None);
         o.note_posix(1, 5);
         assert!(o.take_posix(1, 5));
         assert!(!o.take_posix(1, 5));

@@ -18,7 +18,7 @@ use tokio::sync::oneshot;
 
 use crate::abi::{self, Args, InHeader, Malformed, Ttl, fattr, op};
 use crate::handles::Handles;
-use crate::locks::{Owners, errno};
+use crate::locks::{Lost, Owners, errno};
 
 /// A reply's body, or the errno to fail with.
 pub type Answer = Result<Vec<u8>, i32>;
@@ -38,6 +38,7 @@ pub struct Fs {
     pub(crate) read_only: bool,
     pub(crate) handles: Handles,
     pub(crate) owners: Owners,
+    pub(crate) lost: Lost,
     pub(crate) dev: Arc<File>,
 }
 
@@ -58,7 +59,15 @@ const RETRY_FOR: Duration = Duration::from_secs(60);
 
 impl Fs {
     pub fn new(client: Client, dev: Arc<File>, ttl: Ttl, read_only: bool) -> Fs {
-        Fs { client, ttl, read_only, handles: Handles::default(), owners: Owners::default(), dev }
+        Fs {
+            client,
+            ttl,
+            read_only,
+            handles: Handles::default(),
+            owners: Owners::default(),
+            lost: Lost::default(),
+            dev,
+        }
     }
 
     /// Answers one request; `None` for those the kernel wants no answer
@@ -74,6 +83,7 @@ impl Fs {
             op::LOOKUP => self.lookup(&cred, ino, &mut a).await,
             op::GETATTR => self.again(|| self.client.getattr(&cred, ino)).await.map(|at| abi::attr_out(&at, self.ttl)),
             op::SETATTR => self.setattr(&cred, ino, &mut a).await,
+            op::READ | op::WRITE | op::FSYNC if self.lost.check(ino).is_err() => Err(libc::EIO),
             op::READLINK => self.again(|| self.client.readlink(&cred, ino)).await,
             op::SYMLINK => self.symlink(&cred, ino, &mut a).await,
             op::MKNOD => self.mknod(&cred, ino, &mut a).await,
@@ -131,6 +141,26 @@ impl Fs {
         }
     }
 
+    /// Marks the files whose locks the session lost (see [`Lost`]), as
+    /// the client reports them, until the client is gone.
+    pub(crate) async fn watch_losses(&self) {
+        let mut changed = self.client.lost_locks();
+        let mut seen = 0;
+        while changed.changed().await.is_ok() {
+            let lost = self.client.lost_since(seen);
+            seen += lost.len();
+            for l in lost {
+                if let Some(ino) = crate::locks::ino_of(&l.resource) {
+                    tracing::warn!(
+                        ino,
+                        "a lock on this file was lost: its reads, writes and locks fail with EIO until it is closed"
+                    );
+                    self.lost.add(ino);
+                }
+            }
+        }
+    }
+
     /// Fails changes on a read-only mount.
     fn writable(&self) -> Result<(), i32> {
         if self.read_only { Err(libc::EROFS) } else { Ok(()) }
@@ -147,6 +177,7 @@ impl Fs {
 
     async fn setattr(&self, cred: &Cred, ino: Ino, a: &mut Args<'_>) -> Answer {
         self.writable()?;
+        self.lost.check(ino)?;
         let valid = a.u32()?;
         a.skip(4)?;
         let (_fh, size, _owner, atime, mtime, _ctime) = (a.u64()?, a.u64()?, a.u64()?, a.u64()?, a.u64()?, a.u64()?);
@@ -347,6 +378,9 @@ impl Fs {
     async fn release(&self, cred: &Cred, a: &mut Args<'_>) -> Answer {
         let fh = a.u64()?;
         let Some(handle) = self.handles.remove(fh) else { return Ok(Vec::new()) };
+        if !self.handles.is_open(handle.ino) {
+            self.lost.clear(handle.ino);
+        }
         let lockers: Vec<_> = handle.lockers.lock().drain().collect();
         let resource = crate::locks::resource(handle.ino);
         for (kind, owner) in lockers {
