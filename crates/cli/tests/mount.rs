@@ -98,6 +98,17 @@ fn server() -> (tempfile::TempDir, ServerProc) {
     (data, server)
 }
 
+/// A server and two mounts of it (two nodes), if FUSE tests can run
+/// here. Keep the server and its directory as long as the mounts.
+fn two_mounts(test: &str) -> Option<(tempfile::TempDir, ServerProc, Mount, Mount)> {
+    if !fuse_ready(test) {
+        return None;
+    }
+    let (data, server) = server();
+    let (a, b) = (Mount::new(&server.addr), Mount::new(&server.addr));
+    Some((data, server, a, b))
+}
+
 fn rw(path: &Path) -> File {
     OpenOptions::new().read(true).write(true).create(true).truncate(false).open(path).unwrap()
 }
@@ -119,11 +130,7 @@ fn waiters(addr: &str) -> u64 {
 
 #[test]
 fn flock_posix_and_ofd_locks_exclude_across_mounts() {
-    if !fuse_ready("flock_posix_and_ofd_locks_exclude_across_mounts") {
-        return;
-    }
-    let (_data, server) = server();
-    let (a, b) = (Mount::new(&server.addr), Mount::new(&server.addr));
+    let Some((_data, _server, a, b)) = two_mounts("flock_posix_and_ofd_locks_exclude_across_mounts") else { return };
     let (fa, fb) = (rw(&a.join("f")), rw(&b.join("f")));
 
     // flock(2)
@@ -170,11 +177,9 @@ fn flock_posix_and_ofd_locks_exclude_across_mounts() {
 
 #[test]
 fn a_blocked_lock_wait_yields_to_a_signal_and_is_withdrawn() {
-    if !fuse_ready("a_blocked_lock_wait_yields_to_a_signal_and_is_withdrawn") {
+    let Some((_data, server, a, b)) = two_mounts("a_blocked_lock_wait_yields_to_a_signal_and_is_withdrawn") else {
         return;
-    }
-    let (_data, server) = server();
-    let (a, b) = (Mount::new(&server.addr), Mount::new(&server.addr));
+    };
     let fa = rw(&a.join("f"));
     flock(&fa, FlockArg::LockExclusive).unwrap();
     // flock(1) -w: SIGALRM interrupts the blocked flock(2) after 1 s.
@@ -190,11 +195,7 @@ fn a_blocked_lock_wait_yields_to_a_signal_and_is_withdrawn() {
 
 #[test]
 fn two_mounts_appending_under_a_lock_lose_nothing() {
-    if !fuse_ready("two_mounts_appending_under_a_lock_lose_nothing") {
-        return;
-    }
-    let (_data, server) = server();
-    let (a, b) = (Mount::new(&server.addr), Mount::new(&server.addr));
+    let Some((_data, _server, a, b)) = two_mounts("two_mounts_appending_under_a_lock_lose_nothing") else { return };
     File::create(a.join("log")).unwrap();
     let writer = |dir: PathBuf, tag: &'static str| {
         std::thread::spawn(move || {
@@ -232,12 +233,10 @@ fn ping_pong() -> Option<PathBuf> {
 
 #[test]
 fn ping_pong_rw_sees_every_increment_across_two_mounts() {
-    if !fuse_ready("ping_pong_rw_sees_every_increment_across_two_mounts") {
-        return;
-    }
     let Some(pp) = ping_pong() else { return };
-    let (_data, server) = server();
-    let (a, b) = (Mount::new(&server.addr), Mount::new(&server.addr));
+    let Some((_data, _server, a, b)) = two_mounts("ping_pong_rw_sees_every_increment_across_two_mounts") else {
+        return;
+    };
     File::create(a.join("pp")).unwrap();
     let run = |m: &Mount| {
         Command::new("timeout")
@@ -526,11 +525,11 @@ fn random_file_system_calls_give_what_tmpfs_gives() {
 
 #[test]
 fn a_mount_that_lost_its_locks_fails_with_eio_until_the_file_is_closed() {
-    if !fuse_ready("a_mount_that_lost_its_locks_fails_with_eio_until_the_file_is_closed") {
+    let Some((_data, _server, a, b)) =
+        two_mounts("a_mount_that_lost_its_locks_fails_with_eio_until_the_file_is_closed")
+    else {
         return;
-    }
-    let (_data, server) = server();
-    let (a, b) = (Mount::new(&server.addr), Mount::new(&server.addr));
+    };
     let mut fa = rw(&a.join("f"));
     flock(&fa, FlockArg::LockExclusive).unwrap();
     let fb = rw(&b.join("f"));
