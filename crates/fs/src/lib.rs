@@ -48,7 +48,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-pub use mountpoint::{MountError, MountOptions, is_mounted, unmount};
+pub use mountpoint::{MountError, MountOptions, check, is_mounted, unmount};
 
 /// A mount's settings.
 #[derive(Clone, Debug)]

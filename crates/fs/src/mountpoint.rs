@@ -67,7 +67,7 @@ pub fn mount(path: &Path, options: &MountOptions) -> Result<File, MountError> {
 
 /// The mount point, made absolute: an existing directory nothing is
 /// mounted on.
-fn check(path: &Path) -> Result<PathBuf, MountError> {
+pub fn check(path: &Path) -> Result<PathBuf, MountError> {
     let bad = |m: String| MountError::MountPoint(path.to_path_buf(), m);
     let meta = std::fs::metadata(path).map_err(|e| match e.raw_os_error() {
         Some(libc::ENOTCONN) => MountError::Busy(path.to_path_buf()),

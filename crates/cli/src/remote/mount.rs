@@ -82,6 +82,12 @@ pub fn mount(args: MountArgs) -> ExitCode {
         // to us.
         let _ = nix::unistd::setsid();
     }
+    // A bad mount point is the caller's mistake: say so before reaching
+    // for the server.
+    if let Err(e) = interlock_fs::check(&cfg.mountpoint) {
+        eprintln!("interlock mount: {e}");
+        return ExitCode::from(exit::USAGE);
+    }
     init_logging();
     runtime().block_on(async move {
         let options = match args.server.options() {
