@@ -551,3 +551,27 @@ fn a_mount_that_lost_its_locks_fails_with_eio_until_the_file_is_closed() {
         flock(&rw(&a.join("f")), FlockArg::LockExclusiveNonblock) == Err(Errno::EWOULDBLOCK)
     });
 }
+
+#[test]
+fn a_lock_cycle_across_two_mounts_is_refused_with_edeadlk() {
+    let Some((_data, server, a, b)) = two_mounts("a_lock_cycle_across_two_mounts_is_refused_with_edeadlk") else {
+        return;
+    };
+    let (fa, fb) = (rw(&a.join("f")), rw(&b.join("f")));
+    // a's owner holds byte 0, b's byte 1 (this process is a different
+    // owner on each mount: two nodes).
+    fcntl(fa.as_fd(), FcntlArg::F_SETLK(&posix(libc::F_WRLCK, 0, 1))).unwrap();
+    fcntl(fb.as_fd(), FcntlArg::F_SETLK(&posix(libc::F_WRLCK, 1, 1))).unwrap();
+    let waiter = std::thread::spawn(move || {
+        // a's owner waits for byte 1 ...
+        fcntl(fa.as_fd(), FcntlArg::F_SETLKW(&posix(libc::F_WRLCK, 1, 1))).map(|_| fa)
+    });
+    wait_for("a's owner to wait at the server", || waiters(&server.addr) == 1);
+    // ... so b's owner waiting for byte 0 would close a cycle.
+    assert_eq!(fcntl(fb.as_fd(), FcntlArg::F_SETLKW(&posix(libc::F_WRLCK, 0, 1))), Err(Errno::EDEADLK));
+    // b lets go of byte 1 (closing the file drops its POSIX locks): a's
+    // wait is granted.
+    drop(fb);
+    let fa = waiter.join().unwrap().unwrap();
+    drop(fa);
+}
