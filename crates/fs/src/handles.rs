@@ -50,6 +50,12 @@ impl Handles {
         self.open.lock().remove(&fh)
     }
 
+    /// Whether an open handle of `ino` has locked as `(kind, owner)`.
+    /// O(open files).
+    pub fn locked_through_another(&self, ino: Ino, locker: (Kind, u64)) -> bool {
+        self.open.lock().values().any(|h| h.ino == ino && h.lockers.lock().contains(&locker))
+    }
+
     /// Whether any handle of `ino` is open. O(open files).
     pub fn is_open(&self, ino: Ino) -> bool {
         self.open.lock().values().any(|h| h.ino == ino)
@@ -82,5 +88,26 @@ impl Handles {
         if let Some(slot) = self.dirs.lock().get_mut(&fh) {
             *slot = Some(Page { after, plus, entries, end });
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_locker_seen_through_another_open_handle_is_found() {
+        let h = Handles::default();
+        let (one, two) = (h.insert(7), h.insert(7));
+        h.get(one).unwrap().lockers.lock().insert((Kind::Flock, 42));
+        let gone = h.remove(one).unwrap();
+        assert!(gone.lockers.lock().contains(&(Kind::Flock, 42)));
+        assert!(!h.locked_through_another(7, (Kind::Flock, 42)));
+        h.get(two).unwrap().lockers.lock().insert((Kind::Flock, 42));
+        assert!(h.locked_through_another(7, (Kind::Flock, 42)));
+        assert!(!h.locked_through_another(8, (Kind::Flock, 42)));
+        assert!(h.is_open(7));
+        h.remove(two);
+        assert!(!h.is_open(7));
     }
 }

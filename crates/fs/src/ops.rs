@@ -384,6 +384,13 @@ impl Fs {
         let lockers: Vec<_> = handle.lockers.lock().drain().collect();
         let resource = crate::locks::resource(handle.ino);
         for (kind, owner) in lockers {
+            // The kernel names an OFD or flock owner after its open file's
+            // address, which a new open may take while this release was on
+            // its way: if a live handle locked as the same owner, its locks
+            // are that file's now and stay (they go at its release).
+            if self.handles.locked_through_another(handle.ino, (kind, owner)) {
+                continue;
+            }
             let number = self.owners.number(owner);
             if let Err(e) = self.client.close(&resource, kind, number).await {
                 tracing::warn!(ino = handle.ino, error = %e, "releasing the locks of a closed file");
