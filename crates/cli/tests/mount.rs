@@ -101,12 +101,19 @@ fn server() -> (tempfile::TempDir, ServerProc) {
 /// A server and two mounts of it (two nodes), if FUSE tests can run
 /// here. Keep the server and its directory as long as the mounts.
 fn two_mounts(test: &str) -> Option<(tempfile::TempDir, ServerProc, Mount, Mount)> {
+    let (data, server, a) = one_mount(test)?;
+    let b = Mount::new(&server.addr);
+    Some((data, server, a, b))
+}
+
+/// A server and one mount of it, if FUSE tests can run here.
+fn one_mount(test: &str) -> Option<(tempfile::TempDir, ServerProc, Mount)> {
     if !fuse_ready(test) {
         return None;
     }
     let (data, server) = server();
-    let (a, b) = (Mount::new(&server.addr), Mount::new(&server.addr));
-    Some((data, server, a, b))
+    let m = Mount::new(&server.addr);
+    Some((data, server, m))
 }
 
 fn rw(path: &Path) -> File {
@@ -263,11 +270,7 @@ fn ping_pong_rw_sees_every_increment_across_two_mounts() {
 
 #[test]
 fn tar_and_git_work_on_the_mount() {
-    if !fuse_ready("tar_and_git_work_on_the_mount") {
-        return;
-    }
-    let (_data, server) = server();
-    let m = Mount::new(&server.addr);
+    let Some((_data, _server, m)) = one_mount("tar_and_git_work_on_the_mount") else { return };
     // tar: a tree made on local disk, packed, unpacked on the mount, the
     // same tree (contents, modes, symlinks).
     let src = tempfile::tempdir().unwrap();
@@ -492,11 +495,7 @@ fn tree(root: &Path) -> Vec<String> {
 #[test]
 fn random_file_system_calls_give_what_tmpfs_gives() {
     use proptest::test_runner::{Config, TestCaseError, TestRunner};
-    if !fuse_ready("random_file_system_calls_give_what_tmpfs_gives") {
-        return;
-    }
-    let (_data, server) = server();
-    let m = Mount::new(&server.addr);
+    let Some((_data, _server, m)) = one_mount("random_file_system_calls_give_what_tmpfs_gives") else { return };
     let shm = tempfile::tempdir_in("/dev/shm").expect("tmpfs at /dev/shm");
     let case = std::cell::Cell::new(0);
     let mut runner = TestRunner::new(Config { cases: 40, failure_persistence: None, ..Config::default() });

@@ -43,9 +43,9 @@ pub fn ino_of(resource: &[u8]) -> Option<Ino> {
 }
 
 /// Inodes whose locks this mount lost (its session's lease ran out, or a
-/// reclaim was refused): reads, writes and lock calls on them fail with
-/// `EIO` rather than act as if the locks were held, until every open of
-/// the file here is closed.
+/// reclaim was refused): reads, writes, fsync, setattr and lock calls on
+/// them fail with `EIO` rather than act as if the locks were held, until
+/// every open of the file here is closed.
 #[derive(Default)]
 pub struct Lost(Mutex<HashSet<Ino>>);
 
@@ -58,8 +58,13 @@ impl Lost {
         if self.0.lock().contains(&ino) { Err(libc::EIO) } else { Ok(()) }
     }
 
-    pub fn clear(&self, ino: Ino) {
-        self.0.lock().remove(&ino);
+    /// Forgets `ino` once `closed` says no open of it is left (asked only
+    /// of a lost inode: it scans the open files).
+    pub fn clear_if(&self, ino: Ino, closed: impl FnOnce() -> bool) {
+        let mut lost = self.0.lock();
+        if lost.contains(&ino) && closed() {
+            lost.remove(&ino);
+        }
     }
 }
 
@@ -122,8 +127,8 @@ impl LkIn {
         if self.flock { Kind::Flock } else { Kind::Posix }
     }
 
-    /// The request as the client takes it (`owner` numbered); `None` for
-    /// an unlock.
+    /// The request as the client takes it (`owner` numbered), and whether
+    /// it is an unlock.
     pub fn spec(&self, ino: Ino, owner: u32) -> Result<(LockSpec, bool), i32> {
         let mode = match self.typ as i32 {
             libc::F_RDLCK => Mode::PR,
@@ -173,7 +178,6 @@ impl Fs {
     /// with the pid that took it if it is this mount's, else 0 (a holder
     /// on another mount is in no pid namespace here).
     pub(crate) async fn getlk(&self, ino: Ino, a: &mut Args<'_>) -> Answer {
-        self.lost.check(ino)?;
         let lk = LkIn::parse(a)?;
         let owner = self.owners.number(lk.owner);
         let (spec, _) = lk.spec(ino, owner)?;
@@ -195,7 +199,6 @@ impl Fs {
     /// `EINTR`. A grant drops the kernel's cached attributes, so what was
     /// written under the lock elsewhere shows here.
     pub(crate) async fn setlk(&self, ino: Ino, a: &mut Args<'_>, cancel: Option<oneshot::Receiver<()>>) -> Answer {
-        self.lost.check(ino)?;
         let lk = LkIn::parse(a)?;
         let owner = self.owners.number(lk.owner);
         let (spec, unlock) = lk.spec(ino, owner)?;

@@ -76,14 +76,24 @@ impl Fs {
         if matches!(h.opcode, op::FORGET | op::BATCH_FORGET) {
             return None;
         }
-        let cred = crate::creds::of(&h);
-        let mut a = Args::new(body);
         let ino = h.nodeid;
+        if matches!(h.opcode, op::READ | op::WRITE | op::FSYNC | op::SETATTR | op::GETLK | op::SETLK | op::SETLKW)
+            && let Err(e) = self.lost.check(ino)
+        {
+            return Some(Err(e));
+        }
+        // Lock calls, flush and directory handles send no credentials.
+        let cred = match h.opcode {
+            op::FLUSH | op::OPENDIR | op::RELEASEDIR | op::FSYNCDIR | op::GETLK | op::SETLK | op::SETLKW => {
+                Cred { uid: h.uid, gid: h.gid, groups: Vec::new() }
+            }
+            _ => crate::creds::of(&h),
+        };
+        let mut a = Args::new(body);
         let r = match h.opcode {
             op::LOOKUP => self.lookup(&cred, ino, &mut a).await,
             op::GETATTR => self.again(|| self.client.getattr(&cred, ino)).await.map(|at| abi::attr_out(&at, self.ttl)),
             op::SETATTR => self.setattr(&cred, ino, &mut a).await,
-            op::READ | op::WRITE | op::FSYNC if self.lost.check(ino).is_err() => Err(libc::EIO),
             op::READLINK => self.again(|| self.client.readlink(&cred, ino)).await,
             op::SYMLINK => self.symlink(&cred, ino, &mut a).await,
             op::MKNOD => self.mknod(&cred, ino, &mut a).await,
@@ -177,7 +187,6 @@ impl Fs {
 
     async fn setattr(&self, cred: &Cred, ino: Ino, a: &mut Args<'_>) -> Answer {
         self.writable()?;
-        self.lost.check(ino)?;
         let valid = a.u32()?;
         a.skip(4)?;
         let (_fh, size, _owner, atime, mtime, _ctime) = (a.u64()?, a.u64()?, a.u64()?, a.u64()?, a.u64()?, a.u64()?);
@@ -378,9 +387,7 @@ impl Fs {
     async fn release(&self, cred: &Cred, a: &mut Args<'_>) -> Answer {
         let fh = a.u64()?;
         let Some(handle) = self.handles.remove(fh) else { return Ok(Vec::new()) };
-        if !self.handles.is_open(handle.ino) {
-            self.lost.clear(handle.ino);
-        }
+        self.lost.clear_if(handle.ino, || !self.handles.is_open(handle.ino));
         let lockers: Vec<_> = handle.lockers.lock().drain().collect();
         let resource = crate::locks::resource(handle.ino);
         for (kind, owner) in lockers {
