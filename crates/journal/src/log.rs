@@ -90,7 +90,16 @@ struct Shared {
     shutdown: AtomicBool,
     flusher_sleeping: AtomicBool,
     flusher: std::sync::OnceLock<Thread>,
+    /// Called by the flusher after each advance of the watermark (see
+    /// [`Journal::on_durable`]).
+    on_durable: std::sync::OnceLock<DurableHook>,
 }
+
+/// What the flusher calls after each advance of the durable watermark,
+/// with the new watermark and whether the journal has failed (then once
+/// more, last). It runs on the flusher's thread between groups: it must
+/// be short and must not wait for the journal.
+pub type DurableHook = Box<dyn Fn(u64, bool) + Send + Sync>;
 
 /// An append-only log of byte records with indices 1, 2, 3, …
 pub struct Journal {
@@ -144,6 +153,7 @@ impl Journal {
             failed: AtomicBool::new(false),
             shutdown: AtomicBool::new(false),
             flusher_sleeping: AtomicBool::new(false),
+            on_durable: std::sync::OnceLock::new(),
             flusher: std::sync::OnceLock::new(),
         });
         let s = shared.clone();
@@ -186,6 +196,19 @@ impl Journal {
             s.flusher.get().expect("flusher started").unpark();
         }
         Ok(index)
+    }
+
+    /// Has the flusher `hook` called after each advance of the durable
+    /// watermark: a server answers waiting requests from there, with no
+    /// thread of its own to wake in between. Set once; a second hook is
+    /// refused (returned).
+    pub fn on_durable(&self, hook: DurableHook) -> Result<(), DurableHook> {
+        self.shared.on_durable.set(hook)
+    }
+
+    /// Whether the flusher failed: nothing more becomes durable.
+    pub fn failed(&self) -> bool {
+        self.shared.failed.load(Ordering::SeqCst)
     }
 
     /// Appends a record and waits until it is durable.
@@ -325,6 +348,13 @@ impl Shared {
         }
     }
 
+    /// Calls the durable hook, if one is set.
+    fn tell(&self, failed: bool) {
+        if let Some(hook) = self.on_durable.get() {
+            hook(self.durable_end.load(Ordering::SeqCst), failed);
+        }
+    }
+
     /// Sleeps until the slot of `pos` is free (the flusher wakes us after
     /// it frees slots).
     fn wait_for_space(&self, pos: u64) {
@@ -441,9 +471,11 @@ fn flusher(s: &Shared, mut file: File) {
         s.freed_space();
         if let Err(e) = write_group(s, &mut file, &group, group_first, s.base + pos) {
             s.fail(e.to_string());
+            s.tell(true);
             return;
         }
         s.advance(s.base + pos);
+        s.tell(false);
     }
 }
 

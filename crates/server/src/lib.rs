@@ -58,10 +58,10 @@ use session::Sessions;
 
 pub(crate) struct Inner {
     pub space: LockSpace,
-    pub sessions: Sessions,
+    pub sessions: Arc<Sessions>,
     /// The namespace, its journal and changelog.
     pub store: interlock_meta::Store,
-    pub acker: durable::Acker,
+    pub acker: Arc<durable::Acker>,
     /// Files each session holds open.
     pub opens: meta::Opens,
     /// This server, for work handed to other threads.
@@ -137,9 +137,9 @@ impl Server {
         tracing::info!(addr = %listener.local_addr().map(|a| a.to_string()).unwrap_or_default(), boot = start.boot, recovering = recovery_until.is_some(), "interlock server listening");
         let inner = Arc::new_cyclic(|me| Inner {
             space: LockSpace::default(),
-            sessions: Sessions::default(),
+            sessions: Arc::default(),
             store,
-            acker: durable::Acker::default(),
+            acker: Arc::default(),
             opens: meta::Opens::default(),
             me: me.clone(),
             config,
@@ -152,13 +152,13 @@ impl Server {
             tls,
             metrics: metrics.is_some().then(metrics::Metrics::default),
         });
-        for (name, work) in [("acker", durable::run as fn(_)), ("checkpointer", meta::checkpointer)] {
-            let me = Arc::downgrade(&inner);
-            std::thread::Builder::new()
-                .name(format!("interlock-{name}"))
-                .spawn(move || work(me))
-                .map_err(|source| ServerError::Data { path: inner.config.data.clone(), source })?;
-        }
+        // Set once, on a journal only this server holds.
+        let _ = inner.store.changelog().journal().on_durable(inner.acker.hook(inner.sessions.clone()));
+        let me = Arc::downgrade(&inner);
+        std::thread::Builder::new()
+            .name("interlock-checkpointer".into())
+            .spawn(move || meta::checkpointer(me))
+            .map_err(|source| ServerError::Data { path: inner.config.data.clone(), source })?;
         Ok(Server { listener, metrics, inner, _data: data })
     }
 

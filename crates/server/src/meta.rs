@@ -80,7 +80,9 @@ pub(crate) fn end_session(inner: &Inner, sid: u64) {
 /// Serves a namespace request; `None` when the answer will be pushed.
 pub(crate) fn request(inner: &Inner, sid: u64, id: u64, cred: &Cred, op: MetaOp) -> Option<Reply> {
     match run(inner, sid, cred, op) {
-        Ok((reply, seq)) => inner.acker.answer(&inner.store, seq, sid, id, Reply::Meta(reply)),
+        Ok((reply, seq)) => {
+            inner.acker.answer(inner.store.changelog().journal(), &inner.sessions, (seq, sid, id), Reply::Meta(reply))
+        }
         Err(e) => Some(Reply::Errno(e.0)),
     }
 }
@@ -197,7 +199,7 @@ pub(crate) fn changelog(inner: &Inner, sid: u64, id: u64, op: ChangelogOp) -> Op
             tokio::task::spawn_blocking(move || {
                 let wait = Some(Duration::from_millis(u64::from(wait_ms)));
                 let reply = read(&server, &who, from, max, wait);
-                durable::push(&server, sid, id, reply);
+                durable::push(&server.sessions, sid, id, reply);
             });
             return None;
         }
