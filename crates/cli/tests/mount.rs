@@ -574,3 +574,17 @@ fn a_lock_cycle_across_two_mounts_is_refused_with_edeadlk() {
     let fa = waiter.join().unwrap().unwrap();
     drop(fa);
 }
+
+#[test]
+fn fusermount3_unmount_ends_the_mount_process_cleanly() {
+    let Some((_data, _server, mut a)) = one_mount("fusermount3_unmount_ends_the_mount_process_cleanly") else { return };
+    std::fs::write(a.join("f"), b"x").unwrap();
+    let status = Command::new("fusermount3").arg("-u").arg(a.path()).status().unwrap();
+    assert!(status.success());
+    let mut exited = None;
+    wait_for("the mount process to exit", || {
+        exited = a.child.try_wait().unwrap();
+        exited.is_some()
+    });
+    assert!(exited.unwrap().success(), "{exited:?}");
+}

@@ -8,7 +8,7 @@
 //!   hand; no FUSE crate gave flock, interruptible blocking locks and
 //!   answers from any task together (see `docs/dependencies.md`).
 //! - [`mountpoint`]: mount(2) of `/dev/fuse` and the unmount.
-//! - [`session`]: one thread reads requests; each runs as a task on the
+//! - [`session`]: one task reads requests; each runs as a task on the
 //!   client's runtime and answers when done, so requests overlap and a
 //!   blocked lock holds no thread. `FUSE_INTERRUPT` withdraws a blocked
 //!   lock at the server.
@@ -88,14 +88,13 @@ pub fn mount(client: interlock_client::Client, cfg: &Config) -> Result<Mounted, 
 impl Mounted {
     /// Answers the kernel until the file system is unmounted.
     pub async fn serve(self) -> std::io::Result<()> {
-        let rt = tokio::runtime::Handle::current();
         let fs = self.fs;
         let watcher = {
             let fs = fs.clone();
             tokio::spawn(async move { fs.watch_losses().await })
         };
-        let r = tokio::task::spawn_blocking(move || session::run(fs, rt)).await.map_err(std::io::Error::other);
+        let r = session::run(fs).await;
         watcher.abort();
-        r?
+        r
     }
 }

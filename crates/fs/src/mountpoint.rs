@@ -8,6 +8,7 @@
 
 use std::fs::{File, OpenOptions};
 use std::os::fd::AsRawFd;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use nix::errno::Errno;
@@ -45,7 +46,12 @@ pub fn mount(path: &Path, options: &MountOptions) -> Result<File, MountError> {
         return Err(MountError::NotRoot);
     }
     let path = check(path)?;
-    let dev = OpenOptions::new().read(true).write(true).open("/dev/fuse").map_err(MountError::NoDevice)?;
+    let dev = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open("/dev/fuse")
+        .map_err(MountError::NoDevice)?;
     let opts = format!(
         "fd={},rootmode=40000,user_id=0,group_id=0,allow_other,default_permissions,max_read={}",
         dev.as_raw_fd(),

@@ -1,10 +1,10 @@
 //! The loop that reads the kernel's requests from `/dev/fuse` and answers
 //! them.
 //!
-//! One thread reads; each request becomes a task on the client's runtime,
+//! One task reads; each request becomes a task on the client's runtime,
 //! so any number are in flight and a blocked `F_SETLKW` holds no thread.
 //! Answers are written from the tasks (one `write` each; the kernel
-//! matches them by unique id). Reading on one thread also orders each
+//! matches them by unique id). Reading in one task also orders each
 //! `FUSE_INTERRUPT` after the request it names, so the interrupt always
 //! finds a blocking lock request that is still waiting: it fires the
 //! request's cancel, the wait is withdrawn at the server and the caller
@@ -17,6 +17,8 @@ use std::sync::Arc;
 
 use foldhash::HashMap;
 use parking_lot::Mutex;
+use tokio::io::Interest;
+use tokio::io::unix::AsyncFd;
 use tokio::sync::oneshot;
 
 use crate::abi::{self, Args, InHeader, init, op};
@@ -39,23 +41,43 @@ const WANT: u64 = init::ASYNC_READ
     | init::INIT_EXT
     | init::DIRECT_IO_ALLOW_MMAP;
 
-/// Serves the mount until it is unmounted. Blocks the calling thread.
-pub fn run(fs: Arc<Fs>, rt: tokio::runtime::Handle) -> io::Result<()> {
-    let dev = fs.dev.clone();
+/// What wakes the reader: a request, or the end of the connection (the
+/// device then polls as an error, not as readable).
+const WAKE: Interest = Interest::READABLE.add(Interest::ERROR);
+
+/// Serves the mount until it is unmounted.
+///
+/// `/dev/fuse` is read by a task of the runtime (the descriptor is made
+/// non-blocking and waited on with the runtime's other sockets), not by a
+/// thread of its own: a thread that read a request and handed it to a
+/// worker cost two wake-ups and two context switches per request, most
+/// of a lookup's time on a small machine. The handler is spawned on the
+/// reading worker, which runs it as soon as the reader waits again.
+pub async fn run(fs: Arc<Fs>) -> io::Result<()> {
+    // Deprecated as unsound for a handle that may close its descriptor
+    // while registered (the safe replacement is `unsafe`); the registration
+    // owns an `Arc` of the device file, which stays open until it is gone.
+    #[allow(deprecated)]
+    let dev = AsyncFd::with_interest(fs.dev.clone(), WAKE)?;
     let mut buf = vec![0u8; MAX_WRITE + 4096];
     let waits: Arc<Mutex<HashMap<u64, oneshot::Sender<()>>>> = Arc::default();
     let mut initialized = false;
     loop {
-        let n = match (&*dev).read(&mut buf) {
-            Ok(0) => return Ok(()),
-            Ok(n) => n,
-            Err(e) => match e.raw_os_error() {
-                // The request was interrupted before we read it; a signal.
-                Some(libc::ENOENT | libc::EINTR | libc::EAGAIN) => continue,
-                // Unmounted.
-                Some(libc::ENODEV) => return Ok(()),
-                _ => return Err(e),
-            },
+        let n = {
+            let mut ready = dev.ready(WAKE).await?;
+            match ready.try_io(|d| (&**d.get_ref()).read(&mut buf)) {
+                Ok(Ok(0)) => return Ok(()),
+                Ok(Ok(n)) => n,
+                Ok(Err(e)) => match e.raw_os_error() {
+                    // The request was interrupted before we read it; a signal.
+                    Some(libc::ENOENT | libc::EINTR) => continue,
+                    // Unmounted.
+                    Some(libc::ENODEV) => return Ok(()),
+                    _ => return Err(e),
+                },
+                // Nothing to read after all: wait again.
+                Err(_would_block) => continue,
+            }
         };
         let (h, args) = match abi::parse(&buf[..n]) {
             Ok(p) => p,
@@ -64,13 +86,14 @@ pub fn run(fs: Arc<Fs>, rt: tokio::runtime::Handle) -> io::Result<()> {
                 continue;
             }
         };
+        let dev = &fs.dev;
         match h.opcode {
             op::INIT => {
                 let r = handshake(args);
                 initialized = r.is_ok();
-                send(&dev, h.unique, r);
+                send(dev, h.unique, r);
             }
-            _ if !initialized => send(&dev, h.unique, Err(libc::EIO)),
+            _ if !initialized => send(dev, h.unique, Err(libc::EIO)),
             op::INTERRUPT => {
                 if let Ok(target) = Args::new(args).u64()
                     && let Some(tx) = waits.lock().remove(&target)
@@ -80,7 +103,7 @@ pub fn run(fs: Arc<Fs>, rt: tokio::runtime::Handle) -> io::Result<()> {
             }
             op::FORGET | op::BATCH_FORGET => {}
             op::DESTROY => {
-                send(&dev, h.unique, Ok(Vec::new()));
+                send(dev, h.unique, Ok(Vec::new()));
                 return Ok(());
             }
             _ => {
@@ -89,15 +112,15 @@ pub fn run(fs: Arc<Fs>, rt: tokio::runtime::Handle) -> io::Result<()> {
                     waits.lock().insert(h.unique, tx);
                     rx
                 });
-                let (fs, dev, waits, body) = (fs.clone(), dev.clone(), waits.clone(), args.to_vec());
-                rt.spawn(async move {
+                let (fs, waits, body) = (fs.clone(), waits.clone(), args.to_vec());
+                tokio::spawn(async move {
                     let answer = fs.handle(h, &body, cancel).await;
                     if h.opcode == op::SETLKW {
                         waits.lock().remove(&h.unique);
                     }
                     if let Some(a) = answer {
                         trace(&h, &a);
-                        send(&dev, h.unique, a);
+                        send(&fs.dev, h.unique, a);
                     }
                 });
             }

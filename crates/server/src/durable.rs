@@ -46,7 +46,13 @@ impl Acker {
     /// The answer to request `id` of session `sid`, whose change has the
     /// record `seq`: now if that is durable (or there is none), else
     /// `None` and the flusher's hook pushes it once it is.
-    pub fn answer(&self, journal: &Journal, sessions: &Sessions, (seq, sid, id): (Seq, u64, u64), reply: Reply) -> Option<Reply> {
+    pub fn answer(
+        &self,
+        journal: &Journal,
+        sessions: &Sessions,
+        (seq, sid, id): (Seq, u64, u64),
+        reply: Reply,
+    ) -> Option<Reply> {
         if seq == 0 || journal.durable_end() > seq {
             return Some(reply);
         }

@@ -13,7 +13,7 @@ use interlock_client::Client;
 use interlock_fs::{Config, MountError, MountOptions};
 use tokio::signal::unix::{SignalKind, signal};
 
-use super::{ServerArgs, runtime, serve::init_logging, status_of};
+use super::{ServerArgs, serve::init_logging, status_of};
 use crate::exit;
 
 /// Set in the detached child of `--background`.
@@ -89,7 +89,10 @@ pub fn mount(args: MountArgs) -> ExitCode {
         return ExitCode::from(exit::USAGE);
     }
     init_logging();
-    runtime().block_on(async move {
+    // One thread: a request's cost is its wake-ups (see `interlock_fs`'s
+    // session), and every hand-over between threads adds some.
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("tokio runtime");
+    rt.block_on(async move {
         let options = match args.server.options() {
             Ok(o) => o,
             Err(e) => {
