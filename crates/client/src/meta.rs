@@ -87,6 +87,13 @@ impl Client {
         self.attr(cred, op).await
     }
 
+    /// Creates regular file `name` and opens it in one round trip
+    /// (`open(O_CREAT)`); close it with [`release`](Client::release).
+    /// `EEXIST` if the name is taken.
+    pub async fn create_open(&self, cred: &Cred, parent: Ino, name: &[u8], perm: u32) -> Result<Attr, ClientError> {
+        self.attr(cred, MetaOp::CreateOpen { parent, name: name.to_vec(), perm }).await
+    }
+
     pub async fn link(&self, cred: &Cred, ino: Ino, parent: Ino, name: &[u8]) -> Result<Attr, ClientError> {
         self.attr(cred, MetaOp::Link { ino, parent, name: name.to_vec() }).await
     }

@@ -307,14 +307,13 @@ impl Fs {
         let (flags, mode) = (a.u32()?, a.u32()?);
         a.skip(8)?;
         let name = a.cstr()?;
-        let made = self.client.create(cred, parent, name, FileType::Regular, mode & 0o7777, b"").await;
-        let attr = match made {
+        let attr = match self.client.create_open(cred, parent, name, mode & 0o7777).await {
             Err(ClientError::Errno(libc::EEXIST)) if flags as i32 & libc::O_EXCL == 0 => {
-                self.again(|| self.client.lookup(cred, parent, name)).await?
+                let attr = self.again(|| self.client.lookup(cred, parent, name)).await?;
+                self.again(|| self.client.open(cred, attr.ino)).await?
             }
             r => call(r)?,
         };
-        self.again(|| self.client.open(cred, attr.ino)).await?;
         let mut out = self.entry(&attr);
         out.extend_from_slice(&abi::open_out(self.handles.insert(attr.ino), abi::FOPEN_DIRECT_IO));
         Ok(out)

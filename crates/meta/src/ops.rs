@@ -53,12 +53,38 @@ impl Namespace {
         target: &[u8],
         now: Nanos,
     ) -> Result<(Attr, Seq)> {
+        self.make(cred, (parent, name), new, target, now, false)
+    }
+
+    /// Creates regular file `name` in `parent` and opens it (one handle,
+    /// as [`open`](Self::open) counts): `open(O_CREAT)` in one step. The
+    /// name's lock is held across both, so the file cannot be unlinked and
+    /// freed in between. O(log n).
+    pub fn create_open(&self, cred: &Cred, parent: Ino, name: &[u8], perm: u32, now: Nanos) -> Result<(Attr, Seq)> {
+        self.make(cred, (parent, name), NewInode { kind: FileType::Regular, perm, rdev: 0 }, b"", now, true)
+    }
+
+    fn make(
+        &self,
+        cred: &Cred,
+        (parent, name): (Ino, &[u8]),
+        new: NewInode,
+        target: &[u8],
+        now: Nanos,
+        open: bool,
+    ) -> Result<(Attr, Seq)> {
         check_name(name)?;
         let dir = self.searchable(cred, parent)?;
         if new.kind == FileType::Symlink && target.len() > SYMLINK_MAX {
             return Err(Errno::ENAMETOOLONG);
         }
-        let _held = self.stripes.lock(&[(&dir, false)], &[self.name_lock(parent, name)]);
+        // A create that opens changes the new inode's open count, so it
+        // holds that inode's lock too (a look-up, open and release elsewhere
+        // could otherwise race the count): its number is taken first.
+        let early = open.then(|| self.next_ino.fetch_add(1, Relaxed));
+        let mut locks = vec![self.name_lock(parent, name)];
+        locks.extend(early.map(Self::ino_lock));
+        let _held = self.stripes.lock(&[(&dir, false)], &locks);
         if matches!(name, b"." | b"..") || self.child(parent, name).is_some() {
             return Err(Errno::EEXIST);
         }
@@ -88,7 +114,7 @@ impl Namespace {
         if new.kind == FileType::Symlink {
             perm = 0o777;
         }
-        let ino = self.next_ino.fetch_add(1, Relaxed);
+        let ino = early.unwrap_or_else(|| self.next_ino.fetch_add(1, Relaxed));
         let m = Mutation::Create {
             parent,
             name: name.to_vec(),
@@ -102,7 +128,11 @@ impl Namespace {
             time: now,
         };
         let seq = self.commit(cred, &m)?;
-        Ok((self.inode(ino)?.attr(), seq))
+        let i = self.inode(ino)?;
+        if open {
+            i.opens.fetch_add(1, Relaxed);
+        }
+        Ok((i.attr(), seq))
     }
 
     /// A new name `name` in `parent` for `ino`. O(log n).

@@ -130,3 +130,24 @@ fn bad_input_gets_its_errno_and_changes_nothing() {
     }
     assert_eq!(common::dump(&ns, &[dead.ino]), before, "nothing changed");
 }
+
+/// `create_open` is `create` then `open` in one step: the new file is held
+/// open (unlinked, it lives on until released), a taken name is `EEXIST`,
+/// and the directory's permissions apply as to `create`.
+#[test]
+fn create_open_creates_a_file_held_open() {
+    let ns = Namespace::new(1, 0);
+    let root = Cred::root();
+    let (a, _) = ns.create_open(&root, ROOT, b"a", 0o640, 1).unwrap();
+    assert_eq!((a.kind, a.perm, a.nlink, a.size), (FileType::Regular, 0o640, 1, 0));
+    assert_eq!(ns.lookup(&root, ROOT, b"a").unwrap().ino, a.ino);
+    assert_eq!(ns.create_open(&root, ROOT, b"a", 0o644, 2).map(drop), Err(Errno::EEXIST));
+    ns.unlink(&root, ROOT, b"a", 3).unwrap();
+    assert_eq!(ns.getattr(a.ino).unwrap().nlink, 0, "open, so an orphan, not freed");
+    ns.release(&root, a.ino).unwrap();
+    assert_eq!(ns.getattr(a.ino).map(drop), Err(Errno::ENOENT), "freed at its only release");
+    assert_eq!(ns.release(&root, a.ino).map(drop), Err(Errno::ENOENT));
+    let (ro, _) = ns.create(&root, ROOT, b"ro", new(FileType::Directory, 0o755), b"", 4).unwrap();
+    assert_eq!(ns.create_open(&user(), ro.ino, b"x", 0o644, 5).map(drop), Err(Errno::EACCES));
+    assert_eq!(ns.lookup(&root, ro.ino, b"x").map(drop), Err(Errno::ENOENT));
+}

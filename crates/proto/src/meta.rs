@@ -1,4 +1,4 @@
-//! The namespace's operations on the wire (protocol 6): each request
+//! The namespace's operations on the wire (protocol 7): each request
 //! carries the caller's credentials, which the server checks permissions
 //! with, as a local file system checks a process's; each answer is a
 //! [`MetaReply`] or the errno the operation failed with, which the mount
@@ -128,6 +128,16 @@ pub enum MetaOp {
     /// Makes the file's data and every change made so far durable.
     Fsync {
         ino: Ino,
+    },
+    /// Creates regular file `name` and opens it, as `Create` then `Open`
+    /// would but in one round trip and atomically (`open(O_CREAT)`;
+    /// version 7): [`MetaReply::Attr`]; close it with `Release`.
+    CreateOpen {
+        parent: Ino,
+        #[serde(with = "serde_bytes")]
+        name: Vec<u8>,
+        /// Permission bits, the caller's umask applied.
+        perm: u32,
     },
 }
 

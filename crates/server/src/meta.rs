@@ -102,6 +102,11 @@ fn run(inner: &Inner, sid: u64, cred: &Cred, op: MetaOp) -> Result<(MetaReply, S
             }
             attr(ns.create(cred, parent, &name, NewInode { kind, perm, rdev }, &target, now)?)
         }
+        MetaOp::CreateOpen { parent, name, perm } => {
+            let (a, seq) = ns.create_open(cred, parent, &name, perm, now)?;
+            inner.opens.add(sid, a.ino);
+            (MetaReply::Attr(a), seq)
+        }
         MetaOp::Link { ino, parent, name } => attr(ns.link(cred, ino, parent, &name, now)?),
         MetaOp::Unlink { parent, name } => done(ns.unlink(cred, parent, &name, now)?),
         MetaOp::Rmdir { parent, name } => done(ns.rmdir(cred, parent, &name, now)?),
