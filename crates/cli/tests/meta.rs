@@ -126,12 +126,43 @@ fn an_open_file_outlives_its_name_until_released_or_its_session_ends() {
     });
 }
 
+/// `create_open` creates a file held open by the session: another client
+/// sees it, and unlinked it lives on until released or the session ends.
+#[test]
+fn create_open_holds_the_new_file_open() {
+    let (_data, server) = long_lease_server();
+    rt().block_on(async {
+        let b = client(&server.addr).await;
+        for by_bye in [false, true] {
+            let a = client(&server.addr).await;
+            let f = a.create_open(&root(), ROOT, b"f", 0o600).await.unwrap();
+            assert_eq!(b.lookup(&root(), ROOT, b"f").await.unwrap().ino, f.ino);
+            assert_eq!(errno(a.create_open(&root(), ROOT, b"f", 0o600).await), libc::EEXIST);
+            b.unlink(&root(), ROOT, b"f").await.unwrap();
+            assert_eq!(b.getattr(&root(), f.ino).await.unwrap().nlink, 0, "an orphan while open");
+            if by_bye {
+                a.bye().await.unwrap();
+            } else {
+                a.release(&root(), f.ino).await.unwrap();
+            }
+            assert_eq!(errno(b.getattr(&root(), f.ino).await), libc::ENOENT, "freed (session ended: {by_bye})");
+        }
+    });
+}
+
 /// Every change acknowledged before a `kill -9` of the server is there
-/// after it restarts.
+/// after it restarts; in the unsafe mode too (a process's writes outlive
+/// it: only a machine crash may lose what was not synced).
 #[test]
 fn acknowledged_changes_survive_kill_9_of_the_server() {
+    for mode in [&[][..], &["--unsafe-no-fsync"]] {
+        changes_survive_kill_9(mode);
+    }
+}
+
+fn changes_survive_kill_9(mode: &[&str]) {
     let data = tempfile::tempdir().unwrap();
-    let mut server = ServerProc::start(data.path(), "127.0.0.1:0", &[]);
+    let mut server = ServerProc::start(data.path(), "127.0.0.1:0", mode);
     let acked: Vec<String> = rt().block_on(async {
         let c = client(&server.addr).await;
         let made = futures::future::join_all((0..500).map(|i| {
@@ -143,7 +174,7 @@ fn acknowledged_changes_survive_kill_9_of_the_server() {
     });
     assert_eq!(acked.len(), 500);
     server.kill9();
-    let server = ServerProc::start(data.path(), "127.0.0.1:0", &[]);
+    let server = ServerProc::start(data.path(), "127.0.0.1:0", mode);
     rt().block_on(async {
         let c = client(&server.addr).await;
         for n in &acked {

@@ -54,6 +54,11 @@ pub struct Config {
     pub insecure_plaintext: bool,
     /// Serve Prometheus metrics over HTTP at `/metrics` on this address.
     pub metrics: Option<SocketAddr>,
+    /// The documented unsafe mode: namespace changes are acknowledged
+    /// once written to the journal, without `fdatasync`. A crash of the
+    /// server process loses nothing (the kernel has the writes); a crash
+    /// of the machine may lose acknowledged changes.
+    pub unsafe_no_fsync: bool,
 }
 
 /// The server's TLS certificate chain and private key, PEM files.
@@ -65,7 +70,8 @@ pub struct TlsFiles {
 
 impl Default for Config {
     /// Loopback on port 7420, `./interlock-data`, no token, a 5 s lease,
-    /// a 10 s recovery window, the default limits, no TLS, no metrics.
+    /// a 10 s recovery window, the default limits, no TLS, no metrics,
+    /// every change synced.
     fn default() -> Self {
         Config {
             listen: SocketAddr::from(([127, 0, 0, 1], 7420)),
@@ -77,6 +83,7 @@ impl Default for Config {
             tls: None,
             insecure_plaintext: false,
             metrics: None,
+            unsafe_no_fsync: false,
         }
     }
 }

@@ -114,11 +114,8 @@ impl Server {
             None => None,
         };
         let (start, data) = data.start(FENCE_BLOCK)?;
-        let (store, opened) = interlock_meta::Store::open(
-            &config.data.join("meta"),
-            interlock_meta::StoreOptions::default(),
-            meta::now(),
-        )?;
+        let (store, opened) =
+            interlock_meta::Store::open(&config.data.join("meta"), store_options(&config), meta::now())?;
         tracing::info!(
             inodes = store.ns().inode_count(),
             replayed = opened.replayed,
@@ -129,6 +126,11 @@ impl Server {
             tracing::error!(
                 entries = opened.dangling.len(),
                 "the namespace has entries naming no inode: run interlock fsck"
+            );
+        }
+        if config.unsafe_no_fsync {
+            tracing::warn!(
+                "--unsafe-no-fsync: changes are acknowledged before they are synced; a machine crash may lose them"
             );
         }
         let started = Instant::now();
@@ -288,6 +290,13 @@ impl AcceptBackoff {
     fn reset(&mut self) {
         self.delay = Duration::ZERO;
     }
+}
+
+/// How the namespace's store writes: synced, unless the unsafe mode is on.
+fn store_options(config: &Config) -> interlock_meta::StoreOptions {
+    let mut o = interlock_meta::StoreOptions::default();
+    o.journal.fsync = !config.unsafe_no_fsync;
+    o
 }
 
 /// Ends sessions whose lease ran out, a few times per lease.

@@ -80,6 +80,13 @@ struct ServeSettings {
     /// 127.0.0.1:9420) [default: off].
     #[arg(long, value_name = "ADDR")]
     metrics: Option<std::net::SocketAddr>,
+    /// UNSAFE: acknowledge namespace changes once written, without
+    /// fdatasync (as etcd's --unsafe-no-fsync). A crash of the machine, not
+    /// just of the server, may lose acknowledged changes. For measuring and
+    /// for data that can be rebuilt.
+    #[arg(long)]
+    #[serde(default)]
+    unsafe_no_fsync: bool,
 }
 
 impl ServeSettings {
@@ -99,6 +106,7 @@ impl ServeSettings {
             tls_key: self.tls_key.or(file.tls_key),
             insecure_plaintext: self.insecure_plaintext || file.insecure_plaintext,
             metrics: self.metrics.or(file.metrics),
+            unsafe_no_fsync: self.unsafe_no_fsync || file.unsafe_no_fsync,
         }
     }
 
@@ -162,6 +170,7 @@ impl ServeSettings {
             },
             insecure_plaintext: self.insecure_plaintext,
             metrics: self.metrics,
+            unsafe_no_fsync: self.unsafe_no_fsync,
         })
     }
 }
