@@ -123,7 +123,7 @@ pub fn run(args: Args) -> Result<(), String> {
             }
         }
         if args.variant.iter().any(|v| v == "net") {
-            let (addr, options, _own) = super::netbench::server_addr(&args.server, false)?;
+            let (addr, options, _own) = super::netbench::server_addr(&args.server, false, false)?;
             for (phase, s) in PHASES.iter().zip(net(&addr, &options, t, files)?) {
                 let mut r = row("net", phase, t, files, s);
                 r.insert("changelog".into(), json!(false));

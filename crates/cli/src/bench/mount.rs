@@ -36,8 +36,10 @@ pub struct Args {
     /// /usr/bin/ping_pong).
     #[arg(long)]
     ping_pong: Option<PathBuf>,
-    /// Only these variants, comma-separated (interlock, bindfs, tmpfs).
-    #[arg(long, default_value = "interlock,bindfs,tmpfs", value_delimiter = ',')]
+    /// Only these variants, comma-separated: interlock, interlock-nofsync
+    /// (the server in its unsafe mode, `--unsafe-no-fsync`: what durability
+    /// costs), bindfs, tmpfs.
+    #[arg(long, default_value = "interlock,interlock-nofsync,bindfs,tmpfs", value_delimiter = ',')]
     variants: Vec<String>,
     /// One JSON object per line.
     #[arg(long)]
@@ -138,12 +140,13 @@ pub fn run(args: Args) -> Result<(), String> {
     }
     for variant in &args.variants {
         match variant.as_str() {
-            "interlock" => {
-                let (addr, _, _own) = super::netbench::server_addr(&None, false)?;
+            "interlock" | "interlock-nofsync" => {
+                let no_fsync = variant == "interlock-nofsync";
+                let (addr, _, _own) = super::netbench::server_addr(&None, false, no_fsync)?;
                 let (a, b) = (dir_in(shm.path(), "a")?, dir_in(shm.path(), "b")?);
                 let ma = Mounted::interlock(&addr, &a)?;
                 let mb = Mounted::interlock(&addr, &b)?;
-                suite(&args, &mut report, "interlock", &a, Some(&b), pp.as_deref())?;
+                suite(&args, &mut report, variant, &a, Some(&b), pp.as_deref())?;
                 drop(mb);
                 drop(ma);
                 // du on a cold mount: the tree is made through the client,
@@ -156,7 +159,7 @@ pub fn run(args: Args) -> Result<(), String> {
                 ))?;
                 let cold = dir_in(shm.path(), "cold")?;
                 let m = Mounted::interlock(&addr, &cold)?;
-                report.row(du(&cold.join(name), "interlock", args.du_files)?);
+                report.row(du(&cold.join(name), variant, args.du_files)?);
                 drop(m);
             }
             "bindfs" => {
@@ -180,7 +183,9 @@ pub fn run(args: Args) -> Result<(), String> {
                 tree(&d.join("du"), args.du_files)?;
                 report.row(du(&d.join("du"), "tmpfs", args.du_files)?);
             }
-            other => return Err(format!("unknown variant {other:?} (interlock, bindfs, tmpfs)")),
+            other => {
+                return Err(format!("unknown variant {other:?} (interlock, interlock-nofsync, bindfs, tmpfs)"));
+            }
         }
     }
     Ok(())

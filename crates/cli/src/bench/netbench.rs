@@ -88,8 +88,9 @@ pub(super) struct OwnServer {
 }
 
 /// Starts a server on a free loopback port; with `tls`, it speaks TLS
-/// with a certificate made for the run.
-fn own_server(tls: bool) -> Result<OwnServer, String> {
+/// with a certificate made for the run; with `no_fsync`, in the unsafe
+/// mode (`--unsafe-no-fsync`).
+fn own_server(tls: bool, no_fsync: bool) -> Result<OwnServer, String> {
     let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
     let rt = runtime();
     let (server_tls, client_tls) = if tls {
@@ -105,6 +106,7 @@ fn own_server(tls: bool) -> Result<OwnServer, String> {
         lease: Duration::from_secs(10),
         recovery: Duration::ZERO,
         tls: server_tls,
+        unsafe_no_fsync: no_fsync,
         ..interlock_server::Config::default()
     };
     let server = rt.block_on(interlock_server::Server::bind(config)).map_err(|e| e.to_string())?;
@@ -113,16 +115,17 @@ fn own_server(tls: bool) -> Result<OwnServer, String> {
     Ok(OwnServer { addr, tls: client_tls, _dir: dir, _rt: rt })
 }
 
-/// The server to measure (`given`, else one of our own) and the options
-/// to reach it with.
+/// The server to measure (`given`, else one of our own, see
+/// [`own_server`]) and the options to reach it with.
 pub(super) fn server_addr(
     given: &Option<String>,
     tls: bool,
+    no_fsync: bool,
 ) -> Result<(String, ClientOptions, Option<OwnServer>), String> {
     match given {
         Some(a) => Ok((a.clone(), ClientOptions::default(), None)),
         None => {
-            let s = own_server(tls)?;
+            let s = own_server(tls, no_fsync)?;
             Ok((s.addr.clone(), ClientOptions { tls: s.tls.clone(), ..ClientOptions::default() }, Some(s)))
         }
     }
@@ -146,7 +149,7 @@ const BLOCKING_COLUMNS: &[(&str, &str)] = &[
 /// resource, hold H, unlock, sleep H, for D seconds; then each finishes
 /// its cycle. Ideal: the lock always held, so (D + P·H) / H grants.
 pub fn blocking(args: BlockingArgs) -> Result<(), String> {
-    let (addr, base, _own) = server_addr(&args.server, false)?;
+    let (addr, base, _own) = server_addr(&args.server, false, false)?;
     let hold = Duration::from_millis(args.hold.max(1));
     let (p, d) = (args.procs.max(1), args.duration);
     // The owners run on one thread, as in a client process: a grant then
@@ -337,7 +340,7 @@ const NET_COLUMNS: &[(&str, &str)] = &[
 
 /// Lock then unlock on distinct resources: each request is one op.
 pub fn net(args: NetArgs) -> Result<(), String> {
-    let (addr, base, _own) = server_addr(&args.server, args.tls)?;
+    let (addr, base, _own) = server_addr(&args.server, args.tls, false)?;
     let rt = runtime();
     let d = Duration::from_secs_f64(args.duration);
     let names = args.names.max(1);
