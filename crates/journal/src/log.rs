@@ -13,7 +13,9 @@
 //!   per group; every record published before the group started is in it.
 //! - Durable wait: returns at once if the watermark has passed; otherwise
 //!   parks until the flusher, after the sync that covers it, unparks it
-//!   (each waiter directly, outside any lock).
+//!   (each waiter directly, outside any lock). A server that must not
+//!   block a thread per waiter sets a hook instead
+//!   ([`Journal::on_durable`]), which the flusher calls after each sync.
 //! - Read: O(log s + SPARSE_EVERY + r) for r records from s segments.
 
 use std::fs::File;
