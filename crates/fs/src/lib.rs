@@ -4,11 +4,11 @@
 //!
 //! # Design
 //!
-//! - [`abi`]: the kernel protocol (`linux/fuse.h`), parsed and encoded by
+//! - `abi`: the kernel protocol (`linux/fuse.h`), parsed and encoded by
 //!   hand; no FUSE crate gave flock, interruptible blocking locks and
 //!   answers from any task together (see `docs/dependencies.md`).
 //! - [`mountpoint`]: mount(2) of `/dev/fuse` and the unmount.
-//! - [`session`]: one task reads requests; each runs as a task on the
+//! - `session`: one task reads requests; each runs as a task on the
 //!   client's runtime and answers when done, so requests overlap and a
 //!   blocked lock holds no thread. `FUSE_INTERRUPT` withdraws a blocked
 //!   lock at the server.

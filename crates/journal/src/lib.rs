@@ -4,7 +4,7 @@
 //!
 //! Seed 001: with changelogs on, every metadata thread queued on one
 //! semaphore to append a record, and file creation fell from 155k/s to
-//! 62k/s. Here appenders never take a lock (see [`ring`](crate::ring) and
+//! 62k/s. Here appenders never take a lock (see `ring` and
 //! [`Journal::append`]), the metadata journal and the changelog are one log
 //! (a changelog record costs no second write), and one fsync covers every
 //! record published before it.
