@@ -70,15 +70,8 @@ impl Acker {
 
     /// Pushes every parked answer whose record is below `end`.
     fn drain(&self, sessions: &Sessions, end: u64, failed: bool) {
-        let ready: Vec<Pending> = {
-            let mut p = self.pending.lock();
-            if !p.iter().any(|x| failed || x.seq < end) {
-                return;
-            }
-            let (ready, waiting) = std::mem::take(&mut *p).into_iter().partition(|x| failed || x.seq < end);
-            *p = waiting;
-            ready
-        };
+        // One pass; the answers still waiting keep their place.
+        let ready: Vec<Pending> = self.pending.lock().extract_if(.., |x| failed || x.seq < end).collect();
         for x in ready {
             let reply = if failed { Reply::Errno(libc::EIO) } else { x.reply };
             push(sessions, x.sid, x.id, reply);

@@ -406,3 +406,15 @@ pub async fn run(config: Config, bound: impl FnOnce(SocketAddr, Option<SocketAdd
 
 /// A mutex-guarded value shared by the server's tasks.
 pub(crate) type Shared<T> = Mutex<T>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_unsafe_mode_turns_off_the_journals_sync_and_only_it_does() {
+        assert!(store_options(&Config::default()).journal.fsync);
+        let unsafe_mode = Config { unsafe_no_fsync: true, ..Config::default() };
+        assert!(!store_options(&unsafe_mode).journal.fsync);
+    }
+}

@@ -261,3 +261,22 @@ pub fn init_logging() {
         .with_writer(std::io::stderr)
         .try_init();
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `--unsafe-no-fsync` and the config file's `unsafe-no-fsync` both
+    /// reach the server's configuration; neither set, it is off.
+    #[test]
+    fn the_unsafe_mode_comes_from_the_flag_or_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("c.toml");
+        std::fs::write(&file, "unsafe-no-fsync = true\n").unwrap();
+        let from_file = ServeSettings::default().or(ServeSettings::read(&file).unwrap());
+        assert!(from_file.config(1024).unwrap().unsafe_no_fsync);
+        let flag = ServeSettings { unsafe_no_fsync: true, ..ServeSettings::default() };
+        assert!(flag.or(ServeSettings::default()).config(1024).unwrap().unsafe_no_fsync);
+        assert!(!ServeSettings::default().config(1024).unwrap().unsafe_no_fsync);
+    }
+}
