@@ -335,7 +335,7 @@ impl Changelog {
         if let Some(w) = wait
             && self.journal.durable_end() <= from
         {
-            self.journal.wait_for(from + 1, Some(w))?;
+            self.journal.watch_for(from + 1, Some(w))?;
         }
         let mut out = Vec::new();
         let mut bad = None;

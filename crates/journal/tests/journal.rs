@@ -218,3 +218,36 @@ fn a_reader_at_the_tail_never_sees_a_record_being_written() {
     done.store(true, Ordering::Relaxed);
     writer.join().unwrap();
 }
+
+/// The flusher lingers over a group while records keep coming and nobody
+/// waits for them; it must still write them, both while appends go on
+/// (a group stops at its size limit, even when `linger_bytes` is above
+/// `max_group_bytes`) and when they stop.
+#[test]
+fn records_nobody_waits_for_become_durable_while_appends_go_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let options = Options { max_group_bytes: 4096, linger_bytes: usize::MAX, ..opts() };
+    let (j, _) = Journal::open(dir.path(), options).unwrap();
+    let j = Arc::new(j);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let appender = {
+        let j = j.clone();
+        std::thread::spawn(move || {
+            // Appends without ever waiting until the watermark has moved
+            // past the first 1,000 records on its own.
+            let mut last = 0;
+            while j.durable_end() <= 1_000 {
+                last = j.append(&payload(last + 1)).unwrap();
+            }
+            let _ = tx.send(last);
+        })
+    };
+    let last = rx
+        .recv_timeout(std::time::Duration::from_secs(30))
+        .expect("nothing became durable while appends went on and nobody waited");
+    appender.join().unwrap();
+    // Appends have stopped: the rest must follow without anyone asking.
+    let end = j.watch_for(last + 1, Some(std::time::Duration::from_secs(30))).unwrap();
+    assert_eq!(end, last + 1, "the last group was left unwritten after the appends stopped");
+    assert_eq!(read_all(&j, 1).len() as u64, last);
+}

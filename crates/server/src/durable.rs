@@ -57,6 +57,8 @@ impl Acker {
             return Some(reply);
         }
         self.pending.lock().push(Pending { seq, sid, id, reply });
+        // Someone waits for this record: the flusher must not linger.
+        journal.want(seq + 1);
         // The sync covering `seq` may have ended, and its hook run, between
         // the check above and the push: then nothing else would answer.
         // The hook drains under the same lock after storing the watermark,
