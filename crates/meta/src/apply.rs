@@ -12,9 +12,10 @@
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 
+use crate::entries::Key;
 use crate::inode::{Inode, Meta};
 use crate::mutation::{Gone, Mutation};
-use crate::namespace::{FIRST_COOKIE, Key, Name, Namespace};
+use crate::namespace::Namespace;
 use crate::types::{FileType, Ino, Nanos, ROOT};
 
 impl Namespace {
@@ -50,9 +51,9 @@ impl Namespace {
                 let replaced = victim.and_then(|v| self.inode(v).ok());
                 if *exchange {
                     if let Some(v) = victim {
-                        self.entries.upsert_sync(self.key(*parent, name), *v);
+                        self.entries.upsert(self.key(*parent, name), *v);
                     }
-                    self.entries.upsert_sync(self.key(*new_parent, new_name), *ino);
+                    self.entries.upsert(self.key(*new_parent, new_name), *ino);
                     if let Some(v) = &replaced {
                         reparent(v, &np, &p);
                         v.changed(*time);
@@ -150,10 +151,10 @@ impl Namespace {
 
     /// Points `key` at `ino`; whether the entry is new.
     fn put_entry(&self, key: Key, ino: Ino) -> bool {
-        match self.entries.insert_sync(key, ino) {
+        match self.entries.insert(key, ino) {
             Ok(()) => true,
             Err((key, ino)) => {
-                self.entries.upsert_sync(key, ino);
+                self.entries.upsert(key, ino);
                 false
             }
         }
@@ -161,7 +162,7 @@ impl Namespace {
 
     /// Entry `name` of directory `p` goes (if it is there).
     fn remove_entry(&self, p: &Inode, name: &[u8], time: Nanos) {
-        if self.entries.remove_sync(&self.key(p.ino, name)) {
+        if self.entries.remove(&self.key(p.ino, name)) {
             p.dir().entries.fetch_sub(1, Relaxed);
         }
         p.modified(time);
@@ -264,13 +265,6 @@ impl Namespace {
                 c.nlink.fetch_add(1, Relaxed);
             }
         }
-    }
-
-    /// The range of keys of directory `dir`'s entries.
-    pub(crate) fn dir_range(dir: Ino) -> std::ops::Range<Key> {
-        let from = Key { parent: dir, hash: FIRST_COOKIE, name: Name::new() };
-        let to = Key { parent: dir + 1, hash: 0, name: Name::new() };
-        from..to
     }
 }
 

@@ -253,7 +253,7 @@ pub fn load(dir: &Path) -> Result<Option<Loaded>, Error> {
                     Item::Inode(img) => {
                         ns.inodes.upsert_sync(img.ino, Arc::new(img.into_inode()));
                     }
-                    Item::Entry { parent, name, ino } => ns.entries.upsert_sync(ns.key(parent, &name), ino),
+                    Item::Entry { parent, name, ino } => ns.entries.upsert(ns.key(parent, &name), ino),
                     Item::Header { .. } | Item::End { .. } => {}
                 }
             }

@@ -33,6 +33,7 @@ mod access;
 mod apply;
 mod checkpoint;
 mod data;
+mod entries;
 mod errno;
 pub mod fsck;
 mod inode;

@@ -1,6 +1,6 @@
 //! The namespace: inodes by number, and every directory entry in one
 //! ordered index keyed by (directory, name hash, name), which serves
-//! lookups and listings in hash order with stable cookies. Reads take no
+//! lookups and listings in hash order with stable cookies (`entries`). Reads take no
 //! lock; changes lock as `locks` says, then apply their [`Mutation`]
 //! (see `apply`).
 //!
@@ -16,31 +16,19 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use parking_lot::Mutex;
 
 use crate::access::{self, EXEC, READ};
+use crate::entries::{Entries, Key, Name, dir_range};
 use crate::errno::{Errno, Result};
 use crate::inode::{Inode, Meta};
 use crate::locks::Stripes;
 use crate::log::Log;
 use crate::types::{Attr, Cred, DirEntry, FileType, Ino, NAME_MAX, Nanos, ROOT, StatFs, XATTR_NAME_MAX};
 
-/// An entry's key: listings walk a directory in (hash, name) order.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub(crate) struct Key {
-    pub parent: Ino,
-    pub hash: u64,
-    pub name: Name,
-}
-
-/// An entry's name: up to 16 bytes inline (most names), longer ones on
-/// the heap; 24 bytes either way, and no allocation of its own for short
-/// names (at 10M entries, 32 bytes each saved).
-pub(crate) type Name = smallvec::SmallVec<[u8; 16]>;
-
 /// Cookies below this are the caller's (`.` and `..` in a listing).
 pub const FIRST_COOKIE: u64 = 3;
 
 pub struct Namespace {
     pub(crate) inodes: scc::HashMap<Ino, Arc<Inode>, foldhash::fast::RandomState>,
-    pub(crate) entries: scc::TreeIndex<Key, Ino>,
+    pub(crate) entries: Entries,
     pub(crate) next_ino: AtomicU64,
     pub(crate) stripes: Stripes,
     /// Held by directory renames across directories (see `locks`).
@@ -68,7 +56,7 @@ impl Namespace {
     pub(crate) fn empty(seed: u64) -> Namespace {
         Namespace {
             inodes: scc::HashMap::default(),
-            entries: scc::TreeIndex::new(),
+            entries: Entries::new(),
             next_ino: AtomicU64::new(ROOT + 1),
             stripes: Stripes::default(),
             rename_lock: Mutex::new(()),
@@ -103,7 +91,7 @@ impl Namespace {
 
     /// What `name` in `parent` names, without checks.
     pub(crate) fn child(&self, parent: Ino, name: &[u8]) -> Option<Ino> {
-        self.entries.peek_with(&self.key(parent, name), |_, &ino| ino)
+        self.entries.get(&self.key(parent, name))
     }
 
     /// `lookup`: needs search permission on `parent`. `.` and `..` name
@@ -145,11 +133,9 @@ impl Namespace {
             return Err(Errno::ENOTDIR);
         }
         access::check(cred, &dir.owner(), READ)?;
-        let mut range = Self::dir_range(ino);
-        range.start.hash = cookie.max(FIRST_COOKIE - 1) + 1;
         let guard = scc::Guard::new();
         let mut out = Vec::new();
-        for (k, &child) in self.entries.range(range, &guard) {
+        for (k, &child) in self.entries.range(dir_range(ino, cookie.max(FIRST_COOKIE - 1) + 1), &guard) {
             if out.len() == max {
                 break;
             }
