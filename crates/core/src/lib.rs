@@ -46,6 +46,8 @@
 //! assert!(matches!(r.effects[..], [interlock_core::Effect::Granted { wait: w, owner: 2, .. }] if w == wait));
 //! ```
 
+#![forbid(unsafe_code)]
+
 /// The hash maps of the engine: foldhash, seeded per process, is several
 /// times faster than SipHash on short keys and still randomized against
 /// crafted resource names.

@@ -36,6 +36,8 @@
 //! # Ok(()) }
 //! ```
 
+#![forbid(unsafe_code)]
+
 mod abi;
 mod creds;
 mod handles;

@@ -25,6 +25,8 @@
 //! Every decode is of untrusted bytes: a frame over [`MAX_FRAME`] or that
 //! does not decode is an error, never a panic (fuzzed by property tests).
 
+#![forbid(unsafe_code)]
+
 pub mod meta;
 pub mod tls;
 mod unacked;

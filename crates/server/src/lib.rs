@@ -29,6 +29,8 @@
 //! onto the store, open files, the checkpointer), `durable` (answers
 //! that wait for the journal), `connection` (handshake and request loop).
 
+#![forbid(unsafe_code)]
+
 mod config;
 mod connection;
 mod datadir;
