@@ -13,12 +13,18 @@ fn file() -> NewInode {
     NewInode { kind: FileType::Regular, perm: 0o644, rdev: 0 }
 }
 
+/// A namespace with one directory, `/d`.
+fn namespace_with_dir() -> (Arc<Namespace>, interlock_meta::Attr) {
+    let ns = Arc::new(Namespace::new(42, 0));
+    let dir = NewInode { kind: FileType::Directory, perm: 0o755, rdev: 0 };
+    let (d, _) = ns.create(&Cred::root(), ROOT, b"d", dir, b"", 1).unwrap();
+    (ns, d)
+}
+
 #[test]
 fn an_entry_present_throughout_a_listing_is_listed_exactly_once() {
-    let ns = Arc::new(Namespace::new(42, 0));
+    let (ns, d) = namespace_with_dir();
     let root = Cred::root();
-    let (d, _) =
-        ns.create(&root, ROOT, b"d", NewInode { kind: FileType::Directory, perm: 0o755, rdev: 0 }, b"", 1).unwrap();
     let stable: Vec<String> = (0..500).map(|i| format!("stable.{i}")).collect();
     for n in &stable {
         ns.create(&root, d.ino, n.as_bytes(), file(), b"", 1).unwrap();
@@ -86,10 +92,8 @@ fn an_entry_present_throughout_a_listing_is_listed_exactly_once() {
 /// deadline below is a hang detector, not a speed test.
 #[test]
 fn listing_the_root_of_a_large_namespace_does_not_scan_it() {
-    let ns = Arc::new(Namespace::new(42, 0));
+    let (ns, d) = namespace_with_dir();
     let root = Cred::root();
-    let (d, _) =
-        ns.create(&root, ROOT, b"d", NewInode { kind: FileType::Directory, perm: 0o755, rdev: 0 }, b"", 1).unwrap();
     for i in 0..300_000 {
         ns.create(&root, d.ino, format!("f.{i}").as_bytes(), file(), b"", 1).unwrap();
     }
