@@ -150,6 +150,53 @@ fn create_open_holds_the_new_file_open() {
     });
 }
 
+/// A file unlinked while open outlives a `kill -9` and restart of the
+/// server: the client opens it again in the recovery window, so the
+/// server's sweep of orphans nobody opened again (done before `status`
+/// says the recovery is over) spares it. Its data reads back, its handles
+/// are the new server's to count, and the last release frees it.
+#[test]
+fn a_file_unlinked_while_open_outlives_a_server_restart() {
+    let data = tempfile::tempdir().unwrap();
+    let args = ["--lease-ms", "5000", "--recovery-ms", "3000"];
+    let mut server = ServerProc::start(data.path(), "127.0.0.1:0", &args);
+    let addr = server.addr.clone();
+    let rt = rt();
+    let (c, f, g) = rt.block_on(async {
+        let c = client(&addr).await;
+        let f = c.create_open(&root(), ROOT, b"f", 0o644).await.unwrap();
+        c.write(&root(), f.ino, 0, b"still here").await.unwrap();
+        c.fsync(&root(), f.ino).await.unwrap();
+        let g = c.create(&root(), ROOT, b"g", FileType::Regular, 0o644, b"").await.unwrap();
+        c.open(&root(), g.ino).await.unwrap();
+        c.open(&root(), g.ino).await.unwrap();
+        for name in [b"f", b"g"] {
+            c.unlink(&root(), ROOT, name).await.unwrap();
+        }
+        (c, f, g)
+    });
+    server.kill9();
+    let _server = ServerProc::start(data.path(), &addr, &args);
+    rt.block_on(async {
+        let watcher = client(&addr).await;
+        // c is back (its reconnect backs off to at most 2 s), then the
+        // window ends.
+        while watcher.status().await.unwrap().sessions < 2 {
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        while watcher.status().await.unwrap().recovering_ms > 0 {
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        assert_eq!(c.read(&root(), f.ino, 0, 100).await.unwrap(), b"still here");
+        c.release(&root(), f.ino).await.unwrap();
+        assert_eq!(errno(c.getattr(&root(), f.ino).await), libc::ENOENT, "freed at its last release");
+        c.release(&root(), g.ino).await.unwrap();
+        assert_eq!(c.getattr(&root(), g.ino).await.unwrap().nlink, 0, "one handle left: still an orphan");
+        c.release(&root(), g.ino).await.unwrap();
+        assert_eq!(errno(c.getattr(&root(), g.ino).await), libc::ENOENT, "freed at its last release");
+    });
+}
+
 /// Every change acknowledged before a `kill -9` of the server is there
 /// after it restarts; in the unsafe mode too (a process's writes outlive
 /// it: only a machine crash may lose what was not synced).

@@ -167,7 +167,7 @@ pub(crate) enum Settled {
 /// when the old session was last known to be needed (the lease rule in
 /// `lease`). `None` if the server's count is impossible (nothing is sent;
 /// the caller reconnects).
-pub(crate) fn settle(inner: &Inner, w: &Welcomed, now: Instant) -> Option<Settled> {
+pub(crate) fn settle(inner: &Arc<Inner>, w: &Welcomed, now: Instant) -> Option<Settled> {
     if w.resumed {
         if inner.outbox.resume(w.received) {
             return Some(Settled::Resumed);
@@ -187,6 +187,7 @@ pub(crate) fn settle(inner: &Inner, w: &Welcomed, now: Instant) -> Option<Settle
     inner.outbox.open();
     t.pending.clear();
     inner.received.store(0, Ordering::Relaxed);
+    crate::opens::reopen_all(inner, &mut t);
     if settled == Settled::Lost {
         drop(t);
         lose_all(inner);

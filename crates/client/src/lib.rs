@@ -15,6 +15,9 @@
 //!   never reclaimed, and reported to the caller ([`Client::lost_locks`],
 //!   [`LostLock`]), who must stop acting under them. Requests that were in
 //!   flight fail with [`ClientError::ConnectionLost`].
+//! - Open files ([`Client::open`], [`Client::create_open`]) are opened
+//!   again in every new session, so a file unlinked while open outlives a
+//!   server restart (the server keeps it through its recovery window).
 //! - Blocking locks are futures: dropping one withdraws the wait at the
 //!   server (and gives back a grant that raced the drop).
 //! - Local first (seed 002): for POSIX, OFD and flock locks the client
@@ -56,6 +59,7 @@ mod guard;
 mod lease;
 mod lost;
 pub mod meta;
+mod opens;
 mod outbox;
 
 use foldhash::{HashMap, HashSet};
@@ -255,6 +259,8 @@ struct Tables {
     /// After a reclaim, the new handle of a DLM lock the user knows by its
     /// old one.
     alias: HashMap<u64, u64>,
+    /// Files held open at the server, to open again in a new session.
+    opens: opens::Opens,
 }
 
 struct Inner {
@@ -292,12 +298,16 @@ impl Inner {
     /// Sends request `id`, first recording where its reply goes (and, for
     /// a blocking request, its pushed grant), so neither can arrive
     /// unseen. A blocking request is kept in `waits`, to be sent again
-    /// after a reconnect; any other is handed back.
+    /// after a reconnect; any other is handed back. A release leaves the
+    /// files to open again in a new session as it is sent (see `opens`).
     fn submit(&self, id: u64, op: Op, wait: bool) -> Result<Submitted, ClientError> {
         let (reply_tx, reply_rx) = oneshot::channel();
         let mut t = self.tables.lock();
         self.outbox.send(&ClientMsgRef::Request { id, op: &op })?;
         t.pending.insert(id, reply_tx);
+        if let Op::Meta { op: interlock_proto::meta::MetaOp::Release { ino }, .. } = &op {
+            t.opens.take(*ino);
+        }
         let generation = self.generation.load(Ordering::Relaxed);
         if wait {
             let (grant_tx, grant_rx) = oneshot::channel();
@@ -480,12 +490,17 @@ impl Client {
     }
 
     async fn request(&self, op: Op) -> Result<Reply, ClientError> {
+        self.request_in(op).await.map(|(r, _)| r)
+    }
+
+    /// A request's reply, and the session (generation) it came in.
+    async fn request_in(&self, op: Op) -> Result<(Reply, u64), ClientError> {
         let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
         let sent = self.inner.submit(id, op, false)?;
         match sent.reply_rx.await.map_err(|_| ClientError::ConnectionLost)? {
             Reply::Error(e) => Err(ClientError::Server(e)),
             Reply::Recovering { left_ms } => Err(ClientError::Recovering(Duration::from_millis(left_ms))),
-            r => Ok(r),
+            r => Ok((r, sent.generation)),
         }
     }
 

@@ -30,11 +30,31 @@ fn unexpected(r: impl std::fmt::Debug) -> ClientError {
 
 impl Client {
     /// Any namespace operation: its reply, or [`ClientError::Errno`].
+    /// (Opens made here are not opened again after a server restart:
+    /// [`open`](Client::open) and [`create_open`](Client::create_open)
+    /// are.)
     pub async fn meta(&self, cred: &Cred, op: MetaOp) -> Result<MetaReply, ClientError> {
-        match self.request(Op::Meta { cred: cred.clone(), op }).await? {
-            Reply::Meta(r) => Ok(r),
-            Reply::Errno(e) => Err(ClientError::Errno(e)),
-            other => Err(unexpected(other)),
+        self.meta_in(cred, op).await.map(|(r, _)| r)
+    }
+
+    /// A namespace operation's reply, and the session it came in.
+    async fn meta_in(&self, cred: &Cred, op: MetaOp) -> Result<(MetaReply, u64), ClientError> {
+        match self.request_in(Op::Meta { cred: cred.clone(), op }).await? {
+            (Reply::Meta(r), generation) => Ok((r, generation)),
+            (Reply::Errno(e), _) => Err(ClientError::Errno(e)),
+            (other, _) => Err(unexpected(other)),
+        }
+    }
+
+    /// An open (or create and open): counted, to be opened again in a new
+    /// session (see [`opens`](crate::opens)).
+    async fn opening(&self, cred: &Cred, op: MetaOp) -> Result<Attr, ClientError> {
+        match self.meta_in(cred, op).await? {
+            (MetaReply::Attr(a), generation) => {
+                crate::opens::opened(&self.inner, a.ino, generation);
+                Ok(a)
+            }
+            (other, _) => Err(unexpected(other)),
         }
     }
 
@@ -91,7 +111,7 @@ impl Client {
     /// (`open(O_CREAT)`); close it with [`release`](Client::release).
     /// `EEXIST` if the name is taken.
     pub async fn create_open(&self, cred: &Cred, parent: Ino, name: &[u8], perm: u32) -> Result<Attr, ClientError> {
-        self.attr(cred, MetaOp::CreateOpen { parent, name: name.to_vec(), perm }).await
+        self.opening(cred, MetaOp::CreateOpen { parent, name: name.to_vec(), perm }).await
     }
 
     pub async fn link(&self, cred: &Cred, ino: Ino, parent: Ino, name: &[u8]) -> Result<Attr, ClientError> {
@@ -173,10 +193,11 @@ impl Client {
         }
     }
 
-    /// Holds `ino` open for this session: unlinked, it lives until
-    /// released (or the session ends).
+    /// Holds `ino` open: unlinked, it lives until released, or until the
+    /// client is gone (its session ended). Across a server restart the
+    /// client opens it again in the recovery window, so it lives on.
     pub async fn open(&self, cred: &Cred, ino: Ino) -> Result<Attr, ClientError> {
-        self.attr(cred, MetaOp::Open { ino }).await
+        self.opening(cred, MetaOp::Open { ino }).await
     }
 
     pub async fn release(&self, cred: &Cred, ino: Ino) -> Result<(), ClientError> {

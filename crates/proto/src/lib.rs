@@ -240,7 +240,8 @@ pub struct StatusInfo {
     /// Requests served, renewals (keep-alives) not counted.
     pub requests: u64,
     pub uptime_ms: u64,
-    /// Milliseconds left in the recovery window after a restart (0: none).
+    /// Milliseconds left in the recovery window after a restart (0: none;
+    /// at least 1 until the orphans nobody reopened in it are freed).
     pub recovering_ms: u64,
     /// Open connections, and the most the server takes.
     pub connections: u64,

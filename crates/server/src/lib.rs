@@ -45,7 +45,7 @@ mod wire;
 use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use interlock_core::LockSpace;
@@ -74,6 +74,10 @@ pub(crate) struct Inner {
     fences: Fences,
     started: Instant,
     recovery_until: Option<Instant>,
+    /// Set after a restart until the orphans nobody reopened in the
+    /// recovery window are freed (the checkpointer's sweep): the recovery
+    /// is over only then.
+    orphans_pending: AtomicBool,
     requests: AtomicU64,
     conns: Conns,
     /// Set when the server speaks TLS.
@@ -151,6 +155,7 @@ impl Server {
             fences: start.fences,
             started,
             recovery_until,
+            orphans_pending: AtomicBool::new(start.restarted),
             requests: AtomicU64::new(0),
             conns: Conns::default(),
             tls,
@@ -362,7 +367,10 @@ impl Inner {
             waiters: s.waiters as u64,
             requests: self.requests.load(Ordering::Relaxed),
             uptime_ms: self.started.elapsed().as_millis() as u64,
-            recovering_ms: self.recovering().map_or(0, |d| d.as_millis() as u64),
+            // Until its sweep of orphans is done, a recovery is not over.
+            recovering_ms: self
+                .recovering()
+                .map_or(u64::from(self.orphans_pending.load(Ordering::Relaxed)), |d| d.as_millis() as u64),
             connections: self.conns.open.load(Ordering::Relaxed) as u64,
             max_connections: self.config.limits.max_connections as u64,
             inodes: self.store.ns().inode_count() as u64,

@@ -10,6 +10,7 @@
 //! opening and closing cost O(1) expected more here.
 
 use std::collections::HashMap;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use interlock_journal::changelog::{Consumer, Mask};
@@ -31,6 +32,8 @@ const MAX_RECORDS: u32 = 256;
 /// A listing stops when its entries reach this many bytes (estimated):
 /// under a frame.
 const LISTING_BYTES: usize = 192 << 10;
+/// How often the checkpointer looks at the store.
+const TICK: Duration = Duration::from_millis(500);
 
 pub(crate) fn now() -> i64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos() as i64)
@@ -243,14 +246,24 @@ fn read(inner: &Inner, who: &str, from: Option<u64>, max: u32, wait: Option<Dura
 /// The checkpointer's thread: freed files' data removed once their
 /// records are durable, a checkpoint every [`CHECKPOINT_EVERY`] records
 /// (which also purges the journal behind it and the slowest consumer),
-/// idle changelog consumers deregistered, and once the
-/// recovery window is over, orphans nobody reopened freed. Runs until the
-/// server is gone.
+/// idle changelog consumers deregistered, and once the recovery window
+/// is over, orphans nobody reopened freed (at once when it ends: until
+/// then `status` says the server is recovering). Runs until the server
+/// is gone.
 pub(crate) fn checkpointer(inner: std::sync::Weak<Inner>) {
-    let mut swept = false;
     let mut ticks = 0u64;
     loop {
-        std::thread::sleep(Duration::from_millis(500));
+        let Some(server) = inner.upgrade() else { return };
+        let pending = server.orphans_pending.load(Ordering::Relaxed);
+        if pending && server.recovering().is_none() {
+            if let Err(e) = server.store.ns().forget_orphans(&Cred::root()) {
+                tracing::error!(error = %e, "freeing orphans after the restart");
+            }
+            server.orphans_pending.store(false, Ordering::Relaxed);
+        }
+        let nap = server.recovering().filter(|_| pending).map_or(TICK, |left| left.min(TICK));
+        drop(server);
+        std::thread::sleep(nap);
         let Some(server) = inner.upgrade() else { return };
         let store = &server.store;
         store.collect_freed();
@@ -258,12 +271,6 @@ pub(crate) fn checkpointer(inner: std::sync::Weak<Inner>) {
             && let Err(e) = store.checkpoint()
         {
             tracing::error!(error = %e, "checkpoint failed");
-        }
-        if !swept && server.recovering().is_none() {
-            swept = true;
-            if let Err(e) = store.ns().forget_orphans(&Cred::root()) {
-                tracing::error!(error = %e, "freeing orphans after the restart");
-            }
         }
         ticks += 1;
         if ticks.is_multiple_of(120)
