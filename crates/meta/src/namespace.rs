@@ -147,15 +147,16 @@ impl Namespace {
     }
 
     /// `readdir` with each entry's attributes (what `ls -l` and `du`
-    /// need, in one call).
-    pub fn readdirplus(&self, cred: &Cred, ino: Ino, cookie: u64, max: usize) -> Result<Vec<(DirEntry, Attr)>> {
+    /// need, in one call). An entry removed between the listing and its
+    /// attributes comes without them, not left out: a page shorter than
+    /// `max` means the listing is over, and only then. O(log n + max).
+    pub fn readdirplus(&self, cred: &Cred, ino: Ino, cookie: u64, max: usize) -> Result<Vec<(DirEntry, Option<Attr>)>> {
         Ok(self
             .readdir(cred, ino, cookie, max)?
             .into_iter()
-            .filter_map(|e| {
-                // Gone since the listing: removed meanwhile.
-                let a = self.getattr(e.ino).ok()?;
-                Some((e, a))
+            .map(|e| {
+                let a = self.getattr(e.ino).ok();
+                (e, a)
             })
             .collect())
     }

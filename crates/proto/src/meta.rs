@@ -154,7 +154,8 @@ pub struct Entry {
     pub kind: FileType,
     /// Resumes the listing after this entry.
     pub cookie: u64,
-    /// With `plus`.
+    /// With `plus`; `None` even then for an entry removed while it was
+    /// listed (skip it; its cookie still resumes the listing).
     pub attr: Option<Attr>,
 }
 

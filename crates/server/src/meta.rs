@@ -164,7 +164,7 @@ fn listing(inner: &Inner, cred: &Cred, ino: Ino, cookie: u64, max: u32, plus: bo
     let page: Vec<Entry> = if plus {
         ns.readdirplus(cred, ino, cookie, want)?
             .into_iter()
-            .map(|(e, a)| Entry { name: e.name, ino: e.ino, kind: e.kind, cookie: e.cookie, attr: Some(a) })
+            .map(|(e, attr)| Entry { name: e.name, ino: e.ino, kind: e.kind, cookie: e.cookie, attr })
             .collect()
     } else {
         ns.readdir(cred, ino, cookie, want)?

@@ -141,7 +141,8 @@ async fn walk(c: &Client, top: Ino) -> Result<(u64, u64), String> {
                         files += 1;
                         bytes += a.size;
                     }
-                    (_, None) => return Err("readdirplus without attributes".into()),
+                    // Removed while it was listed.
+                    (_, None) => {}
                 }
             }
             match page.last() {
