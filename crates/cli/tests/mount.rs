@@ -605,3 +605,47 @@ fn fusermount3_unmount_ends_the_mount_process_cleanly() {
     });
     assert!(exited.unwrap().success(), "{exited:?}");
 }
+
+/// A listing longer than the pages the mount fetches from the server (and
+/// asks for ahead) gives each entry present throughout exactly once, while
+/// another mount takes names away and adds others in the same directory.
+#[test]
+fn a_long_listing_under_change_gives_each_lasting_entry_once() {
+    let Some((_data, server, a, b)) = two_mounts("a_long_listing_under_change_gives_each_lasting_entry_once") else {
+        return;
+    };
+    let (kept, churned) = (3000, 1000);
+    common::rt().block_on(async {
+        use interlock_client::meta::{Cred, FileType, ROOT};
+        let c = common::client(&server.addr).await;
+        let root = Cred::root();
+        let d = c.create(&root, ROOT, b"big", FileType::Directory, 0o755, b"").await.unwrap();
+        let names = (0..kept).map(|i| format!("keep{i}")).chain((0..churned).map(|i| format!("gone{i}")));
+        let made = futures::future::join_all(names.map(|n| {
+            let (c, root) = (c.clone(), root.clone());
+            async move { c.create(&root, d.ino, n.as_bytes(), FileType::Regular, 0o644, b"").await }
+        }))
+        .await;
+        assert!(made.iter().all(Result::is_ok));
+    });
+    let there = b.join("big");
+    let changer = std::thread::spawn(move || {
+        for i in 0..churned {
+            std::fs::remove_file(there.join(format!("gone{i}"))).unwrap();
+            File::create(there.join(format!("new{i}"))).unwrap();
+        }
+    });
+    let mut listings = 0;
+    while !changer.is_finished() || listings == 0 {
+        let mut names: Vec<String> =
+            std::fs::read_dir(a.join("big")).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+        names.sort();
+        let len = names.len();
+        names.dedup();
+        assert_eq!(names.len(), len, "a name listed twice");
+        let lasting = names.iter().filter(|n| n.starts_with("keep")).count();
+        assert_eq!(lasting, kept, "every lasting entry, once");
+        listings += 1;
+    }
+    changer.join().unwrap();
+}

@@ -1,15 +1,19 @@
 //! Open files: the kernel's file handle (`fh`) for each open, the inode
 //! it opened, and the lock owners that locked through it (whose locks go
 //! when it is released). Each handle holds the inode open at the server,
-//! so a file unlinked while open here keeps its data until released.
+//! so a file unlinked while open here keeps its data until released. And
+//! open directories, with where each one's listing stands.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use foldhash::{HashMap, HashSet};
+use interlock_client::ClientError;
 use interlock_client::meta::{Entry, Ino};
 use interlock_proto::Kind;
 use parking_lot::Mutex;
+use tokio::task::JoinHandle;
 
 pub struct Handle {
     pub ino: Ino,
@@ -17,20 +21,49 @@ pub struct Handle {
     pub lockers: Mutex<HashSet<(Kind, u64)>>,
 }
 
-/// Entries of a listing fetched but not yet given to the kernel: those
-/// after cookie `after`, and whether the listing ends with them.
-struct Page {
-    after: u64,
-    plus: bool,
-    entries: Vec<Entry>,
-    end: bool,
+/// A server page of a listing: its entries, and whether the listing ends
+/// with them.
+pub type Page = (Vec<Entry>, bool);
+
+/// Where a directory handle's listing stands: the entries fetched but not
+/// yet given to the kernel (those after cookie `after`), and the server
+/// page after them, asked for ahead so that the kernel's next calls find
+/// it here rather than wait for a round trip (`du` lists while it stats).
+pub struct Listing {
+    pub after: u64,
+    pub plus: bool,
+    pub entries: VecDeque<Entry>,
+    /// The server said the listing ends with `entries`.
+    pub end: bool,
+    /// The page after `entries`, on its way.
+    pub ahead: Option<JoinHandle<Result<Page, ClientError>>>,
+}
+
+impl Listing {
+    /// A listing from cookie `after` with nothing fetched yet.
+    pub fn new(after: u64, plus: bool) -> Listing {
+        Listing { after, plus, entries: VecDeque::new(), end: false, ahead: None }
+    }
+
+    /// Where the page after the fetched entries starts.
+    pub fn next_cookie(&self) -> u64 {
+        self.entries.back().map_or(self.after, |e| e.cookie)
+    }
+}
+
+impl Drop for Listing {
+    fn drop(&mut self) {
+        if let Some(ahead) = &self.ahead {
+            ahead.abort();
+        }
+    }
 }
 
 #[derive(Default)]
 pub struct Handles {
     open: Mutex<HashMap<u64, Arc<Handle>>>,
-    /// Open directories and what each has fetched ahead.
-    dirs: Mutex<HashMap<u64, Option<Page>>>,
+    /// Open directories and where each one's listing stands.
+    dirs: Mutex<HashMap<u64, Option<Listing>>>,
     next: AtomicU64,
 }
 
@@ -72,21 +105,18 @@ impl Handles {
         self.dirs.lock().remove(&fh);
     }
 
-    /// The entries fetched ahead for directory handle `fh` that follow
-    /// cookie `after`, if that is where they start (a listing that seeks
-    /// elsewhere asks the server again).
-    pub fn take_page(&self, fh: u64, after: u64, plus: bool) -> Option<(Vec<Entry>, bool)> {
+    /// Directory handle `fh`'s listing, if it goes on from cookie
+    /// `after` (a listing that seeks elsewhere starts afresh). O(1).
+    pub fn take_listing(&self, fh: u64, after: u64, plus: bool) -> Option<Listing> {
         let mut dirs = self.dirs.lock();
         let slot = dirs.get_mut(&fh)?;
-        match slot.take() {
-            Some(p) if p.after == after && p.plus == plus => Some((p.entries, p.end)),
-            _ => None,
-        }
+        slot.take().filter(|l| l.after == after && l.plus == plus)
     }
 
-    pub fn keep_page(&self, fh: u64, after: u64, plus: bool, entries: Vec<Entry>, end: bool) {
+    /// Keeps a listing for the handle's next call (unless it was closed).
+    pub fn keep_listing(&self, fh: u64, listing: Listing) {
         if let Some(slot) = self.dirs.lock().get_mut(&fh) {
-            *slot = Some(Page { after, plus, entries, end });
+            *slot = Some(listing);
         }
     }
 }

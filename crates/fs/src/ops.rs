@@ -17,7 +17,7 @@ use interlock_proto::meta::{MAX_DATA, MetaOp};
 use tokio::sync::oneshot;
 
 use crate::abi::{self, Args, InHeader, Malformed, Ttl, fattr, op};
-use crate::handles::Handles;
+use crate::handles::{Handles, Listing};
 use crate::locks::{Lost, Owners, errno};
 
 /// A reply's body, or the errno to fail with.
@@ -451,9 +451,11 @@ impl Fs {
     /// A listing page: `.` and `..` (cookies 1 and 2), then the server's
     /// entries (cookies from 3, stable: an entry present throughout is
     /// listed once), as many as fit the kernel's buffer; the rest of the
-    /// server's page is kept with the directory handle for the next call. With `plus`,
-    /// each entry's attributes too, so `ls -l` and `du` need no lookup per
-    /// file.
+    /// server's page is kept with the directory handle for the next call,
+    /// and once under half a page is left the next page is asked for
+    /// ahead, so a long listing does not wait a round trip per page. With
+    /// `plus`, each entry's attributes too, so `ls -l` and `du` need no
+    /// lookup per file.
     async fn readdir(&self, cred: &Cred, ino: Ino, a: &mut Args<'_>, plus: bool) -> Answer {
         let (fh, mut cookie, size) = (a.u64()?, a.u64()?, a.u32()? as usize);
         let mut out = Vec::with_capacity(size);
@@ -483,28 +485,44 @@ impl Fs {
             }
             cookie = 2;
         }
-        let mut from = if cookie == 2 { 0 } else { cookie };
-        loop {
-            // What an earlier call fetched past the kernel's buffer, else a
-            // server page of many kernel buffers' worth.
-            let (entries, end) = match self.handles.take_page(fh, from, plus) {
-                Some(page) => page,
-                None => self.again(|| self.client.readdir(cred, ino, from, PAGE, plus)).await?,
-            };
-            for (i, e) in entries.iter().enumerate() {
-                if plus && e.attr.is_none() {
-                    continue;
+        let from = if cookie == 2 { 0 } else { cookie };
+        let mut listing = self.handles.take_listing(fh, from, plus).unwrap_or_else(|| Listing::new(from, plus));
+        'fill: loop {
+            if listing.entries.is_empty() {
+                if listing.end {
+                    break;
                 }
-                if !put(&mut out, e.attr.as_ref(), e.ino, e.cookie, abi::dtype(e.kind), &e.name) {
-                    self.handles.keep_page(fh, from, plus, entries[i..].to_vec(), end);
-                    return Ok(out);
-                }
-                from = e.cookie;
+                // The page asked for ahead, else one asked for now (and
+                // again if the first failed: `again` rides out a restart).
+                let ahead = match listing.ahead.take() {
+                    Some(ahead) => ahead.await.ok().and_then(Result::ok),
+                    None => None,
+                };
+                let (page, end) = match ahead {
+                    Some(page) => page,
+                    None => self.again(|| self.client.readdir(cred, ino, listing.after, PAGE, plus)).await?,
+                };
+                listing.end = end || page.is_empty();
+                listing.entries = page.into();
             }
-            if end || entries.is_empty() {
-                return Ok(out);
+            while let Some(e) = listing.entries.front() {
+                // An entry removed while it was listed has no attributes:
+                // skipped (its cookie still counts).
+                let removed = plus && e.attr.is_none();
+                if !removed && !put(&mut out, e.attr.as_ref(), e.ino, e.cookie, abi::dtype(e.kind), &e.name) {
+                    break 'fill;
+                }
+                listing.after = e.cookie;
+                listing.entries.pop_front();
             }
         }
+        // Ask for the next page while the kernel takes this one's rest.
+        if !listing.end && listing.ahead.is_none() && listing.entries.len() < PAGE as usize / 2 {
+            let (client, cred, after) = (self.client.clone(), cred.clone(), listing.next_cookie());
+            listing.ahead = Some(tokio::spawn(async move { client.readdir(&cred, ino, after, PAGE, plus).await }));
+        }
+        self.handles.keep_listing(fh, listing);
+        Ok(out)
     }
 
     /// Tells the kernel to forget `ino`'s cached attributes.
