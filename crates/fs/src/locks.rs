@@ -70,9 +70,18 @@ impl Lost {
 
 /// Kernel lock owners as the client's owner numbers, and the pid that
 /// took each owner's last lock (what `F_GETLK` reports on this mount).
+///
+/// An owner keeps its number while it may hold a lock here: each POSIX
+/// (owner, inode) pair and each open file it locked through holds it
+/// (taken before the lock is asked for, given back after its locks are
+/// dropped). Then it is forgotten, so the table holds the owners that
+/// may hold locks, not every process that ever locked (kernel owners are
+/// addresses, reused by later processes: a new one simply gets a new
+/// number).
 #[derive(Default)]
 pub struct Owners {
-    numbers: Mutex<HashMap<u64, u32>>,
+    /// Kernel owner -> its number, and the holds on it.
+    numbers: Mutex<HashMap<u64, (u32, u32)>>,
     pids: Mutex<HashMap<u32, u32>>,
     next: AtomicU32,
     /// (kernel owner, inode) pairs holding POSIX locks: a flush of
@@ -81,9 +90,37 @@ pub struct Owners {
 }
 
 impl Owners {
-    /// The number for kernel owner `owner`, made on first use. O(1).
+    /// The number of kernel owner `owner`: the one it holds, else a new
+    /// one (an owner that holds none has no locks here, so any unused
+    /// number tests and unlocks the same). O(1).
     pub fn number(&self, owner: u64) -> u32 {
-        *self.numbers.lock().entry(owner).or_insert_with(|| self.next.fetch_add(1, Relaxed) + 1)
+        self.numbers.lock().get(&owner).map_or_else(|| self.fresh(), |&(n, _)| n)
+    }
+
+    fn fresh(&self) -> u32 {
+        self.next.fetch_add(1, Relaxed) + 1
+    }
+
+    /// `owner` may take locks through one more file or on one more
+    /// inode; its number. O(1).
+    pub fn hold(&self, owner: u64) -> u32 {
+        let mut numbers = self.numbers.lock();
+        let (number, holds) = numbers.entry(owner).or_insert_with(|| (self.fresh(), 0));
+        *holds += 1;
+        *number
+    }
+
+    /// One hold of `owner` fewer; at none it is forgotten. O(1).
+    pub fn unhold(&self, owner: u64) {
+        let mut numbers = self.numbers.lock();
+        if let Some((number, holds)) = numbers.get_mut(&owner) {
+            *holds -= 1;
+            if *holds == 0 {
+                let number = *number;
+                numbers.remove(&owner);
+                self.pids.lock().remove(&number);
+            }
+        }
     }
 
     pub fn note_pid(&self, number: u32, pid: u32) {
@@ -94,13 +131,23 @@ impl Owners {
         self.pids.lock().get(&number).copied().unwrap_or(0)
     }
 
+    /// `owner` may take POSIX locks on `ino`: held once per pair.
     pub fn note_posix(&self, owner: u64, ino: Ino) {
-        self.posix.lock().insert((owner, ino));
+        if self.posix.lock().insert((owner, ino)) {
+            self.hold(owner);
+        }
     }
 
-    /// Whether `owner` may hold POSIX locks on `ino`; forgets it.
+    /// Whether `owner` may hold POSIX locks on `ino`; forgets the pair
+    /// (the caller drops the locks, then calls [`unhold`](Self::unhold)).
     pub fn take_posix(&self, owner: u64, ino: Ino) -> bool {
         self.posix.lock().remove(&(owner, ino))
+    }
+
+    /// Owners with numbers (for tests of the table's bound).
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.numbers.lock().len()
     }
 }
 
@@ -200,18 +247,23 @@ impl Fs {
     /// written under the lock elsewhere shows here.
     pub(crate) async fn setlk(&self, ino: Ino, a: &mut Args<'_>, cancel: Option<oneshot::Receiver<()>>) -> Answer {
         let lk = LkIn::parse(a)?;
-        let owner = self.owners.number(lk.owner);
-        let (spec, unlock) = lk.spec(ino, owner)?;
+        let (spec, unlock) = lk.spec(ino, self.owners.number(lk.owner))?;
         if unlock {
             self.client.unlock(&spec).await.map_err(|e| errno(&e))?;
             return Ok(Vec::new());
         }
-        if let Some(h) = self.handles.get(lk.fh) {
-            h.lockers.lock().insert((spec.kind, lk.owner));
+        // Held before the request goes: the number stays while the lock
+        // may be held.
+        if let Some(h) = self.handles.get(lk.fh)
+            && h.lockers.lock().insert((spec.kind, lk.owner))
+        {
+            self.owners.hold(lk.owner);
         }
         if !lk.flock {
             self.owners.note_posix(lk.owner, ino);
         }
+        let owner = self.owners.number(lk.owner);
+        let spec = LockSpec { owner, ..spec };
         let granted = match cancel {
             None => self.client.try_lock(&spec).await.map_err(|e| errno(&e))?.is_some(),
             Some(cancel) => tokio::select! {
@@ -234,7 +286,9 @@ impl Fs {
         let owner = a.u64()?;
         if self.owners.take_posix(owner, ino) {
             let number = self.owners.number(owner);
-            self.client.close(&resource(ino), Kind::Posix, number).await.map_err(|e| errno(&e))?;
+            let closed = self.client.close(&resource(ino), Kind::Posix, number).await;
+            self.owners.unhold(owner);
+            closed.map_err(|e| errno(&e))?;
         }
         Ok(Vec::new())
     }
@@ -247,16 +301,45 @@ mod tests {
     #[test]
     fn kernel_owners_get_stable_distinct_numbers() {
         let o = Owners::default();
-        let a = o.number(0xdead_beef_0000);
-        let b = o.number(0xdead_beef_0008);
+        let a = o.hold(0xdead_beef_0000);
+        let b = o.hold(0xdead_beef_0008);
         assert_ne!(a, b);
         assert_eq!(o.number(0xdead_beef_0000), a);
+        assert_eq!(o.hold(0xdead_beef_0000), a);
+        assert_ne!(o.number(0xdead_beef_0010), o.number(0xdead_beef_0010), "no number kept without a hold");
         assert_eq!(ino_of(&resource(12345)), Some(12345));
         assert_eq!(ino_of(b"ino/x"), None);
         assert_eq!(ino_of(b"backup"), None);
         o.note_posix(1, 5);
         assert!(o.take_posix(1, 5));
         assert!(!o.take_posix(1, 5));
+    }
+
+    /// Owners that took locks and dropped them all leave no trace: the
+    /// table is bounded by the owners that may hold locks, not by every
+    /// process that ever locked.
+    #[test]
+    fn an_owner_is_forgotten_when_nothing_holds_it() {
+        let o = Owners::default();
+        for owner in 0..10_000u64 {
+            // A POSIX lock through an open file: the pair and the file
+            // hold the owner, with one number.
+            let n = o.hold(owner);
+            o.note_posix(owner, 7);
+            o.note_posix(owner, 7);
+            assert_eq!(o.number(owner), n);
+            o.note_pid(n, 42);
+            assert_eq!(o.pid(n), 42);
+            assert!(o.take_posix(owner, 7));
+            o.unhold(owner);
+            assert_eq!(o.number(owner), n, "the file still holds it");
+            o.unhold(owner);
+            assert_eq!(o.pid(n), 0);
+        }
+        assert_eq!(o.len(), 0);
+        o.hold(1);
+        o.hold(2);
+        assert_eq!(o.len(), 2);
     }
 
     #[test]

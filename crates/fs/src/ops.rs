@@ -394,13 +394,13 @@ impl Fs {
             // address, which a new open may take while this release was on
             // its way: if a live handle locked as the same owner, its locks
             // are that file's now and stay (they go at its release).
-            if self.handles.locked_through_another(handle.ino, (kind, owner)) {
-                continue;
+            if !self.handles.locked_through_another(handle.ino, (kind, owner)) {
+                let number = self.owners.number(owner);
+                if let Err(e) = self.client.close(&resource, kind, number).await {
+                    tracing::warn!(ino = handle.ino, error = %e, "releasing the locks of a closed file");
+                }
             }
-            let number = self.owners.number(owner);
-            if let Err(e) = self.client.close(&resource, kind, number).await {
-                tracing::warn!(ino = handle.ino, error = %e, "releasing the locks of a closed file");
-            }
+            self.owners.unhold(owner);
         }
         // After a server restart the server no longer knows the open: it
         // went with the old session.
