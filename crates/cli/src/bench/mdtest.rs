@@ -20,6 +20,8 @@
 //!   its journal in the system's temporary directory, unless `--server`):
 //!   T creators, each on its own connection, each waiting for its answer
 //!   (durable) before its next request, as `redis-benchmark -c T` does.
+//! - `redis`, `redis-aof`: the anchor for `net` (see `redis`): SET and
+//!   GET rows as `create` and `stat`.
 //! - `kernel`: the same shape on tmpfs (`/dev/shm`): open(O_CREAT|O_EXCL)
 //!   and close, stat, unlink. Not durable; the directory's `i_rwsem`
 //!   serializes its creators.
@@ -52,8 +54,11 @@ pub struct Args {
     /// for all to be durable), or both.
     #[arg(long, value_delimiter = ',', default_value = "each,end", value_parser = ["each", "end"])]
     ack: Vec<String>,
-    /// Variants: engine, memory, net, kernel.
-    #[arg(long, value_delimiter = ',', default_value = "engine,memory,net,kernel", value_parser = ["engine", "memory", "net", "kernel"])]
+    /// Variants: engine, memory, net, kernel, redis (`redis-benchmark`
+    /// SET and GET with T clients beside `net`'s creates and stats: in
+    /// memory, and durable with `appendfsync always`; skipped if Redis is
+    /// not installed).
+    #[arg(long, value_delimiter = ',', default_value = "engine,memory,net,kernel,redis", value_parser = ["engine", "memory", "net", "kernel", "redis"])]
     variant: Vec<String>,
     /// For `net`: measure this server (HOST:PORT) instead of starting one.
     #[arg(long, value_parser = crate::args::server)]
@@ -129,6 +134,23 @@ pub fn run(args: Args) -> Result<(), String> {
                 r.insert("changelog".into(), json!(false));
                 r.insert("ack".into(), json!("each"));
                 report.row(r);
+            }
+        }
+        if args.variant.iter().any(|v| v == "redis") {
+            if super::redis::installed() {
+                for (variant, durable) in [("redis", false), ("redis-aof", true)] {
+                    let secs = super::redis::run(durable, &args.dir, t, files)?;
+                    for (phase, s) in PHASES.iter().zip(secs) {
+                        let mut r = row(variant, phase, t, files, s);
+                        r.insert("changelog".into(), json!(false));
+                        r.insert("ack".into(), json!("each"));
+                        report.row(r);
+                    }
+                }
+            } else {
+                eprintln!(
+                    "interlock bench: redis skipped: redis-server and redis-benchmark are not installed (Debian package redis-server)"
+                );
             }
         }
         if args.variant.iter().any(|v| v == "kernel") {

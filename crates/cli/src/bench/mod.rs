@@ -13,6 +13,7 @@ mod kernel;
 mod mdtest;
 mod mount;
 mod netbench;
+mod redis;
 mod restart;
 mod rsb;
 
