@@ -150,6 +150,16 @@ fn create_open_holds_the_new_file_open() {
     });
 }
 
+/// Polls the server's status until `done` holds (30 s at most: a hang
+/// fails the test rather than stall it).
+async fn status_until(c: &interlock_client::Client, what: &str, done: impl Fn(&interlock_proto::StatusInfo) -> bool) {
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !done(&c.status().await.unwrap()) {
+        assert!(std::time::Instant::now() < until, "timed out waiting for {what}");
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+}
+
 /// A file unlinked while open outlives a `kill -9` and restart of the
 /// server: the client opens it again in the recovery window, so the
 /// server's sweep of orphans nobody opened again (done before `status`
@@ -181,12 +191,8 @@ fn a_file_unlinked_while_open_outlives_a_server_restart() {
         let watcher = client(&addr).await;
         // c is back (its reconnect backs off to at most 2 s), then the
         // window ends.
-        while watcher.status().await.unwrap().sessions < 2 {
-            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-        }
-        while watcher.status().await.unwrap().recovering_ms > 0 {
-            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-        }
+        status_until(&watcher, "c to be back", |s| s.sessions >= 2).await;
+        status_until(&watcher, "the recovery to end", |s| s.recovering_ms == 0).await;
         assert_eq!(c.read(&root(), f.ino, 0, 100).await.unwrap(), b"still here");
         c.release(&root(), f.ino).await.unwrap();
         assert_eq!(errno(c.getattr(&root(), f.ino).await), libc::ENOENT, "freed at its last release");
