@@ -649,24 +649,3 @@ fn a_long_listing_under_change_gives_each_lasting_entry_once() {
     }
     changer.join().unwrap();
 }
-
-/// A mount answers an unlock once it is sent, before the server confirms
-/// it. A lock the same process takes right after must still be held at
-/// the server (it takes a session's requests in order), so another mount
-/// never gets it in between.
-#[test]
-fn a_relock_right_after_an_unlock_is_held_at_the_server() {
-    let Some((_data, _server, a, b)) = two_mounts("a_relock_right_after_an_unlock_is_held_at_the_server") else {
-        return;
-    };
-    let (fa, fb) = (rw(&a.join("f")), rw(&b.join("f")));
-    let set = |f: &File, typ| fcntl(f.as_fd(), FcntlArg::F_SETLK(&posix(typ, 0, 1)));
-    for round in 0..300 {
-        set(&fa, libc::F_WRLCK).unwrap();
-        set(&fa, libc::F_UNLCK).unwrap();
-        set(&fa, libc::F_WRLCK).unwrap();
-        let probe = fcntl(fb.as_fd(), FcntlArg::F_OFD_SETLK(&posix(libc::F_WRLCK, 0, 1)));
-        assert_eq!(probe, Err(Errno::EAGAIN), "round {round}: the other mount got a held lock");
-        set(&fa, libc::F_UNLCK).unwrap();
-    }
-}

@@ -664,26 +664,11 @@ impl Client {
     /// Releases `spec.range` of the owner (POSIX, OFD, flock). Sent at
     /// once; local waiters it frees go on to the server right away.
     pub async fn unlock(&self, spec: &LockSpec) -> Result<(), ClientError> {
-        self.unlock_sent(spec)?.await
-    }
-
-    /// Unlocks at once: the request is in the session's stream, ahead of
-    /// any request made after this returns, and the local table has
-    /// dropped the lock; the future is the server's answer. A caller may
-    /// go on without it (the mount answers an unlock so): the server
-    /// takes requests in order, so a later lock of this client comes
-    /// after the unlock, and the lock is only held longer than the caller
-    /// believes, never shorter.
-    pub fn unlock_sent(
-        &self,
-        spec: &LockSpec,
-    ) -> Result<impl Future<Output = Result<(), ClientError>> + Send + 'static, ClientError> {
         if spec.kind == Kind::Dlm {
             return Err(ClientError::Invalid("DLM locks are released with dlm_unlock".into()));
         }
         spec.check()?;
-        let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
-        let sent = self.inner.submit(id, Op::Unlock { target: spec.target() }, false)?;
+        let reply = self.request(Op::Unlock { target: spec.target() });
         if self.local_table() {
             let (owner, kind) = (spec.local_owner(), spec.core_kind());
             if let Ok(resp) = self.inner.local.unlock(&spec.resource, owner, kind, spec.range) {
@@ -691,12 +676,7 @@ impl Client {
             }
             self.forget_if_free(spec.kind, &spec.resource);
         }
-        Ok(async move {
-            match sent.reply_rx.await.map_err(|_| ClientError::ConnectionLost)? {
-                Reply::Error(e) => Err(ClientError::Server(e)),
-                _ => Ok(()),
-            }
-        })
+        reply.await.map(drop)
     }
 
     /// Drops `resource` from the resources to reclaim once no local owner

@@ -249,18 +249,7 @@ impl Fs {
         let lk = LkIn::parse(a)?;
         let (spec, unlock) = lk.spec(ino, self.owners.number(lk.owner))?;
         if unlock {
-            // Answered once sent, not once the server answers: see
-            // `Client::unlock_sent` (a lock held a moment longer than the
-            // process believes is safe; one held shorter would not be).
-            let answer = self.client.unlock_sent(&spec).map_err(|e| errno(&e))?;
-            tokio::spawn(async move {
-                // A session that ended took the lock with it.
-                if let Err(e) = answer.await
-                    && !matches!(e, ClientError::ConnectionLost)
-                {
-                    tracing::warn!(ino, error = %e, "the server refused an unlock");
-                }
-            });
+            self.client.unlock(&spec).await.map_err(|e| errno(&e))?;
             return Ok(Vec::new());
         }
         // Held before the request goes: the number stays while the lock
