@@ -18,6 +18,14 @@
 //!
 //! A torn tail is cut off (the file is truncated and synced), never
 //! silently kept or skipped over.
+//!
+//! 3. A segment's file may reach past its records with zeros: the writer
+//!    extends it ahead of them (so that a sync need not write the file's
+//!    size) and cuts the rest off only when it closes the segment. Zeros
+//!    from a record's start to the end of the file are the end of the
+//!    records, not a tear. Zeros followed by anything else are not: a
+//!    group's later page that reached the disk before an earlier one did
+//!    is a torn tail (or corruption, by invariant 2), as before.
 
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
@@ -87,8 +95,7 @@ pub fn list(dir: &Path) -> Result<Vec<(u64, PathBuf)>, Error> {
 /// directory, so the segment survives a crash once it is used.
 pub fn create(dir: &Path, first: u64, sync: bool) -> Result<(File, Segment), Error> {
     let path = dir.join(file_name(first));
-    let mut f =
-        OpenOptions::new().create_new(true).read(true).append(true).open(&path).map_err(|e| Error::io(&path, e))?;
+    let mut f = OpenOptions::new().create_new(true).write(true).open(&path).map_err(|e| Error::io(&path, e))?;
     f.write_all(&frame::segment_header(first)).map_err(|e| Error::io(&path, e))?;
     if sync {
         f.sync_all().map_err(|e| Error::io(&path, e))?;
@@ -152,6 +159,12 @@ pub fn scan(path: &Path, expect_first: Option<u64>, last: bool, repair: bool) ->
                 seg.note(f.index, off as u64);
                 seg.end += 1;
                 off += n;
+            }
+            Err(_) if bytes[off..].iter().all(|&b| b == 0) => {
+                // Space set aside ahead of the records and never written
+                // (see the journal's `Tail`): the records end here.
+                seg.len = off as u64;
+                break;
             }
             Err(bad) => {
                 if !last {

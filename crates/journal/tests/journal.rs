@@ -149,6 +149,51 @@ fn a_torn_tail_is_cut_and_appends_go_on() {
     assert_eq!(read_all(&j, 1).len(), 101);
 }
 
+/// A crash leaves the segment being written extended past its records
+/// with zeros (space set aside so that a sync need not write the file's
+/// size): that is the end of the records, not a tear, and appends go on
+/// after the records. Zeros followed by stray bytes are still a tear.
+#[test]
+fn zeros_after_the_records_end_them_and_are_cut_at_close() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let (j, _) = Journal::open(dir.path(), Options { segment_bytes: 1 << 30, ..opts() }).unwrap();
+        for i in 1..=100u64 {
+            j.append(&payload(i)).unwrap();
+        }
+        j.wait_durable(100).unwrap();
+    }
+    let seg = last_segment(dir.path());
+    let records = std::fs::metadata(&seg).unwrap().len();
+    let ends = |dir: &std::path::Path| interlock_journal::check(dir).unwrap().0.last().unwrap().bytes;
+    assert_eq!(ends(dir.path()), records, "a closed segment ends where its records do");
+    // As a crash leaves it: the preallocated zeros still there.
+    std::fs::OpenOptions::new().write(true).open(&seg).unwrap().set_len(records + (1 << 20)).unwrap();
+    let (report, torn_at) = interlock_journal::check(dir.path()).unwrap();
+    assert_eq!((torn_at, report.last().unwrap().end, report.last().unwrap().bytes), (None, 101, records));
+    {
+        let (j, rec) = Journal::open(dir.path(), opts()).unwrap();
+        assert_eq!((rec.next, rec.torn_bytes), (101, None));
+        assert_eq!(j.append_durable(&payload(101)).unwrap(), 101);
+        assert_eq!(read_all(&j, 1).len(), 101);
+    }
+    let records = std::fs::metadata(&seg).unwrap().len();
+    assert_eq!(ends(dir.path()), records, "cut again at close");
+    let mut bytes = std::fs::read(&seg).unwrap();
+    assert_eq!(read_dir_count(dir.path()), 101, "the record appended after the zeros is read back");
+    // Zeros, then a byte a later page put there: a torn tail, cut off.
+    bytes.resize(records as usize + 5000, 0);
+    bytes.push(7);
+    std::fs::write(&seg, &bytes).unwrap();
+    let (j, rec) = Journal::open(dir.path(), opts()).unwrap();
+    assert_eq!((rec.next, rec.torn_bytes), (102, Some(5001)));
+    assert_eq!(read_all(&j, 1).len(), 101);
+}
+
+fn read_dir_count(dir: &std::path::Path) -> usize {
+    interlock_journal::read_dir(dir, 1, |_, _| {}).unwrap()
+}
+
 #[test]
 fn corruption_of_acknowledged_records_is_an_error_naming_file_and_offset() {
     let dir = tempfile::tempdir().unwrap();
