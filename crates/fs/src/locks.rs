@@ -174,9 +174,9 @@ impl LkIn {
         if self.flock { Kind::Flock } else { Kind::Posix }
     }
 
-    /// The request as the client takes it (`owner` numbered), and whether
-    /// it is an unlock.
-    pub fn spec(&self, ino: Ino, owner: u32) -> Result<(LockSpec, bool), i32> {
+    /// What the request asks for: a mode (`NL`: unlock) and a range;
+    /// `EINVAL` for a type or range the kernel should not have sent.
+    pub fn request(&self) -> Result<(Mode, Range), i32> {
         let mode = match self.typ as i32 {
             libc::F_RDLCK => Mode::PR,
             libc::F_WRLCK => Mode::EX,
@@ -185,8 +185,13 @@ impl LkIn {
         };
         let range =
             if self.flock { Range::WHOLE } else { Range::new(self.start, self.end).map_err(|_| libc::EINVAL)? };
-        let unlock = mode == Mode::NL;
-        Ok((LockSpec { resource: resource(ino), kind: self.kind(), owner, mode, range }, unlock))
+        Ok((mode, range))
+    }
+
+    /// The request (from [`request`](Self::request)) as the client takes
+    /// it, for owner number `owner`.
+    pub fn spec(&self, ino: Ino, owner: u32, (mode, range): (Mode, Range)) -> LockSpec {
+        LockSpec { resource: resource(ino), kind: self.kind(), owner, mode, range }
     }
 }
 
@@ -227,7 +232,7 @@ impl Fs {
     pub(crate) async fn getlk(&self, ino: Ino, a: &mut Args<'_>) -> Answer {
         let lk = LkIn::parse(a)?;
         let owner = self.owners.number(lk.owner);
-        let (spec, _) = lk.spec(ino, owner)?;
+        let spec = lk.spec(ino, owner, lk.request()?);
         let out = match self.client.test(&spec).await.map_err(|e| errno(&e))? {
             None => lk_out(lk.start, lk.end, None, 0),
             Some(c) => {
@@ -247,15 +252,16 @@ impl Fs {
     /// written under the lock elsewhere shows here.
     pub(crate) async fn setlk(&self, ino: Ino, a: &mut Args<'_>, cancel: Option<oneshot::Receiver<()>>) -> Answer {
         let lk = LkIn::parse(a)?;
-        let (spec, unlock) = lk.spec(ino, self.owners.number(lk.owner))?;
-        if unlock {
+        let asked = lk.request()?;
+        if asked.0 == Mode::NL {
+            let spec = lk.spec(ino, self.owners.number(lk.owner), asked);
             self.client.unlock(&spec).await.map_err(|e| errno(&e))?;
             return Ok(Vec::new());
         }
         // Held before the request goes: the number stays while the lock
         // may be held.
         if let Some(h) = self.handles.get(lk.fh)
-            && h.lockers.lock().insert((spec.kind, lk.owner))
+            && h.lockers.lock().insert((lk.kind(), lk.owner))
         {
             self.owners.hold(lk.owner);
         }
@@ -263,7 +269,7 @@ impl Fs {
             self.owners.note_posix(lk.owner, ino);
         }
         let owner = self.owners.number(lk.owner);
-        let spec = LockSpec { owner, ..spec };
+        let spec = lk.spec(ino, owner, asked);
         let granted = match cancel {
             None => self.client.try_lock(&spec).await.map_err(|e| errno(&e))?.is_some(),
             Some(cancel) => tokio::select! {
@@ -345,12 +351,15 @@ mod tests {
     #[test]
     fn lock_types_map_to_modes_and_back() {
         let lk = LkIn { fh: 1, owner: 2, start: 0, end: 9, typ: libc::F_WRLCK as u32, pid: 3, flock: false };
-        let (spec, unlock) = lk.spec(7, 1).unwrap();
-        assert_eq!((spec.mode, unlock, spec.kind), (Mode::EX, false, Kind::Posix));
+        let spec = lk.spec(7, 1, lk.request().unwrap());
+        assert_eq!((spec.mode, spec.kind, spec.owner), (Mode::EX, Kind::Posix, 1));
         assert_eq!(spec.range, Range::new(0, 9).unwrap());
-        let (spec, _) = LkIn { flock: true, typ: libc::F_RDLCK as u32, ..lk }.spec(7, 1).unwrap();
+        let read = LkIn { flock: true, typ: libc::F_RDLCK as u32, ..lk };
+        let spec = read.spec(7, 1, read.request().unwrap());
         assert_eq!((spec.mode, spec.kind, spec.range), (Mode::PR, Kind::Flock, Range::WHOLE));
-        assert!(LkIn { typ: 99, ..lk }.spec(7, 1).is_err());
+        assert_eq!(LkIn { typ: libc::F_UNLCK as u32, ..lk }.request().unwrap().0, Mode::NL);
+        assert_eq!(LkIn { typ: 99, ..lk }.request(), Err(libc::EINVAL));
+        assert_eq!(LkIn { start: 9, end: 0, ..lk }.request(), Err(libc::EINVAL));
         assert_eq!(&lk_out(0, 9, Some(Mode::PR as u8), 0)[16..20], &(libc::F_RDLCK as u32).to_ne_bytes());
         assert_eq!(&lk_out(0, 9, None, 0)[16..20], &(libc::F_UNLCK as u32).to_ne_bytes());
     }
