@@ -113,16 +113,20 @@ fn last_segment(dir: &std::path::Path) -> std::path::PathBuf {
     segs.pop().unwrap()
 }
 
+/// A closed log of records 1..=100 in one segment.
+fn hundred_records() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let (j, _) = Journal::open(dir.path(), Options { segment_bytes: 1 << 30, ..opts() }).unwrap();
+    for i in 1..=100u64 {
+        j.append(&payload(i)).unwrap();
+    }
+    j.wait_durable(100).unwrap();
+    dir
+}
+
 #[test]
 fn a_torn_tail_is_cut_and_appends_go_on() {
-    let dir = tempfile::tempdir().unwrap();
-    {
-        let (j, _) = Journal::open(dir.path(), Options { segment_bytes: 1 << 30, ..opts() }).unwrap();
-        for i in 1..=100u64 {
-            j.append(&payload(i)).unwrap();
-        }
-        j.wait_durable(100).unwrap();
-    }
+    let dir = hundred_records();
     // A group that was being written when the machine stopped: a whole
     // record, then half of one.
     let seg = last_segment(dir.path());
@@ -155,14 +159,7 @@ fn a_torn_tail_is_cut_and_appends_go_on() {
 /// after the records. Zeros followed by stray bytes are still a tear.
 #[test]
 fn zeros_after_the_records_end_them_and_are_cut_at_close() {
-    let dir = tempfile::tempdir().unwrap();
-    {
-        let (j, _) = Journal::open(dir.path(), Options { segment_bytes: 1 << 30, ..opts() }).unwrap();
-        for i in 1..=100u64 {
-            j.append(&payload(i)).unwrap();
-        }
-        j.wait_durable(100).unwrap();
-    }
+    let dir = hundred_records();
     let seg = last_segment(dir.path());
     let records = std::fs::metadata(&seg).unwrap().len();
     let ends = |dir: &std::path::Path| interlock_journal::check(dir).unwrap().0.last().unwrap().bytes;
