@@ -525,6 +525,11 @@ impl Tail {
         self.file.write_all_at(bytes, at).map_err(|e| Error::io(path, e))
     }
 
+    /// Makes what was written durable (`fdatasync`).
+    fn sync(&self, path: &Path) -> Result<(), Error> {
+        self.file.sync_data().map_err(|e| Error::io(path, e))
+    }
+
     /// Cuts the zeros after the records off a segment that will not be
     /// written again (a rotated or closed one), so it ends where its
     /// records do. Unsynced: a crash that loses the cut leaves zeros,
@@ -658,7 +663,7 @@ fn write_group(s: &Shared, file: &mut Tail, group: &[u8], first: u64, end: u64) 
         }
         file.write_at(&path, &group[off..cut], base)?;
         if s.options.fsync {
-            file.file.sync_data().map_err(|e| Error::io(&path, e))?;
+            file.sync(&path)?;
         }
         let mut state = s.state.lock();
         let cur = state.segments.last_mut().expect("a current segment");
