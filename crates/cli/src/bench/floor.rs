@@ -6,9 +6,15 @@
 //!
 //! On a virtual machine, waking an idle CPU is a trip through the
 //! hypervisor: this is where the floor shows it.
+//!
+//! And the floor under a durable change: one small record written into a
+//! segment extended ahead of it and made durable with `fdatasync`, as the
+//! journal does ([`fdatasyncs`]).
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
+use std::os::unix::fs::FileExt;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 /// Round trips in microseconds, each after an idle pause of `hold`.
@@ -34,5 +40,25 @@ pub fn round_trips(hold: Duration, samples: usize) -> Result<hdrhistogram::Histo
     }
     drop(ours);
     let _ = echoer.join();
+    Ok(hist)
+}
+
+/// `samples` writes of a 64-byte record, each followed by `fdatasync`, in
+/// a file under `dir` extended ahead of them (as the journal's segments
+/// are): the latency of one durable change on that disk, in microseconds.
+pub fn fdatasyncs(dir: &Path, samples: usize) -> Result<hdrhistogram::Histogram<u64>, String> {
+    let err = |e: std::io::Error| format!("fsync floor in {}: {e}", dir.display());
+    let tmp = tempfile::tempdir_in(dir).map_err(err)?;
+    let file = std::fs::File::create(tmp.path().join("floor")).map_err(err)?;
+    let record = [0x5au8; 64];
+    file.set_len((samples * record.len()) as u64 + 4096).map_err(err)?;
+    file.sync_all().map_err(err)?;
+    let mut hist = hdrhistogram::Histogram::new_with_bounds(1, 60_000_000, 2).expect("valid bounds");
+    for i in 0..samples {
+        let t = Instant::now();
+        file.write_all_at(&record, (i * record.len()) as u64).map_err(err)?;
+        file.sync_data().map_err(err)?;
+        hist.saturating_record(t.elapsed().as_micros() as u64);
+    }
     Ok(hist)
 }

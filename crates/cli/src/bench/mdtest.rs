@@ -92,7 +92,7 @@ const COLUMNS: &[(&str, &str)] = &[
     ("ops/s", "ops_per_sec"),
 ];
 
-const PHASES: [&str; 3] = ["create", "stat", "unlink"];
+pub(super) const PHASES: [&str; 3] = ["create", "stat", "unlink"];
 
 pub fn run(args: Args) -> Result<(), String> {
     if args.threads.contains(&0) {

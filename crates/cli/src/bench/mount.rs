@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Map, Value, json};
 
+use super::mdtest::PHASES;
 use super::{Report, parse_size};
 
 #[derive(clap::Args)]
@@ -29,8 +30,9 @@ pub struct Args {
     /// MiB to write and read sequentially.
     #[arg(long, default_value = "1024")]
     mib: u64,
-    /// Seconds each ping_pong run lasts.
-    #[arg(long, default_value = "4")]
+    /// Seconds each ping_pong run lasts; at least 2 (it prints its rate
+    /// once a second, from the second on).
+    #[arg(long, default_value = "4", value_parser = clap::value_parser!(u64).range(2..))]
     seconds: u64,
     /// ctdb's ping_pong (default: $INTERLOCK_PING_PONG, else
     /// /usr/bin/ping_pong).
@@ -38,8 +40,10 @@ pub struct Args {
     ping_pong: Option<PathBuf>,
     /// Only these variants, comma-separated: interlock, interlock-nofsync
     /// (the server in its unsafe mode, `--unsafe-no-fsync`: what durability
-    /// costs), bindfs, tmpfs.
-    #[arg(long, default_value = "interlock,interlock-nofsync,bindfs,tmpfs", value_delimiter = ',')]
+    /// costs), bindfs, tmpfs, floor (the most any mount that asks a server
+    /// could do here, from a loopback round trip, an fsync, and the
+    /// bindfs and tmpfs rows of the same run: see `floor`).
+    #[arg(long, default_value = "interlock,interlock-nofsync,bindfs,tmpfs,floor", value_delimiter = ',')]
     variants: Vec<String>,
     /// One JSON object per line.
     #[arg(long)]
@@ -138,6 +142,8 @@ pub fn run(args: Args) -> Result<(), String> {
     if pp.is_none() {
         eprintln!("note: no ping_pong (Debian package ctdb, or --ping-pong): its rows are left out");
     }
+    // The mdtest seconds of bindfs and tmpfs, for the floor.
+    let (mut bindfs, mut tmpfs) = (None, None);
     for variant in &args.variants {
         match variant.as_str() {
             "interlock" | "interlock-nofsync" => {
@@ -169,7 +175,7 @@ pub fn run(args: Args) -> Result<(), String> {
                 }
                 let (src, at) = (dir_in(shm.path(), "bsrc")?, dir_in(shm.path(), "bmnt")?);
                 let m = Mounted::bindfs(&src, &at)?;
-                suite(&args, &mut report, "bindfs", &at, None, pp.as_deref())?;
+                bindfs = Some(suite(&args, &mut report, "bindfs", &at, None, pp.as_deref())?);
                 drop(m);
                 // du on a cold mount of a tree made underneath.
                 tree(&src.join("du"), args.du_files)?;
@@ -179,20 +185,29 @@ pub fn run(args: Args) -> Result<(), String> {
             }
             "tmpfs" => {
                 let d = dir_in(shm.path(), "t")?;
-                suite(&args, &mut report, "tmpfs", &d, None, pp.as_deref())?;
+                tmpfs = Some(suite(&args, &mut report, "tmpfs", &d, None, pp.as_deref())?);
                 tree(&d.join("du"), args.du_files)?;
                 report.row(du(&d.join("du"), "tmpfs", args.du_files)?);
             }
+            "floor" => floor(&args, &mut report, bindfs.as_deref().zip(tmpfs.as_deref()))?,
             other => {
-                return Err(format!("unknown variant {other:?} (interlock, interlock-nofsync, bindfs, tmpfs)"));
+                return Err(format!("unknown variant {other:?} (interlock, interlock-nofsync, bindfs, tmpfs, floor)"));
             }
         }
     }
     Ok(())
 }
 
+/// Seconds of each mdtest phase (create, stat, unlink) at each thread
+/// count.
+type Mdtest = Vec<(usize, [f64; 3])>;
+
+/// A run's mdtest seconds as [`Mdtest`] holds them.
+type MdtestRows<'a> = &'a [(usize, [f64; 3])];
+
 /// mdtest, ping_pong, write and read on `dir` (and `other`, a second
-/// mount of the same tree, for two-node ping_pong).
+/// mount of the same tree, for two-node ping_pong); gives mdtest's
+/// seconds.
 fn suite(
     args: &Args,
     report: &mut Report,
@@ -200,14 +215,16 @@ fn suite(
     dir: &Path,
     other: Option<&Path>,
     pp: Option<&Path>,
-) -> Result<(), String> {
+) -> Result<Mdtest, String> {
+    let mut mdtest = Vec::new();
     for &t in &args.threads {
         let d = dir.join(format!("mdtest.{t}"));
         std::fs::create_dir(&d).map_err(|e| format!("{}: {e}", d.display()))?;
         let secs = super::mdtest::on_dir(&d, t, args.files)?;
-        for (test, s) in ["create", "stat", "unlink"].iter().zip(secs) {
+        for (test, s) in PHASES.iter().zip(secs) {
             report.row(row(variant, test, t, args.files as f64 / s.max(1e-9), s));
         }
+        mdtest.push((t, secs));
     }
     if let Some(pp) = pp {
         let file = dir.join("pingpong");
@@ -222,6 +239,62 @@ fn suite(
     let mb = (args.mib << 20) as f64 / 1e6;
     report.row(row(variant, "write", 1, mb / w, w));
     report.row(row(variant, "read", 1, mb / r, r));
+    Ok(mdtest)
+}
+
+/// Round trips to the server that one mdtest operation costs a mount
+/// that caches nothing the kernel does not, in `PHASES` order, as
+/// `strace` of the mount shows them. create: `GETATTR` of the directory
+/// (the kernel drops a directory's attributes at every change in it, and
+/// `default_permissions` needs them for the next path walk), `LOOKUP`,
+/// `CREATE`; stat: `LOOKUP`; unlink: `GETATTR`, `LOOKUP`, `UNLINK`.
+const ROUND_TRIPS: [f64; 3] = [3.0, 1.0, 3.0];
+
+/// Whether the phase changes the namespace (then a durable write).
+const DURABLE: [bool; 3] = [true, false, true];
+
+/// The floor under the mount's mdtest cells on this machine: what no
+/// mount that asks a server over loopback, caches nothing the kernel does
+/// not, and acknowledges a change only once it is durable could beat.
+/// Its parts are measured now: a loopback round trip and a record's
+/// `fdatasync` (rows `roundtrip` and `fsync`), and the kernel's FUSE
+/// requests themselves, as bindfs's time per operation less tmpfs's.
+///
+/// - T = 1: each operation waits for all of it in turn: FUSE, its round
+///   trips ([`ROUND_TRIPS`]) and, for a change, one fsync.
+/// - T > 1, create and unlink: the kernel holds the directory's `i_rwsem`
+///   across `LOOKUP` and `CREATE` (`UNLINK`), so at least those two round
+///   trips and the fsync follow one another for every file, whatever T.
+///   Stats run in parallel: no row.
+///
+/// The stat row counts a round trip for every stat; the files made within
+/// the last `entry_timeout` before the stats begin are still in the
+/// kernel's cache and need none, so with few `--files` it is low.
+fn floor(args: &Args, report: &mut Report, fuse: Option<(MdtestRows, MdtestRows)>) -> Result<(), String> {
+    let start = Instant::now();
+    let rtt = super::floor::round_trips(Duration::ZERO, 5_000)?.value_at_quantile(0.5) as f64 / 1e6;
+    report.row(row("floor", "roundtrip", 1, 1.0 / rtt, start.elapsed().as_secs_f64()));
+    let start = Instant::now();
+    let sync = super::floor::fdatasyncs(&std::env::temp_dir(), 500)?.value_at_quantile(0.5) as f64 / 1e6;
+    report.row(row("floor", "fsync", 1, 1.0 / sync, start.elapsed().as_secs_f64()));
+    let Some((bindfs, tmpfs)) = fuse else {
+        eprintln!("note: the floor's mdtest rows need the bindfs and tmpfs variants before it in the same run");
+        return Ok(());
+    };
+    let files = args.files as f64;
+    for (&(t, b), &(_, k)) in bindfs.iter().zip(tmpfs) {
+        for (p, test) in PHASES.iter().enumerate() {
+            let durable = if DURABLE[p] { sync } else { 0.0 };
+            let per_op = if t == 1 {
+                (b[p] - k[p]).max(0.0) / files + ROUND_TRIPS[p] * rtt + durable
+            } else if DURABLE[p] {
+                2.0 * rtt + durable
+            } else {
+                continue;
+            };
+            report.row(row("floor", test, t, 1.0 / per_op, per_op * files));
+        }
+    }
     Ok(())
 }
 
