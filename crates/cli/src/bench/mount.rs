@@ -263,9 +263,12 @@ const DURABLE: [bool; 3] = [true, false, true];
 /// - T = 1: each operation waits for all of it in turn: FUSE, its round
 ///   trips ([`ROUND_TRIPS`]) and, for a change, one fsync.
 /// - T > 1, create and unlink: the kernel holds the directory's `i_rwsem`
-///   across `LOOKUP` and `CREATE` (`UNLINK`), so at least those two round
-///   trips and the fsync follow one another for every file, whatever T.
-///   Stats run in parallel: no row.
+///   across the permission check on the directory (a `GETATTR`, as some
+///   other thread's change has always just dropped its attributes),
+///   `LOOKUP` and `CREATE` (`UNLINK`), so those round trips and the fsync
+///   follow one another for every file, whatever T (the FUSE requests
+///   themselves are left out: a lower floor). Stats run in parallel: no
+///   row.
 ///
 /// The stat row counts a round trip for every stat; the files made within
 /// the last `entry_timeout` before the stats begin are still in the
@@ -288,7 +291,7 @@ fn floor(args: &Args, report: &mut Report, fuse: Option<(MdtestRows, MdtestRows)
             let per_op = if t == 1 {
                 (b[p] - k[p]).max(0.0) / files + ROUND_TRIPS[p] * rtt + durable
             } else if DURABLE[p] {
-                2.0 * rtt + durable
+                ROUND_TRIPS[p] * rtt + durable
             } else {
                 continue;
             };
