@@ -40,7 +40,7 @@ impl Acker {
     /// applied in memory but would not survive a restart).
     pub fn hook(self: &Arc<Self>, sessions: Arc<Sessions>) -> DurableHook {
         let me = self.clone();
-        Box::new(move |end, failed| me.drain(&sessions, end, failed))
+        Box::new(move |end, failed| me.drain(&*sessions, end, failed))
     }
 
     /// The answer to request `id` of session `sid`, whose change has the
@@ -48,8 +48,8 @@ impl Acker {
     /// `None` and the flusher's hook pushes it once it is.
     pub fn answer(
         &self,
-        journal: &Journal,
-        sessions: &Sessions,
+        journal: &impl Durability,
+        to: &impl Deliver,
         (seq, sid, id): (Seq, u64, u64),
         reply: Reply,
     ) -> Option<Reply> {
@@ -65,19 +65,54 @@ impl Acker {
         // so one of the two sees the answer.
         let (end, failed) = (journal.durable_end(), journal.failed());
         if end > seq || failed {
-            self.drain(sessions, end, failed);
+            self.drain(to, end, failed);
         }
         None
     }
 
-    /// Pushes every parked answer whose record is below `end`.
-    fn drain(&self, sessions: &Sessions, end: u64, failed: bool) {
+    /// Delivers every parked answer whose record is below `end`, each
+    /// once: they leave the list under its lock.
+    fn drain(&self, to: &impl Deliver, end: u64, failed: bool) {
         // One pass; the answers still waiting keep their place.
         let ready: Vec<Pending> = self.pending.lock().extract_if(.., |x| failed || x.seq < end).collect();
         for x in ready {
             let reply = if failed { Reply::Errno(libc::EIO) } else { x.reply };
-            push(sessions, x.sid, x.id, reply);
+            to.deliver(x.sid, x.id, reply);
         }
+    }
+}
+
+/// What the acker reads of the journal. A seam: the tests below play a
+/// sync that ends at each point of [`Acker::answer`].
+pub(crate) trait Durability {
+    /// Every record below this is durable.
+    fn durable_end(&self) -> u64;
+    /// The journal has failed: nothing more becomes durable.
+    fn failed(&self) -> bool;
+    /// Someone waits for every record below `end`.
+    fn want(&self, end: u64);
+}
+
+impl Durability for Journal {
+    fn durable_end(&self) -> u64 {
+        Journal::durable_end(self)
+    }
+    fn failed(&self) -> bool {
+        Journal::failed(self)
+    }
+    fn want(&self, end: u64) {
+        Journal::want(self, end)
+    }
+}
+
+/// Where answers go: the sessions' streams (and a list in the tests).
+pub(crate) trait Deliver {
+    fn deliver(&self, sid: u64, id: u64, reply: Reply);
+}
+
+impl Deliver for Sessions {
+    fn deliver(&self, sid: u64, id: u64, reply: Reply) {
+        push(self, sid, id, reply)
     }
 }
 
@@ -86,5 +121,102 @@ impl Acker {
 pub(crate) fn push(sessions: &Sessions, sid: u64, id: u64, reply: Reply) {
     if let Delivered::Kick(wire) = sessions.push(sid, ServerMsg::Reply { id, reply }) {
         wire.kick();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cell::{Cell, RefCell};
+    use std::collections::VecDeque;
+
+    use super::*;
+
+    /// A journal whose watermark reads, one after another, the values
+    /// given (the last one for good): a sync that ends between two reads.
+    struct Script {
+        ends: RefCell<VecDeque<u64>>,
+        failed: bool,
+        wanted: Cell<u64>,
+    }
+
+    impl Script {
+        fn new(ends: &[u64], failed: bool) -> Script {
+            Script { ends: RefCell::new(ends.iter().copied().collect()), failed, wanted: Cell::new(0) }
+        }
+    }
+
+    impl Durability for Script {
+        fn durable_end(&self) -> u64 {
+            let mut ends = self.ends.borrow_mut();
+            if ends.len() > 1 { ends.pop_front().expect("non-empty") } else { ends[0] }
+        }
+        fn failed(&self) -> bool {
+            self.failed
+        }
+        fn want(&self, end: u64) {
+            self.wanted.set(self.wanted.get().max(end));
+        }
+    }
+
+    /// The answers delivered, as (session, request, errno or 0).
+    #[derive(Default)]
+    struct Outbox(RefCell<Vec<(u64, u64, i32)>>);
+
+    impl Deliver for Outbox {
+        fn deliver(&self, sid: u64, id: u64, reply: Reply) {
+            let errno = if let Reply::Errno(e) = reply { e } else { 0 };
+            self.0.borrow_mut().push((sid, id, errno));
+        }
+    }
+
+    fn done() -> Reply {
+        Reply::Meta(interlock_proto::meta::MetaReply::Done)
+    }
+
+    #[test]
+    fn an_answer_whose_record_is_durable_or_absent_goes_at_once() {
+        let (acker, out) = (Acker::default(), Outbox::default());
+        assert!(acker.answer(&Script::new(&[8], false), &out, (7, 1, 10), done()).is_some());
+        assert!(acker.answer(&Script::new(&[1], false), &out, (0, 1, 11), done()).is_some());
+        assert!(out.0.borrow().is_empty());
+    }
+
+    #[test]
+    fn a_sync_that_ends_after_the_answer_is_parked_delivers_it_once() {
+        let (acker, out) = (Acker::default(), Outbox::default());
+        let journal = Script::new(&[7], false);
+        assert!(acker.answer(&journal, &out, (7, 1, 10), done()).is_none());
+        assert_eq!(journal.wanted.get(), 8, "the flusher is told someone waits");
+        assert!(out.0.borrow().is_empty(), "not durable yet");
+        acker.drain(&out, 7, false);
+        assert!(out.0.borrow().is_empty(), "a sync below the record answers nothing");
+        acker.drain(&out, 8, false);
+        acker.drain(&out, 9, false);
+        assert_eq!(*out.0.borrow(), vec![(1, 10, 0)]);
+    }
+
+    /// The race the second look in `answer` closes: the sync covering the
+    /// record ends, and its hook drains (finding nothing), between the
+    /// first look at the watermark and the park. Without the second look
+    /// the answer would wait forever.
+    #[test]
+    fn a_sync_that_ends_between_the_look_and_the_park_still_delivers_it() {
+        let (acker, out) = (Acker::default(), Outbox::default());
+        let journal = Script::new(&[7, 8], false);
+        acker.drain(&out, 8, false); // the hook, before the park
+        assert!(acker.answer(&journal, &out, (7, 1, 10), done()).is_none());
+        assert_eq!(*out.0.borrow(), vec![(1, 10, 0)]);
+        acker.drain(&out, 8, false); // a later hook finds it gone
+        assert_eq!(out.0.borrow().len(), 1, "delivered once");
+    }
+
+    #[test]
+    fn a_failed_journal_answers_everything_parked_with_eio() {
+        let (acker, out) = (Acker::default(), Outbox::default());
+        assert!(acker.answer(&Script::new(&[3], false), &out, (5, 2, 20), done()).is_none());
+        assert!(acker.answer(&Script::new(&[3], true), &out, (6, 2, 21), done()).is_none());
+        let mut got = out.0.borrow().clone();
+        got.sort();
+        assert_eq!(got, vec![(2, 20, libc::EIO), (2, 21, libc::EIO)]);
     }
 }

@@ -84,7 +84,7 @@ pub(crate) fn end_session(inner: &Inner, sid: u64) {
 pub(crate) fn request(inner: &Inner, sid: u64, id: u64, cred: &Cred, op: MetaOp) -> Option<Reply> {
     match run(inner, sid, cred, op) {
         Ok((reply, seq)) => {
-            inner.acker.answer(inner.store.changelog().journal(), &inner.sessions, (seq, sid, id), Reply::Meta(reply))
+            inner.acker.answer(inner.store.changelog().journal(), &*inner.sessions, (seq, sid, id), Reply::Meta(reply))
         }
         Err(e) => Some(Reply::Errno(e.0)),
     }
