@@ -68,6 +68,11 @@ pub struct Args {
     /// costs nothing: durable figures need a real disk.
     #[arg(long)]
     dir: Option<std::path::PathBuf>,
+    /// Rounds of every variant, interleaved (each variant once a round,
+    /// so a noisy spell of a shared machine falls on all of them alike);
+    /// each row is then the median of its rounds.
+    #[arg(long, default_value = "1", value_parser = clap::value_parser!(u32).range(1..))]
+    repeat: u32,
     /// One JSON object per line instead of a table.
     #[arg(long)]
     json: bool,
@@ -98,73 +103,101 @@ pub fn run(args: Args) -> Result<(), String> {
     if args.threads.contains(&0) {
         return Err("--threads: thread counts must be at least 1".into());
     }
+    if args.variant.iter().any(|v| v == "redis") && !super::redis::installed() {
+        eprintln!(
+            "interlock bench: redis skipped: redis-server and redis-benchmark are not installed (Debian package redis-server)"
+        );
+    }
     let mut report = Report::new(args.json, COLUMNS);
     for &t in &args.threads {
         let files = args.files / t as u64 * t as u64;
         if files == 0 {
             return Err(format!("--files {} is fewer than {t} threads", args.files));
         }
-        if args.variant.iter().any(|v| v == "engine") {
-            let parent = scratch_dir(&args.dir, "interlock-bench-mdtest")?;
-            for ack in &args.ack {
-                for &changelog in &args.changelog {
-                    let dir = parent.path().join(format!("t{t}-{ack}-{changelog}"));
-                    let secs = engine(&dir, t, files, changelog, ack == "each")?;
-                    let _ = std::fs::remove_dir_all(&dir);
-                    for (phase, s) in PHASES.iter().zip(secs) {
-                        let mut r = row("engine", phase, t, files, s);
-                        r.insert("changelog".into(), json!(changelog));
-                        r.insert("ack".into(), json!(ack));
-                        report.row(r);
-                    }
-                }
+        if args.repeat == 1 {
+            round(&args, t, files, &mut |run| run.rows(t, files, |p| run.secs[p], &mut report))?;
+            continue;
+        }
+        let mut rounds: Vec<Vec<Run>> = Vec::new();
+        for r in 0..args.repeat {
+            if !args.json {
+                eprintln!("mdtest: {t} threads, round {} of {}", r + 1, args.repeat);
+            }
+            let mut runs = Vec::new();
+            round(&args, t, files, &mut |run| runs.push(run))?;
+            rounds.push(runs);
+        }
+        for (i, run) in rounds[0].iter().enumerate() {
+            run.rows(t, files, |p| median(rounds.iter().map(|r| r[i].secs[p]).collect()), &mut report);
+        }
+    }
+    Ok(())
+}
+
+/// One variant measured once: its name, the fields beside it, and the
+/// seconds of each phase it ran (Redis runs two: SET and GET).
+struct Run {
+    variant: &'static str,
+    fields: Vec<(&'static str, Value)>,
+    secs: Vec<f64>,
+}
+
+impl Run {
+    fn new(variant: &'static str, changelog: bool, ack: Option<&str>, secs: &[f64]) -> Run {
+        let mut fields = vec![("changelog", json!(changelog))];
+        fields.extend(ack.map(|a| ("ack", json!(a))));
+        Run { variant, fields, secs: secs.to_vec() }
+    }
+
+    /// A row per phase, with the seconds `secs` gives for each.
+    fn rows(&self, threads: usize, files: u64, secs: impl Fn(usize) -> f64, report: &mut Report) {
+        for p in 0..self.secs.len() {
+            let mut r = row(self.variant, PHASES[p], threads, files, secs(p));
+            r.extend(self.fields.iter().map(|(k, v)| ((*k).to_string(), v.clone())));
+            report.row(r);
+        }
+    }
+}
+
+/// The median of some seconds.
+fn median(mut secs: Vec<f64>) -> f64 {
+    secs.sort_by(f64::total_cmp);
+    secs[secs.len() / 2]
+}
+
+/// Every chosen variant once, with `t` creators: each measurement goes
+/// to `out` as it is made.
+fn round(args: &Args, t: usize, files: u64, out: &mut dyn FnMut(Run)) -> Result<(), String> {
+    if args.variant.iter().any(|v| v == "engine") {
+        let parent = scratch_dir(&args.dir, "interlock-bench-mdtest")?;
+        for ack in &args.ack {
+            for &changelog in &args.changelog {
+                let dir = parent.path().join(format!("t{t}-{ack}-{changelog}"));
+                let secs = engine(&dir, t, files, changelog, ack == "each")?;
+                let _ = std::fs::remove_dir_all(&dir);
+                out(Run::new("engine", changelog, Some(ack), &secs));
             }
         }
-        if args.variant.iter().any(|v| v == "memory") {
-            for (phase, s) in PHASES.iter().zip(memory(t, files)?) {
-                let mut r = row("memory", phase, t, files, s);
-                r.insert("changelog".into(), json!(false));
-                report.row(r);
-            }
+    }
+    if args.variant.iter().any(|v| v == "memory") {
+        out(Run::new("memory", false, None, &memory(t, files)?));
+    }
+    if args.variant.iter().any(|v| v == "net") {
+        let (addr, options, _own) = super::netbench::server_addr(&args.server, false, false)?;
+        out(Run::new("net", false, Some("each"), &net(&addr, &options, t, files)?));
+    }
+    if args.variant.iter().any(|v| v == "redis") && super::redis::installed() {
+        for (variant, durable) in [("redis", false), ("redis-aof", true)] {
+            let secs = super::redis::run(durable, &args.dir, t, files)?;
+            out(Run::new(variant, false, Some("each"), &secs));
         }
-        if args.variant.iter().any(|v| v == "net") {
-            let (addr, options, _own) = super::netbench::server_addr(&args.server, false, false)?;
-            for (phase, s) in PHASES.iter().zip(net(&addr, &options, t, files)?) {
-                let mut r = row("net", phase, t, files, s);
-                r.insert("changelog".into(), json!(false));
-                r.insert("ack".into(), json!("each"));
-                report.row(r);
-            }
-        }
-        if args.variant.iter().any(|v| v == "redis") {
-            if super::redis::installed() {
-                for (variant, durable) in [("redis", false), ("redis-aof", true)] {
-                    let secs = super::redis::run(durable, &args.dir, t, files)?;
-                    for (phase, s) in PHASES.iter().zip(secs) {
-                        let mut r = row(variant, phase, t, files, s);
-                        r.insert("changelog".into(), json!(false));
-                        r.insert("ack".into(), json!("each"));
-                        report.row(r);
-                    }
-                }
-            } else {
-                eprintln!(
-                    "interlock bench: redis skipped: redis-server and redis-benchmark are not installed (Debian package redis-server)"
-                );
-            }
-        }
-        if args.variant.iter().any(|v| v == "kernel") {
-            let shm = tempfile::Builder::new()
-                .prefix("interlock-mdtest")
-                .tempdir_in("/dev/shm")
-                .map_err(|e| format!("the kernel variant needs a tmpfs at /dev/shm: {e}"))?;
-            let secs = on_dir(shm.path(), t, files)?;
-            for (phase, s) in PHASES.iter().zip(secs) {
-                let mut r = row("kernel", phase, t, files, s);
-                r.insert("changelog".into(), json!(false));
-                report.row(r);
-            }
-        }
+    }
+    if args.variant.iter().any(|v| v == "kernel") {
+        let shm = tempfile::Builder::new()
+            .prefix("interlock-mdtest")
+            .tempdir_in("/dev/shm")
+            .map_err(|e| format!("the kernel variant needs a tmpfs at /dev/shm: {e}"))?;
+        out(Run::new("kernel", false, None, &on_dir(shm.path(), t, files)?));
     }
     Ok(())
 }
