@@ -151,8 +151,8 @@ impl Run {
 
     /// A row per phase, with the seconds `secs` gives for each.
     fn rows(&self, threads: usize, files: u64, secs: impl Fn(usize) -> f64, report: &mut Report) {
-        for p in 0..self.secs.len() {
-            let mut r = row(self.variant, PHASES[p], threads, files, secs(p));
+        for (p, phase) in PHASES.iter().enumerate().take(self.secs.len()) {
+            let mut r = row(self.variant, phase, threads, files, secs(p));
             r.extend(self.fields.iter().map(|(k, v)| ((*k).to_string(), v.clone())));
             report.row(r);
         }
