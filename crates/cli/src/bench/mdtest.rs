@@ -68,6 +68,11 @@ pub struct Args {
     /// costs nothing: durable figures need a real disk.
     #[arg(long)]
     dir: Option<std::path::PathBuf>,
+    /// For `net`: threads the clients run on. 1, as redis-benchmark's
+    /// run: a reply wakes its client on the thread that read it, and the
+    /// cores are left to the server.
+    #[arg(long, default_value = "1", value_parser = clap::value_parser!(u32).range(1..))]
+    client_threads: u32,
     /// Rounds of every variant, interleaved (each variant once a round,
     /// so a noisy spell of a shared machine falls on all of them alike);
     /// each row is then the median of its rounds.
@@ -184,7 +189,7 @@ fn round(args: &Args, t: usize, files: u64, out: &mut dyn FnMut(Run)) -> Result<
     }
     if args.variant.iter().any(|v| v == "net") {
         let (addr, options, _own) = super::netbench::server_addr(&args.server, false, false)?;
-        out(Run::new("net", false, Some("each"), &net(&addr, &options, t, files)?));
+        out(Run::new("net", false, Some("each"), &net(&addr, &options, args.client_threads as usize, t, files)?));
     }
     if args.variant.iter().any(|v| v == "redis") && super::redis::installed() {
         for (variant, durable) in [("redis", false), ("redis-aof", true)] {
@@ -341,12 +346,18 @@ fn follow(store: Arc<Store>, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<R
 
 /// Through a server: T connections, each one creator waiting for each
 /// answer. Seconds for create, stat and unlink.
-fn net(addr: &str, options: &ClientOptions, threads: usize, files: u64) -> Result<[f64; 3], String> {
-    // The clients run on one thread, as redis-benchmark's do: a reply then
-    // wakes its client on the thread that read it, and the two cores are
-    // left to the server (measured: 22% more creates/s than clients spread
-    // over a multi-threaded runtime).
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
+fn net(
+    addr: &str,
+    options: &ClientOptions,
+    client_threads: usize,
+    threads: usize,
+    files: u64,
+) -> Result<[f64; 3], String> {
+    let rt = match client_threads {
+        1 => tokio::runtime::Builder::new_current_thread().enable_all().build(),
+        n => tokio::runtime::Builder::new_multi_thread().worker_threads(n).enable_all().build(),
+    }
+    .map_err(|e| e.to_string())?;
     rt.block_on(async {
         let mut clients = Vec::new();
         for _ in 0..threads {
