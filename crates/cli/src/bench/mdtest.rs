@@ -33,7 +33,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use interlock_client::{Client, ClientOptions};
 use interlock_journal::changelog::Mask;
-use interlock_meta::{Cred, FileType, Ino, Namespace, NewInode, ROOT, Seq, Store, StoreOptions};
+use interlock_meta::{Cred, Errno, FileType, Ino, Namespace, NewInode, ROOT, Seq, Store, StoreOptions};
 use serde_json::{Map, Value, json};
 
 use super::{Report, scratch_dir, timed};
@@ -202,7 +202,7 @@ fn round(args: &Args, t: usize, files: u64, out: &mut dyn FnMut(Run)) -> Result<
             .prefix("interlock-mdtest")
             .tempdir_in("/dev/shm")
             .map_err(|e| format!("the kernel variant needs a tmpfs at /dev/shm: {e}"))?;
-        out(Run::new("kernel", false, None, &on_dir(shm.path(), t, files)?));
+        out(Run::new("kernel", false, None, &on_dir(shm.path(), t, files, false)?));
     }
     Ok(())
 }
@@ -232,22 +232,29 @@ fn name(buf: &mut Vec<u8>, i: u64) -> &[u8] {
 }
 
 /// Runs `op` on files `t, t + T, t + 2T, …` from each of `threads`
-/// threads; seconds until all are done.
-fn phase(threads: usize, files: u64, op: impl Fn(u64) + Sync) -> f64 {
-    timed(|| {
-        std::thread::scope(|s| {
-            for t in 0..threads as u64 {
-                let op = &op;
-                s.spawn(move || {
-                    let mut i = t;
-                    while i < files {
-                        op(i);
-                        i += threads as u64;
-                    }
-                });
-            }
+/// threads; seconds until all are done, or the first error (each thread
+/// stops at its own).
+fn phase(threads: usize, files: u64, op: impl Fn(u64) -> Result<(), String> + Sync) -> Result<f64, String> {
+    let mut result = Ok(());
+    let secs = timed(|| {
+        result = std::thread::scope(|s| {
+            let workers: Vec<_> = (0..threads as u64)
+                .map(|t| {
+                    let op = &op;
+                    s.spawn(move || {
+                        let mut i = t;
+                        while i < files {
+                            op(i)?;
+                            i += threads as u64;
+                        }
+                        Ok::<(), String>(())
+                    })
+                })
+                .collect();
+            workers.into_iter().try_for_each(|w| w.join().unwrap_or_else(|_| Err("a worker panicked".into())))
         })
-    })
+    });
+    result.map(|()| secs)
 }
 
 /// The engine: seconds for create, stat and unlink.
@@ -294,25 +301,32 @@ fn shape(
     done(seq);
     let d: Ino = shared.ino;
     let file = || NewInode { kind: FileType::Regular, perm: 0o644, rdev: 0 };
-    let create = timed(|| {
-        phase(threads, files, |i| {
-            let mut buf = Vec::with_capacity(24);
-            let (_, seq) = ns.create(&root, d, name(&mut buf, i), file(), b"", now()).expect("create");
-            done(seq);
+    let failed = |what: &str, i: u64, e: Errno| format!("{what} file.{i}: {e}");
+    // A changing phase: its threads, then `phase_end`, both timed.
+    let changing = |op: &(dyn Fn(u64) -> Result<(), String> + Sync)| {
+        let mut result = Ok(0.0);
+        let secs = timed(|| {
+            result = phase(threads, files, op);
+            phase_end();
         });
-        phase_end();
-    });
+        result.map(|_| secs)
+    };
+    let create = changing(&|i| {
+        let mut buf = Vec::with_capacity(24);
+        let (_, seq) =
+            ns.create(&root, d, name(&mut buf, i), file(), b"", now()).map_err(|e| failed("create", i, e))?;
+        done(seq);
+        Ok(())
+    })?;
     let stat = phase(threads, files, |i| {
         let mut buf = Vec::with_capacity(24);
-        ns.lookup(&root, d, name(&mut buf, i)).expect("stat");
-    });
-    let unlink = timed(|| {
-        phase(threads, files, |i| {
-            let mut buf = Vec::with_capacity(24);
-            done(ns.unlink(&root, d, name(&mut buf, i), now()).expect("unlink"));
-        });
-        phase_end();
-    });
+        ns.lookup(&root, d, name(&mut buf, i)).map(drop).map_err(|e| failed("stat", i, e))
+    })?;
+    let unlink = changing(&|i| {
+        let mut buf = Vec::with_capacity(24);
+        done(ns.unlink(&root, d, name(&mut buf, i), now()).map_err(|e| failed("unlink", i, e))?);
+        Ok(())
+    })?;
     Ok([create, stat, unlink])
 }
 
@@ -411,16 +425,21 @@ fn net(
 /// The shape on a directory of a mounted file system (tmpfs for the
 /// `kernel` variant; `bench mount` uses it on FUSE mounts): seconds for
 /// create, stat and unlink.
-pub(super) fn on_dir(dir: &Path, threads: usize, files: u64) -> Result<[f64; 3], String> {
-    let path = |i: u64| dir.join(format!("file.{i}"));
-    let create = phase(threads, files, |i| {
-        std::fs::File::create_new(path(i)).expect("create");
-    });
-    let stat = phase(threads, files, |i| {
-        std::fs::metadata(path(i)).expect("stat");
-    });
-    let unlink = phase(threads, files, |i| {
-        std::fs::remove_file(path(i)).expect("unlink");
-    });
+///
+/// `unique`: each thread works in a directory of its own under `dir`
+/// (mdtest's `-u`), out of the way of the kernel's per-directory lock.
+pub(super) fn on_dir(dir: &Path, threads: usize, files: u64, unique: bool) -> Result<[f64; 3], String> {
+    let at = |k: u64| if unique { dir.join(format!("t{k}")) } else { dir.to_path_buf() };
+    if unique {
+        for k in 0..threads as u64 {
+            std::fs::create_dir(at(k)).map_err(|e| format!("{}: {e}", at(k).display()))?;
+        }
+    }
+    let path = |i: u64| at(i % threads as u64).join(format!("file.{i}"));
+    let failed = |what: &str, i: u64, e: std::io::Error| format!("{what} {}: {e}", path(i).display());
+    let create =
+        phase(threads, files, |i| std::fs::File::create_new(path(i)).map(drop).map_err(|e| failed("create", i, e)))?;
+    let stat = phase(threads, files, |i| std::fs::metadata(path(i)).map(drop).map_err(|e| failed("stat", i, e)))?;
+    let unlink = phase(threads, files, |i| std::fs::remove_file(path(i)).map_err(|e| failed("unlink", i, e)))?;
     Ok([create, stat, unlink])
 }

@@ -24,6 +24,11 @@ pub struct Args {
     /// Thread counts for the mdtest shape, comma-separated.
     #[arg(long, default_value = "1,8", value_delimiter = ',')]
     threads: Vec<usize>,
+    /// Each mdtest thread in a directory of its own (mdtest's `-u`): how
+    /// a file system scales once the kernel's per-directory lock, which
+    /// makes creators in one directory take turns, is out of the way.
+    #[arg(long)]
+    unique_dirs: bool,
     /// Files in the du tree.
     #[arg(long, default_value = "100k", value_parser = parse_size)]
     du_files: u64,
@@ -220,9 +225,11 @@ fn suite(
     for &t in &args.threads {
         let d = dir.join(format!("mdtest.{t}"));
         std::fs::create_dir(&d).map_err(|e| format!("{}: {e}", d.display()))?;
-        let secs = super::mdtest::on_dir(&d, t, args.files)?;
+        let secs = super::mdtest::on_dir(&d, t, args.files, args.unique_dirs)?;
         for (test, s) in PHASES.iter().zip(secs) {
-            report.row(row(variant, test, t, args.files as f64 / s.max(1e-9), s));
+            let mut r = row(variant, test, t, args.files as f64 / s.max(1e-9), s);
+            r.insert("dirs".into(), json!(if args.unique_dirs { "unique" } else { "shared" }));
+            report.row(r);
         }
         mdtest.push((t, secs));
     }
@@ -267,12 +274,14 @@ const DURABLE: [bool; 3] = [true, false, true];
 ///   other thread's change has always just dropped its attributes),
 ///   `LOOKUP` and `CREATE` (`UNLINK`), so those round trips and the fsync
 ///   follow one another for every file, whatever T (the FUSE requests
-///   themselves are left out: a lower floor). Stats run in parallel: no
-///   row.
+///   themselves are left out: a lower floor). Stats run in parallel, and
+///   so does everything with `--unique-dirs`: no row.
 ///
-/// The stat row counts a round trip for every stat; the files made within
-/// the last `entry_timeout` before the stats begin are still in the
-/// kernel's cache and need none, so with few `--files` it is low.
+/// The stat row counts a round trip for every stat. Files made within
+/// `entry_timeout` (1 s) before the stats begin are still in the kernel's
+/// cache on every FUSE file system and need none: with so few `--files`
+/// that their creates take about a second, the stat rows of every
+/// variant, this one included, say little.
 fn floor(args: &Args, report: &mut Report, fuse: Option<(MdtestRows, MdtestRows)>) -> Result<(), String> {
     let start = Instant::now();
     let rtt = super::floor::round_trips(Duration::ZERO, 5_000)?.value_at_quantile(0.5) as f64 / 1e6;
@@ -290,7 +299,7 @@ fn floor(args: &Args, report: &mut Report, fuse: Option<(MdtestRows, MdtestRows)
             let durable = if DURABLE[p] { sync } else { 0.0 };
             let per_op = if t == 1 {
                 (b[p] - k[p]).max(0.0) / files + ROUND_TRIPS[p] * rtt + durable
-            } else if DURABLE[p] {
+            } else if DURABLE[p] && !args.unique_dirs {
                 ROUND_TRIPS[p] * rtt + durable
             } else {
                 continue;
