@@ -68,6 +68,29 @@ fn bench_flocks_runs_the_kernel_beside_us() {
     }
 }
 
+/// The variants that need no disk of their own: one row per variant,
+/// phase and thread count, however many rounds `--repeat` runs.
+#[test]
+fn bench_mdtest_json_rows_one_per_variant_phase_and_threads_whatever_repeat() {
+    let args = ["bench", "mdtest", "--variant", "memory,net", "--threads", "1,2", "--files", "300", "--json"];
+    let (code, out, err) = interlock(&[&args[..], &["--repeat", "3"]].concat(), "");
+    assert_eq!(code, 0, "{err}");
+    let rows: Vec<serde_json::Value> = out.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(rows.len(), 2 * 2 * 3, "2 thread counts x 2 variants x 3 phases: {out}");
+    for row in &rows {
+        assert_eq!(row["scenario"], "mdtest");
+        assert_eq!(row["files"], 300);
+        assert!(row["ops_per_sec"].as_f64().is_some_and(|r| r > 0.0), "{row}");
+        assert_eq!(row["changelog"], false);
+    }
+    let net: Vec<_> = rows.iter().filter(|r| r["variant"] == "net").collect();
+    assert_eq!(net.len(), 6);
+    assert!(net.iter().all(|r| r["ack"] == "each"));
+    let (code, _, err) = interlock(&[&args[..], &["--repeat", "0"]].concat(), "");
+    assert_eq!(code, 2);
+    assert!(err.contains("--repeat"), "{err}");
+}
+
 #[test]
 fn bench_rsb_json_rows() {
     let (code, out, err) = interlock(&["bench", "rsb", "--r", "1000", "--repeat", "1", "--json"], "");
