@@ -73,9 +73,9 @@ pub struct Args {
     /// cores are left to the server.
     #[arg(long, default_value = "1", value_parser = clap::value_parser!(u32).range(1..))]
     client_threads: u32,
-    /// Rounds of every variant, interleaved (each variant once a round,
-    /// so a noisy spell of a shared machine falls on all of them alike);
-    /// each row is then the median of its rounds.
+    /// Rounds of every thread count and variant, interleaved (each once
+    /// a round, so a noisy spell of a shared machine falls on all of them
+    /// alike); each row is then the median of its rounds.
     #[arg(long, default_value = "1", value_parser = clap::value_parser!(u32).range(1..))]
     repeat: u32,
     /// One JSON object per line instead of a table.
@@ -113,27 +113,40 @@ pub fn run(args: Args) -> Result<(), String> {
             "interlock bench: redis skipped: redis-server and redis-benchmark are not installed (Debian package redis-server)"
         );
     }
-    let mut report = Report::new(args.json, COLUMNS);
+    // Each thread count's files: a multiple of it.
+    let mut sizes = Vec::new();
     for &t in &args.threads {
         let files = args.files / t as u64 * t as u64;
         if files == 0 {
             return Err(format!("--files {} is fewer than {t} threads", args.files));
         }
-        if args.repeat == 1 {
+        sizes.push((t, files));
+    }
+    let mut report = Report::new(args.json, COLUMNS);
+    if args.repeat == 1 {
+        for &(t, files) in &sizes {
             round(&args, t, files, &mut |run| run.rows(t, files, |p| run.secs[p], &mut report))?;
-            continue;
         }
-        let mut rounds: Vec<Vec<Run>> = Vec::new();
-        for r in 0..args.repeat {
-            if !args.json {
-                eprintln!("mdtest: {t} threads, round {} of {}", r + 1, args.repeat);
-            }
+        return Ok(());
+    }
+    // Round after round of every thread count and variant, so that a
+    // ratio between any two rows compares runs made close together.
+    let mut rounds: Vec<Vec<Vec<Run>>> = Vec::new();
+    for r in 0..args.repeat {
+        if !args.json {
+            eprintln!("mdtest: round {} of {}", r + 1, args.repeat);
+        }
+        let mut by_threads = Vec::new();
+        for &(t, files) in &sizes {
             let mut runs = Vec::new();
             round(&args, t, files, &mut |run| runs.push(run))?;
-            rounds.push(runs);
+            by_threads.push(runs);
         }
-        for (i, run) in rounds[0].iter().enumerate() {
-            run.rows(t, files, |p| median(rounds.iter().map(|r| r[i].secs[p]).collect()), &mut report);
+        rounds.push(by_threads);
+    }
+    for (k, &(t, files)) in sizes.iter().enumerate() {
+        for (i, run) in rounds[0][k].iter().enumerate() {
+            run.rows(t, files, |p| median(rounds.iter().map(|r| r[k][i].secs[p]).collect()), &mut report);
         }
     }
     Ok(())
