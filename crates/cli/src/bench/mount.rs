@@ -45,9 +45,11 @@ pub struct Args {
     ping_pong: Option<PathBuf>,
     /// Only these variants, comma-separated: interlock, interlock-nofsync
     /// (the server in its unsafe mode, `--unsafe-no-fsync`: what durability
-    /// costs), bindfs, tmpfs, floor (the most any mount that asks a server
-    /// could do here, from a loopback round trip, an fsync, and the
-    /// bindfs and tmpfs rows of the same run: see `floor`).
+    /// costs), bindfs, tmpfs, floor (the most a mount could do here that
+    /// asks a server, caches nothing the kernel does not and acknowledges
+    /// a change once it is durable: a loopback round trip and an fsync
+    /// measured now, added to the FUSE cost seen in this run's bindfs and
+    /// tmpfs rows; see docs/architecture.md).
     #[arg(long, default_value = "interlock,interlock-nofsync,bindfs,tmpfs,floor", value_delimiter = ',')]
     variants: Vec<String>,
     /// One JSON object per line.
