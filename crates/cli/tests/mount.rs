@@ -649,3 +649,23 @@ fn a_long_listing_under_change_gives_each_lasting_entry_once() {
     }
     changer.join().unwrap();
 }
+
+/// `bench mount`'s floor on its own: its measured parts, each a rate, and
+/// a note that the mdtest rows need bindfs and tmpfs in the same run.
+#[test]
+fn bench_mount_floor_measures_a_round_trip_and_an_fsync() {
+    if !fuse_ready("bench_mount_floor_measures_a_round_trip_and_an_fsync") {
+        return;
+    }
+    let out = Command::new(BIN).args(["bench", "mount", "--variants", "floor", "--json"]).output().unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{stderr}");
+    let rows: Vec<serde_json::Value> = stdout.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let tests: Vec<_> = rows.iter().map(|r| r["test"].as_str().unwrap()).collect();
+    assert_eq!(tests, ["roundtrip", "fsync"], "{stdout}");
+    for r in &rows {
+        assert_eq!((r["scenario"].as_str(), r["variant"].as_str()), (Some("mount"), Some("floor")));
+        assert!(r["ops_per_sec"].as_f64().is_some_and(|x| x > 0.0 && x.is_finite()), "{r}");
+    }
+    assert!(stderr.contains("need the bindfs and tmpfs variants"), "{stderr}");
+}

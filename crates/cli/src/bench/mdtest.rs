@@ -456,3 +456,32 @@ pub(super) fn on_dir(dir: &Path, threads: usize, files: u64, unique: bool) -> Re
     let unlink = phase(threads, files, |i| std::fs::remove_file(path(i)).map_err(|e| failed("unlink", i, e)))?;
     Ok([create, stat, unlink])
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn on_dir_with_unique_dirs_works_in_one_directory_per_thread() {
+        let dir = tempfile::tempdir().unwrap();
+        // In the shared directory this name would make the first create
+        // fail (EEXIST); in a directory per thread nobody meets it.
+        std::fs::write(dir.path().join("file.0"), b"kept").unwrap();
+        on_dir(dir.path(), 3, 30, true).unwrap();
+        let mut made: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+        made.sort();
+        assert_eq!(made, ["file.0", "t0", "t1", "t2"], "one directory per thread, the shared one untouched");
+        made.remove(0);
+        for d in made {
+            assert_eq!(std::fs::read_dir(dir.path().join(d)).unwrap().count(), 0, "every file unlinked again");
+        }
+    }
+
+    #[test]
+    fn a_failing_phase_is_an_error_naming_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let gone = dir.path().join("missing");
+        let err = on_dir(&gone, 2, 10, false).unwrap_err();
+        assert!(err.starts_with("create ") && err.contains("missing/file."), "{err}");
+    }
+}
