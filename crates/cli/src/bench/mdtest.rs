@@ -25,6 +25,12 @@
 //! - `kernel`: the same shape on tmpfs (`/dev/shm`): open(O_CREAT|O_EXCL)
 //!   and close, stat, unlink. Not durable; the directory's `i_rwsem`
 //!   serializes its creators.
+//!
+//! Each row also gives the machine's CPU time per operation over the
+//! phase (`cpu_us_per_op`, every process and the kernel: see `machine`):
+//! for `net` and `redis` the server and its clients together. Their rate
+//! swings with a shared machine's neighbours far more than this does, and
+//! with the cores saturated, it is what sets the rate.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -36,7 +42,8 @@ use interlock_journal::changelog::Mask;
 use interlock_meta::{Cred, Errno, FileType, Ino, Namespace, NewInode, ROOT, Seq, Store, StoreOptions};
 use serde_json::{Map, Value, json};
 
-use super::{Report, scratch_dir, timed};
+use super::machine::{Span, Took, measured};
+use super::{Report, scratch_dir};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -100,6 +107,7 @@ const COLUMNS: &[(&str, &str)] = &[
     ("ack", "ack"),
     ("seconds", "seconds"),
     ("ops/s", "ops_per_sec"),
+    ("cpu µs/op", "cpu_us_per_op"),
 ];
 
 pub(super) const PHASES: [&str; 3] = ["create", "stat", "unlink"];
@@ -125,7 +133,7 @@ pub fn run(args: Args) -> Result<(), String> {
     let mut report = Report::new(args.json, COLUMNS);
     if args.repeat == 1 {
         for &(t, files) in &sizes {
-            round(&args, t, files, &mut |run| run.rows(t, files, |p| run.secs[p], &mut report))?;
+            round(&args, t, files, &mut |run| run.rows(t, files, |p| run.took[p], &mut report))?;
         }
         return Ok(());
     }
@@ -146,41 +154,46 @@ pub fn run(args: Args) -> Result<(), String> {
     }
     for (k, &(t, files)) in sizes.iter().enumerate() {
         for (i, run) in rounds[0][k].iter().enumerate() {
-            run.rows(t, files, |p| median(rounds.iter().map(|r| r[k][i].secs[p]).collect()), &mut report);
+            run.rows(t, files, |p| median(rounds.iter().map(|r| r[k][i].took[p]).collect()), &mut report);
         }
     }
     Ok(())
 }
 
-/// One variant measured once: its name, the fields beside it, and the
-/// seconds of each phase it ran (Redis runs two: SET and GET).
+/// One variant measured once: its name, the fields beside it, and what
+/// each phase it ran took (Redis runs two: SET and GET).
 struct Run {
     variant: &'static str,
     fields: Vec<(&'static str, Value)>,
-    secs: Vec<f64>,
+    took: Vec<Took>,
 }
 
 impl Run {
-    fn new(variant: &'static str, changelog: bool, ack: Option<&str>, secs: &[f64]) -> Run {
+    fn new(variant: &'static str, changelog: bool, ack: Option<&str>, took: &[Took]) -> Run {
         let mut fields = vec![("changelog", json!(changelog))];
         fields.extend(ack.map(|a| ("ack", json!(a))));
-        Run { variant, fields, secs: secs.to_vec() }
+        Run { variant, fields, took: took.to_vec() }
     }
 
-    /// A row per phase, with the seconds `secs` gives for each.
-    fn rows(&self, threads: usize, files: u64, secs: impl Fn(usize) -> f64, report: &mut Report) {
-        for (p, phase) in PHASES.iter().enumerate().take(self.secs.len()) {
-            let mut r = row(self.variant, phase, threads, files, secs(p));
+    /// A row per phase, with what `took` gives for each.
+    fn rows(&self, threads: usize, files: u64, took: impl Fn(usize) -> Took, report: &mut Report) {
+        for (p, phase) in PHASES.iter().enumerate().take(self.took.len()) {
+            let mut r = row(self.variant, phase, threads, files, took(p));
             r.extend(self.fields.iter().map(|(k, v)| ((*k).to_string(), v.clone())));
             report.row(r);
         }
     }
 }
 
-/// The median of some seconds.
-fn median(mut secs: Vec<f64>) -> f64 {
-    secs.sort_by(f64::total_cmp);
-    secs[secs.len() / 2]
+/// The median of some runs' seconds, and the median of their CPU times
+/// (each on its own: the slowest run need not be the costliest).
+fn median(runs: Vec<Took>) -> Took {
+    let mid = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v.get(v.len() / 2).copied()
+    };
+    let cpu: Option<Vec<f64>> = runs.iter().map(|t| t.cpu_secs).collect();
+    Took { secs: mid(runs.iter().map(|t| t.secs).collect()).unwrap_or(0.0), cpu_secs: cpu.and_then(mid) }
 }
 
 /// Every chosen variant once, with `t` creators: each measurement goes
@@ -220,7 +233,8 @@ fn round(args: &Args, t: usize, files: u64, out: &mut dyn FnMut(Run)) -> Result<
     Ok(())
 }
 
-fn row(variant: &str, phase: &str, threads: usize, files: u64, seconds: f64) -> Map<String, Value> {
+fn row(variant: &str, phase: &str, threads: usize, files: u64, took: Took) -> Map<String, Value> {
+    let seconds = took.secs;
     let mut m = Map::new();
     m.insert("scenario".into(), json!("mdtest"));
     m.insert("variant".into(), json!(variant));
@@ -229,6 +243,7 @@ fn row(variant: &str, phase: &str, threads: usize, files: u64, seconds: f64) -> 
     m.insert("files".into(), json!(files));
     m.insert("seconds".into(), json!(seconds));
     m.insert("ops_per_sec".into(), json!(files as f64 / seconds.max(1e-9)));
+    m.insert("cpu_us_per_op".into(), json!(took.cpu_us_per(files)));
     m
 }
 
@@ -245,11 +260,11 @@ fn name(buf: &mut Vec<u8>, i: u64) -> &[u8] {
 }
 
 /// Runs `op` on files `t, t + T, t + 2T, …` from each of `threads`
-/// threads; seconds until all are done, or the first error (each thread
-/// stops at its own).
-fn phase(threads: usize, files: u64, op: impl Fn(u64) -> Result<(), String> + Sync) -> Result<f64, String> {
+/// threads; what it took until all are done, or the first error (each
+/// thread stops at its own).
+fn phase(threads: usize, files: u64, op: impl Fn(u64) -> Result<(), String> + Sync) -> Result<Took, String> {
     let mut result = Ok(());
-    let secs = timed(|| {
+    let took = measured(|| {
         result = std::thread::scope(|s| {
             let workers: Vec<_> = (0..threads as u64)
                 .map(|t| {
@@ -267,11 +282,11 @@ fn phase(threads: usize, files: u64, op: impl Fn(u64) -> Result<(), String> + Sy
             workers.into_iter().try_for_each(|w| w.join().unwrap_or_else(|_| Err("a worker panicked".into())))
         })
     });
-    result.map(|()| secs)
+    result.map(|()| took)
 }
 
-/// The engine: seconds for create, stat and unlink.
-fn engine(dir: &Path, threads: usize, files: u64, changelog: bool, each: bool) -> Result<[f64; 3], String> {
+/// The engine: what create, stat and unlink took.
+fn engine(dir: &Path, threads: usize, files: u64, changelog: bool, each: bool) -> Result<[Took; 3], String> {
     let (store, _) = Store::open(dir, StoreOptions::default(), now()).map_err(|e| e.to_string())?;
     let store = Arc::new(store);
     let stop = Arc::new(AtomicBool::new(false));
@@ -293,7 +308,7 @@ fn engine(dir: &Path, threads: usize, files: u64, changelog: bool, each: bool) -
 
 /// The namespace alone, with no journal (not durable): how it scales
 /// with no disk and no flusher beside it.
-fn memory(threads: usize, files: u64) -> Result<[f64; 3], String> {
+fn memory(threads: usize, files: u64) -> Result<[Took; 3], String> {
     let ns = Namespace::new(1, now());
     shape(&ns, threads, files, |_| {}, || {})
 }
@@ -307,7 +322,7 @@ fn shape(
     files: u64,
     done: impl Fn(Seq) + Sync,
     phase_end: impl Fn(),
-) -> Result<[f64; 3], String> {
+) -> Result<[Took; 3], String> {
     let root = Cred::root();
     let mkdir = NewInode { kind: FileType::Directory, perm: 0o777, rdev: 0 };
     let (shared, seq) = ns.create(&root, ROOT, b"shared", mkdir, b"", now()).map_err(|e| e.to_string())?;
@@ -317,12 +332,12 @@ fn shape(
     let failed = |what: &str, i: u64, e: Errno| format!("{what} file.{i}: {e}");
     // A changing phase: its threads, then `phase_end`, both timed.
     let changing = |op: &(dyn Fn(u64) -> Result<(), String> + Sync)| {
-        let mut result = Ok(0.0);
-        let secs = timed(|| {
-            result = phase(threads, files, op);
+        let mut result = Ok(());
+        let took = measured(|| {
+            result = phase(threads, files, op).map(drop);
             phase_end();
         });
-        result.map(|_| secs)
+        result.map(|()| took)
     };
     let create = changing(&|i| {
         let mut buf = Vec::with_capacity(24);
@@ -372,14 +387,14 @@ fn follow(store: Arc<Store>, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<R
 }
 
 /// Through a server: T connections, each one creator waiting for each
-/// answer. Seconds for create, stat and unlink.
+/// answer. What create, stat and unlink took.
 fn net(
     addr: &str,
     options: &ClientOptions,
     client_threads: usize,
     threads: usize,
     files: u64,
-) -> Result<[f64; 3], String> {
+) -> Result<[Took; 3], String> {
     let rt = match client_threads {
         1 => tokio::runtime::Builder::new_current_thread().enable_all().build(),
         n => tokio::runtime::Builder::new_multi_thread().worker_threads(n).enable_all().build(),
@@ -397,9 +412,9 @@ fn net(
             .create(&root, ROOT, dir.as_bytes(), FileType::Directory, 0o777, b"")
             .await
             .map_err(|e| e.to_string())?;
-        let mut secs = [0.0; 3];
-        for (p, secs) in secs.iter_mut().enumerate() {
-            let start = std::time::Instant::now();
+        let mut took = Vec::with_capacity(3);
+        for (p, &phase) in PHASES.iter().enumerate() {
+            let span = Span::start();
             let tasks: Vec<_> = clients
                 .iter()
                 .enumerate()
@@ -415,7 +430,7 @@ fn net(
                                 1 => c.lookup(&root, d.ino, &n).await.map(drop),
                                 _ => c.unlink(&root, d.ino, &n).await,
                             };
-                            r.map_err(|e| format!("{}: {e}", PHASES[p]))?;
+                            r.map_err(|e| format!("{phase}: {e}"))?;
                             i += threads as u64;
                         }
                         Ok::<(), String>(())
@@ -425,23 +440,23 @@ fn net(
             for t in tasks {
                 t.await.map_err(|e| e.to_string())??;
             }
-            *secs = start.elapsed().as_secs_f64();
+            took.push(span.stop());
         }
         let _ = clients[0].rmdir(&root, ROOT, dir.as_bytes()).await;
         for c in clients {
             let _ = c.bye().await;
         }
-        Ok(secs)
+        took.try_into().map_err(|_| "three phases".to_string())
     })
 }
 
 /// The shape on a directory of a mounted file system (tmpfs for the
-/// `kernel` variant; `bench mount` uses it on FUSE mounts): seconds for
-/// create, stat and unlink.
+/// `kernel` variant; `bench mount` uses it on FUSE mounts): what create,
+/// stat and unlink took.
 ///
 /// `unique`: each thread works in a directory of its own under `dir`
 /// (mdtest's `-u`), out of the way of the kernel's per-directory lock.
-pub(super) fn on_dir(dir: &Path, threads: usize, files: u64, unique: bool) -> Result<[f64; 3], String> {
+pub(super) fn on_dir(dir: &Path, threads: usize, files: u64, unique: bool) -> Result<[Took; 3], String> {
     let at = |k: u64| if unique { dir.join(format!("t{k}")) } else { dir.to_path_buf() };
     if unique {
         for k in 0..threads as u64 {

@@ -10,6 +10,7 @@ mod floor;
 mod handover;
 mod journal;
 mod kernel;
+mod machine;
 mod mdtest;
 mod mount;
 mod netbench;

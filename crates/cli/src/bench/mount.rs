@@ -227,7 +227,7 @@ fn suite(
     for &t in &args.threads {
         let d = dir.join(format!("mdtest.{t}"));
         std::fs::create_dir(&d).map_err(|e| format!("{}: {e}", d.display()))?;
-        let secs = super::mdtest::on_dir(&d, t, args.files, args.unique_dirs)?;
+        let secs = super::mdtest::on_dir(&d, t, args.files, args.unique_dirs)?.map(|took| took.secs);
         for (test, s) in PHASES.iter().zip(secs) {
             let mut r = row(variant, test, t, args.files as f64 / s.max(1e-9), s);
             r.insert("dirs".into(), json!(if args.unique_dirs { "unique" } else { "shared" }));

@@ -15,6 +15,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use super::machine::{Span, Took};
 use super::scratch_dir;
 
 /// Whether both programs are installed.
@@ -34,9 +35,9 @@ impl Drop for Server {
     }
 }
 
-/// Seconds for `requests` SETs, then as many GETs, by `clients`
+/// What `requests` SETs took, then as many GETs, by `clients`
 /// connections each waiting for its answer.
-pub(super) fn run(durable: bool, dir: &Option<PathBuf>, clients: usize, requests: u64) -> Result<[f64; 2], String> {
+pub(super) fn run(durable: bool, dir: &Option<PathBuf>, clients: usize, requests: u64) -> Result<[Took; 2], String> {
     let data = scratch_dir(dir, "interlock-bench-redis")?;
     let port = TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
@@ -65,22 +66,29 @@ pub(super) fn run(durable: bool, dir: &Option<PathBuf>, clients: usize, requests
         }
         std::thread::sleep(Duration::from_millis(20));
     }
+    // One run per test, so that each has its own span of machine CPU.
     let (c, n) = (clients.to_string(), requests.to_string());
-    let out = Command::new("redis-benchmark")
-        .args(["-h", "127.0.0.1", "-p", &port, "-t", "set,get", "-c", &c, "-n", &n, "-r", &n, "--csv"])
-        .output()
-        .map_err(|e| format!("redis-benchmark: {e}"))?;
-    if !out.status.success() {
-        return Err(format!("redis-benchmark: {}", String::from_utf8_lossy(&out.stderr).trim()));
-    }
-    let text = String::from_utf8_lossy(&out.stdout);
-    let rate = |test: &str| -> Result<f64, String> {
-        text.lines()
+    let test = |test: &str| -> Result<Took, String> {
+        let span = Span::start();
+        let out = Command::new("redis-benchmark")
+            .args(["-h", "127.0.0.1", "-p", &port, "-t", test, "-c", &c, "-n", &n, "-r", &n, "--csv"])
+            .output()
+            .map_err(|e| format!("redis-benchmark: {e}"))?;
+        let took = span.stop();
+        if !out.status.success() {
+            return Err(format!("redis-benchmark: {}", String::from_utf8_lossy(&out.stderr).trim()));
+        }
+        let text = String::from_utf8_lossy(&out.stdout);
+        let rate = text
+            .lines()
             .map(|l| l.split(',').map(|f| f.trim_matches('"')).collect::<Vec<_>>())
-            .find(|f| f.first() == Some(&test))
+            .find(|f| f.first().is_some_and(|name| name.eq_ignore_ascii_case(test)))
             .and_then(|f| f.get(1)?.parse::<f64>().ok())
             .filter(|r| *r > 0.0)
-            .ok_or_else(|| format!("redis-benchmark printed no {test} rate: {text}"))
+            .ok_or_else(|| format!("redis-benchmark printed no {test} rate: {text}"))?;
+        // Its own count of the time, without its start and end; the CPU
+        // over the span it ran in.
+        Ok(Took { secs: requests as f64 / rate, ..took })
     };
-    Ok([requests as f64 / rate("SET")?, requests as f64 / rate("GET")?])
+    Ok([test("set")?, test("get")?])
 }
