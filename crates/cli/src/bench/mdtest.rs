@@ -291,13 +291,10 @@ fn engine(dir: &Path, threads: usize, files: u64, changelog: bool, each: bool) -
     let store = Arc::new(store);
     let stop = Arc::new(AtomicBool::new(false));
     let follower = changelog.then(|| follow(store.clone(), stop.clone()));
-    let done = |seq: Seq| {
-        if each {
-            store.wait(seq).expect("journal");
-        }
-    };
+    let failed = |e: Errno| format!("the journal in {}: {e}", dir.display());
+    let done = |seq: Seq| if each { store.wait(seq).map_err(failed) } else { Ok(()) };
     let journal = store.changelog().journal();
-    let all_durable = || store.wait(journal.next_index().saturating_sub(1)).expect("journal");
+    let all_durable = || store.wait(journal.next_index().saturating_sub(1)).map_err(failed);
     let secs = shape(store.ns(), threads, files, done, all_durable);
     stop.store(true, Ordering::Relaxed);
     if let Some(f) = follower {
@@ -310,23 +307,24 @@ fn engine(dir: &Path, threads: usize, files: u64, changelog: bool, each: bool) -
 /// with no disk and no flusher beside it.
 fn memory(threads: usize, files: u64) -> Result<[Took; 3], String> {
     let ns = Namespace::new(1, now());
-    shape(&ns, threads, files, |_| {}, || {})
+    shape(&ns, threads, files, |_| Ok(()), || Ok(()))
 }
 
 /// mdtest's shape on `ns`: a shared directory, then the three phases;
 /// `done` is called on each change's record, `phase_end` when a changing
-/// phase's threads are through (both inside the timing).
+/// phase's threads are through (both inside the timing). An error of
+/// either ends the run.
 fn shape(
     ns: &Namespace,
     threads: usize,
     files: u64,
-    done: impl Fn(Seq) + Sync,
-    phase_end: impl Fn(),
+    done: impl Fn(Seq) -> Result<(), String> + Sync,
+    phase_end: impl Fn() -> Result<(), String>,
 ) -> Result<[Took; 3], String> {
     let root = Cred::root();
     let mkdir = NewInode { kind: FileType::Directory, perm: 0o777, rdev: 0 };
     let (shared, seq) = ns.create(&root, ROOT, b"shared", mkdir, b"", now()).map_err(|e| e.to_string())?;
-    done(seq);
+    done(seq)?;
     let d: Ino = shared.ino;
     let file = || NewInode { kind: FileType::Regular, perm: 0o644, rdev: 0 };
     let failed = |what: &str, i: u64, e: Errno| format!("{what} file.{i}: {e}");
@@ -334,8 +332,7 @@ fn shape(
     let changing = |op: &(dyn Fn(u64) -> Result<(), String> + Sync)| {
         let mut result = Ok(());
         let took = measured(|| {
-            result = phase(threads, files, op).map(drop);
-            phase_end();
+            result = phase(threads, files, op).and_then(|_| phase_end());
         });
         result.map(|()| took)
     };
@@ -343,8 +340,7 @@ fn shape(
         let mut buf = Vec::with_capacity(24);
         let (_, seq) =
             ns.create(&root, d, name(&mut buf, i), file(), b"", now()).map_err(|e| failed("create", i, e))?;
-        done(seq);
-        Ok(())
+        done(seq)
     })?;
     let stat = phase(threads, files, |i| {
         let mut buf = Vec::with_capacity(24);
@@ -352,8 +348,7 @@ fn shape(
     })?;
     let unlink = changing(&|i| {
         let mut buf = Vec::with_capacity(24);
-        done(ns.unlink(&root, d, name(&mut buf, i), now()).map_err(|e| failed("unlink", i, e))?);
-        Ok(())
+        done(ns.unlink(&root, d, name(&mut buf, i), now()).map_err(|e| failed("unlink", i, e))?)
     })?;
     Ok([create, stat, unlink])
 }
