@@ -669,3 +669,26 @@ fn bench_mount_floor_measures_a_round_trip_and_an_fsync() {
     }
     assert!(stderr.contains("need the bindfs and tmpfs variants"), "{stderr}");
 }
+
+/// `bench mount`'s mdtest rows give the machine's CPU time per operation
+/// beside the rate; the other tests' rows have none.
+#[test]
+fn bench_mount_mdtest_rows_carry_the_machines_cpu_per_operation() {
+    if !fuse_ready("bench_mount_mdtest_rows_carry_the_machines_cpu_per_operation") {
+        return;
+    }
+    let args = ["bench", "mount", "--variants", "tmpfs", "--files", "20000", "--threads", "1", "--mib", "8", "--json"];
+    let out = Command::new(BIN).args(args).output().unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{stderr}");
+    let rows: Vec<serde_json::Value> = stdout.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let (mdtest, other): (Vec<_>, Vec<_>) =
+        rows.iter().partition(|r| ["create", "stat", "unlink"].contains(&r["test"].as_str().unwrap()));
+    assert_eq!(mdtest.len(), 3, "{stdout}");
+    // 20,000 files take tenths of a second on tmpfs: many of /proc/stat's
+    // hundredths, and each operation costs the machine something.
+    for r in mdtest {
+        assert!(r["cpu_us_per_op"].as_f64().is_some_and(|us| us > 0.0 && us.is_finite()), "{r}");
+    }
+    assert!(!other.is_empty() && other.iter().all(|r| r.get("cpu_us_per_op").is_none()), "{stdout}");
+}

@@ -8,8 +8,10 @@
 //! its clients) and the one that shows a regression.
 //!
 //! Busy time is user, nice, system, irq and softirq; idle, iowait and
-//! steal (time the hypervisor gave to another machine) are not. Off
-//! Linux, or if `/proc/stat` cannot be read, the CPU time is `None`.
+//! steal (time the hypervisor gave to another machine) are not. Every
+//! process counts, so nothing else of ours should run meanwhile (a build,
+//! a test suite). Off Linux, or if `/proc/stat` cannot be read, the CPU
+//! time is `None`.
 
 use std::time::Instant;
 

@@ -63,6 +63,7 @@ const COLUMNS: &[(&str, &str)] = &[
     ("threads", "threads"),
     ("ops/s (MB/s)", "ops_per_sec"),
     ("seconds", "seconds"),
+    ("cpu µs/op", "cpu_us_per_op"),
 ];
 
 fn row(variant: &str, test: &str, threads: usize, rate: f64, seconds: f64) -> Map<String, Value> {
@@ -227,13 +228,16 @@ fn suite(
     for &t in &args.threads {
         let d = dir.join(format!("mdtest.{t}"));
         std::fs::create_dir(&d).map_err(|e| format!("{}: {e}", d.display()))?;
-        let secs = super::mdtest::on_dir(&d, t, args.files, args.unique_dirs)?.map(|took| took.secs);
-        for (test, s) in PHASES.iter().zip(secs) {
-            let mut r = row(variant, test, t, args.files as f64 / s.max(1e-9), s);
+        let took = super::mdtest::on_dir(&d, t, args.files, args.unique_dirs)?;
+        for (test, took) in PHASES.iter().zip(took) {
+            let mut r = row(variant, test, t, args.files as f64 / took.secs.max(1e-9), took.secs);
             r.insert("dirs".into(), json!(if args.unique_dirs { "unique" } else { "shared" }));
+            // The machine's: the caller, the kernel's FUSE, the mount's
+            // process and (for ours) the server.
+            r.insert("cpu_us_per_op".into(), json!(took.cpu_us_per(args.files)));
             report.row(r);
         }
-        mdtest.push((t, secs));
+        mdtest.push((t, took.map(|took| took.secs)));
     }
     if let Some(pp) = pp {
         let file = dir.join("pingpong");
