@@ -12,9 +12,10 @@
 //! - Flush: O(1) per record plus a copy, one `write` and one `fdatasync`
 //!   per group; every record published before the group started is in it.
 //!   The segment's file is extended ahead of the records, a
-//!   [`PREALLOCATE`] at a time, so that a group's `fdatasync` does not
-//!   also write the file's new size: measured on ext4 here, 90-120 µs
-//!   per sync instead of 134-176 (see `docs/architecture.md`).
+//!   [`PREALLOCATE`] of written zeros at a time, so that a group's
+//!   `fdatasync` writes over blocks the file already has: it neither
+//!   writes the file's new size nor allocates (see `docs/architecture.md`
+//!   for what each costs here).
 //!   A group is closed at once when someone waits for one of its records
 //!   ([`Journal::want`], [`Journal::wait_for`]); while nobody does, the
 //!   flusher lets it grow as long as records keep coming, up to
@@ -495,10 +496,12 @@ pub(crate) fn recover(dir: &Path, repair: bool) -> Result<(Vec<Segment>, Torn), 
 pub const PREALLOCATE: u64 = 1 << 20;
 
 /// The segment being written. Its file reaches past the records by up to
-/// [`PREALLOCATE`] bytes of zeros (a hole), which recovery reads as the
-/// end of the records (`segment::scan`): a write inside the file's size
-/// leaves the size alone, so its `fdatasync` writes the data and no inode
-/// size update.
+/// [`PREALLOCATE`] bytes of zeros, which recovery reads as the end of the
+/// records (`segment::scan`). The zeros are written, not a hole: a
+/// group's write then lands inside the file's size on blocks it already
+/// has, so its `fdatasync` writes the data and neither the inode's size
+/// nor a new block's allocation. The zeros themselves go out with the
+/// next group's sync, one [`PREALLOCATE`] per that many bytes of records.
 struct Tail {
     file: File,
     /// The file's size: records, then zeros.
@@ -513,13 +516,20 @@ impl Tail {
         Ok(Tail { file, size })
     }
 
-    /// Writes `bytes` at `at`, first extending the file if they would
-    /// reach past it. O(bytes).
+    /// Writes `bytes` at `at`, first extending the file with zeros if
+    /// they would reach past it. O(bytes), plus O([`PREALLOCATE`]) once
+    /// per that many bytes.
     fn write_at(&mut self, path: &Path, bytes: &[u8], at: u64) -> Result<(), Error> {
         let end = at + bytes.len() as u64;
         if end > self.size {
             let size = end.next_multiple_of(PREALLOCATE);
-            self.file.set_len(size).map_err(|e| Error::io(path, e))?;
+            static ZEROS: [u8; 64 << 10] = [0; 64 << 10];
+            let mut from = self.size;
+            while from < size {
+                let n = (size - from).min(ZEROS.len() as u64);
+                self.file.write_all_at(&ZEROS[..n as usize], from).map_err(|e| Error::io(path, e))?;
+                from += n;
+            }
             self.size = size;
         }
         self.file.write_all_at(bytes, at).map_err(|e| Error::io(path, e))

