@@ -44,14 +44,16 @@ pub fn round_trips(hold: Duration, samples: usize) -> Result<hdrhistogram::Histo
 }
 
 /// `samples` writes of a 64-byte record, each followed by `fdatasync`, in
-/// a file under `dir` extended ahead of them (as the journal's segments
-/// are): the latency of one durable change on that disk, in microseconds.
+/// a file under `dir` extended ahead of them with zeros (as the journal's
+/// segments are): the latency of one durable change on that disk, in
+/// microseconds.
 pub fn fdatasyncs(dir: &Path, samples: usize) -> Result<hdrhistogram::Histogram<u64>, String> {
     let err = |e: std::io::Error| format!("fsync floor in {}: {e}", dir.display());
     let tmp = tempfile::tempdir_in(dir).map_err(err)?;
     let file = std::fs::File::create(tmp.path().join("floor")).map_err(err)?;
     let record = [0x5au8; 64];
-    file.set_len((samples * record.len()) as u64 + 4096).map_err(err)?;
+    // Written zeros, as the journal extends its segments.
+    file.write_all_at(&vec![0; samples * record.len() + 4096], 0).map_err(err)?;
     file.sync_all().map_err(err)?;
     let mut hist = hdrhistogram::Histogram::new_with_bounds(1, 60_000_000, 2).expect("valid bounds");
     for i in 0..samples {
