@@ -325,6 +325,11 @@ impl Changelog {
     /// blocks up to that long for a first record if none is there yet
     /// (follow). Reading does not move the cursor: [`clear`](Self::clear)
     /// does.
+    ///
+    /// O(log s + SPARSE_EVERY + r) per call for the r records it looks at
+    /// until it has `max` of the consumer's types (or reaches the end): a
+    /// consumer that lags far behind pays for what it reads, not for the
+    /// whole lag on every call.
     pub fn read(&self, who: &str, from: Option<u64>, max: usize, wait: Option<Duration>) -> Result<Vec<Entry>, Error> {
         let (mask, cursor) = {
             let p = self.state.lock();
@@ -338,21 +343,31 @@ impl Changelog {
             self.journal.watch_for(from + 1, Some(w))?;
         }
         let mut out = Vec::new();
-        let mut bad = None;
-        self.journal.read(from, usize::MAX, |index, bytes| {
-            if out.len() >= max || bad.is_some() {
-                return;
+        let mut next = from;
+        // In batches of as many as are still wanted: records of other
+        // types make another batch, never a read to the end.
+        while out.len() < max {
+            let want = max - out.len();
+            let mut bad = None;
+            let seen = self.journal.read(next, want, |index, bytes| {
+                if bad.is_some() {
+                    return;
+                }
+                match (self.project)(bytes) {
+                    Ok(Some(record)) if mask.contains(record.rtype) => out.push(Entry { index, record }),
+                    Ok(_) => {}
+                    Err(e) => bad = Some((index, e)),
+                }
+            })?;
+            if let Some((index, e)) = bad {
+                return Err(Error::Invalid(format!("record {index}: {e}")));
             }
-            match (self.project)(bytes) {
-                Ok(Some(record)) if mask.contains(record.rtype) => out.push(Entry { index, record }),
-                Ok(_) => {}
-                Err(e) => bad = Some((index, e)),
+            if seen < want {
+                break;
             }
-        })?;
-        match bad {
-            Some((index, e)) => Err(Error::Invalid(format!("record {index}: {e}"))),
-            None => Ok(out),
+            next += seen as u64;
         }
+        Ok(out)
     }
 
     /// Acknowledges every record up to `upto` for consumer `who`, then

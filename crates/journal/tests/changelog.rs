@@ -221,3 +221,38 @@ fn global_mask_drops_records_at_append() {
     assert!("NOPE".parse::<RecordType>().is_err());
     assert_eq!(Mask::parse("creat,UNLNK").unwrap(), Mask::of(&[RecordType::CREAT, RecordType::UNLNK]));
 }
+
+/// A read stops once it has its records, rather than reading on to the
+/// end of the log: a consumer far behind would otherwise pay for its whole
+/// lag on every read. Damage far ahead, which a read to the end trips
+/// over, shows it.
+#[test]
+fn a_read_stops_once_it_has_its_records() {
+    let dir = tempfile::tempdir().unwrap();
+    let cl = open(dir.path());
+    for n in 1..=10_000 {
+        let rtype = if n % 2 == 1 { RecordType::CREAT } else { RecordType::UNLNK };
+        cl.append(&record(n, rtype)).unwrap();
+    }
+    cl.journal().wait_durable(10_000).unwrap();
+    cl.register(Some("all"), Mask::ALL, 0).unwrap();
+    cl.register(Some("creates"), Mask::of(&[RecordType::CREAT]), 0).unwrap();
+    // Garbage in the middle of a segment near the end.
+    let mut segs: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "seg"))
+        .collect();
+    segs.sort();
+    let damaged = &segs[segs.len() - 2];
+    let mut bytes = std::fs::read(damaged).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid..mid + 16].fill(0xff);
+    std::fs::write(damaged, &bytes).unwrap();
+    let got = cl.read("all", Some(1), 10, None).unwrap();
+    assert_eq!(got.iter().map(|e| e.index).collect::<Vec<_>>(), (1..=10).collect::<Vec<_>>());
+    // Other types between them are looked at, and skipped.
+    let got = cl.read("creates", Some(101), 10, None).unwrap();
+    assert_eq!(got.iter().map(|e| e.index).collect::<Vec<_>>(), (101..120).step_by(2).collect::<Vec<_>>());
+    assert!(cl.read("all", Some(1), 20_000, None).is_err(), "the damage is there, for a read that reaches it");
+}
