@@ -16,6 +16,41 @@ fn interlock(args: &[&str], stdin: &str) -> (i32, String, String) {
     (out.status.code().unwrap_or(-1), String::from_utf8(out.stdout).unwrap(), String::from_utf8(out.stderr).unwrap())
 }
 
+/// The Redis anchor of `bench mdtest`: for Redis in memory and Redis with
+/// `appendfsync always`, a SET row (as `create`) and a GET row (as
+/// `stat`), each from its own `redis-benchmark` run, with its rate and the
+/// machine's CPU per request. Needs redis-server and redis-benchmark
+/// (`scripts/test` installs them when root; elsewhere this says it
+/// skipped).
+#[test]
+fn bench_mdtest_redis_rows_give_set_and_get_each_a_rate_and_a_cost() {
+    if Command::new("redis-benchmark").arg("--version").output().is_err() {
+        assert!(
+            std::env::var_os("INTERLOCK_REQUIRE_REDIS").is_none(),
+            "redis-benchmark is not installed, and this run requires it"
+        );
+        eprintln!("!! SKIPPED bench_mdtest_redis_rows: redis-server and redis-benchmark are not installed");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let args = ["bench", "mdtest", "--variant", "redis", "--threads", "4", "--files", "20000", "--json", "--dir"];
+    let (code, out, err) = interlock(&[&args[..], &[dir.path().to_str().unwrap()]].concat(), "");
+    assert_eq!(code, 0, "{err}");
+    let rows: Vec<serde_json::Value> = out.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let shape: Vec<_> = rows.iter().map(|r| (r["variant"].as_str().unwrap(), r["phase"].as_str().unwrap())).collect();
+    assert_eq!(
+        shape,
+        [("redis", "create"), ("redis", "stat"), ("redis-aof", "create"), ("redis-aof", "stat")],
+        "{out}"
+    );
+    for r in &rows {
+        assert!(r["ops_per_sec"].as_f64().is_some_and(|x| x > 0.0 && x.is_finite()), "{r}");
+        // 20,000 requests take tenths of a second: many of /proc/stat's
+        // hundredths.
+        assert!(r["cpu_us_per_op"].as_f64().is_some_and(|us| us > 0.0 && us.is_finite()), "{r}");
+    }
+}
+
 #[test]
 fn posix_replay_exit_status_reports_bad_lines() {
     let (code, out, err) = interlock(&["debug", "posix-replay"], "1 setlk wr 0 10\n2 getlk rd 5 1\n");
