@@ -23,32 +23,42 @@ impl Namespace {
     /// live operations call it under their locks, after journaling `m`.
     /// O(log n).
     pub fn apply(&self, m: &Mutation) {
+        self.apply_held(m, &[]);
+    }
+
+    /// [`apply`](Self::apply), taking the inodes in `held` as they are
+    /// rather than from the table: a live operation has already looked up
+    /// the directory it changes (and holds it under its locks), and a
+    /// second look-up would write the table's bucket lock and the
+    /// directory's reference count again, lines every creator in that
+    /// directory shares.
+    pub(crate) fn apply_held(&self, m: &Mutation, held: &[&Inode]) {
         match m {
             Mutation::Create { parent, name, ino, kind, perm, uid, gid, rdev, target, time } => {
                 self.next_ino.fetch_max(ino + 1, Relaxed);
                 let meta = Meta::new(*perm, *uid, *gid, *time, target, *rdev);
                 let inode = Arc::new(Inode::new(*ino, *kind, meta, *time, *parent));
                 self.inodes.upsert_sync(*ino, inode);
-                self.add_entry(*parent, name, *ino, *kind == FileType::Directory, *time);
+                self.add_entry(held, *parent, name, *ino, *kind == FileType::Directory, *time);
             }
             Mutation::Link { parent, name, ino, time } => {
-                if let Ok(i) = self.inode(*ino) {
+                if let Ok(i) = self.find(held, *ino) {
                     i.nlink.fetch_add(1, Relaxed);
                     i.changed(*time);
                 }
-                self.add_entry(*parent, name, *ino, false, *time);
+                self.add_entry(held, *parent, name, *ino, false, *time);
             }
             Mutation::Remove { parent, name, ino, gone, time, .. } => {
-                let Ok(p) = self.inode(*parent) else { return };
+                let Ok(p) = self.find(held, *parent) else { return };
                 self.remove_entry(&p, name, *time);
-                if let Ok(i) = self.inode(*ino) {
+                if let Ok(i) = self.find(held, *ino) {
                     self.drop_link(&p, &i, *gone, *time);
                 }
             }
             Mutation::Rename { parent, name, ino, new_parent, new_name, victim, gone, exchange, time } => {
-                let (Ok(p), Ok(np)) = (self.inode(*parent), self.inode(*new_parent)) else { return };
-                let moved = self.inode(*ino).ok();
-                let replaced = victim.and_then(|v| self.inode(v).ok());
+                let (Ok(p), Ok(np)) = (self.find(held, *parent), self.find(held, *new_parent)) else { return };
+                let moved = self.find(held, *ino).ok();
+                let replaced = victim.and_then(|v| self.find(held, v).ok());
                 if *exchange {
                     if let Some(v) = victim {
                         self.entries.upsert(self.key(*parent, name), *v);
@@ -77,7 +87,7 @@ impl Namespace {
                 np.modified(*time);
             }
             Mutation::SetAttr { ino, perm, uid, gid, size, atime, mtime, ctime } => {
-                let Ok(i) = self.inode(*ino) else { return };
+                let Ok(i) = self.find(held, *ino) else { return };
                 {
                     let mut m = i.meta.lock();
                     if let Some(p) = perm {
@@ -102,7 +112,7 @@ impl Namespace {
                 i.ctime.store(*ctime, Relaxed);
             }
             Mutation::Write { ino, size, perm, time } => {
-                let Ok(i) = self.inode(*ino) else { return };
+                let Ok(i) = self.find(held, *ino) else { return };
                 if let Some(p) = perm {
                     i.meta.lock().perm = *p;
                 }
@@ -113,7 +123,7 @@ impl Namespace {
                 i.ctime.store(*time, Relaxed);
             }
             Mutation::SetXattr { ino, name, value, time } => {
-                let Ok(i) = self.inode(*ino) else { return };
+                let Ok(i) = self.find(held, *ino) else { return };
                 {
                     let mut m = i.meta.lock();
                     let xattrs = m.xattrs_mut();
@@ -125,7 +135,7 @@ impl Namespace {
                 i.changed(*time);
             }
             Mutation::RemoveXattr { ino, name, time } => {
-                let Ok(i) = self.inode(*ino) else { return };
+                let Ok(i) = self.find(held, *ino) else { return };
                 i.meta.lock().xattrs_mut().retain(|(n, _)| **n != **name);
                 i.changed(*time);
             }
@@ -136,9 +146,9 @@ impl Namespace {
     }
 
     /// A new entry `name` → `ino` in `parent` (a directory if `dir`).
-    fn add_entry(&self, parent: Ino, name: &[u8], ino: Ino, dir: bool, time: Nanos) {
+    fn add_entry(&self, held: &[&Inode], parent: Ino, name: &[u8], ino: Ino, dir: bool, time: Nanos) {
         let added = self.put_entry(self.key(parent, name), ino);
-        if let Ok(p) = self.inode(parent) {
+        if let Ok(p) = self.find(held, parent) {
             if added {
                 p.dir().entries.fetch_add(1, Relaxed);
                 if dir {
@@ -146,6 +156,14 @@ impl Namespace {
                 }
             }
             p.modified(time);
+        }
+    }
+
+    /// Inode `ino`: from `held` if it is there, else from the table.
+    fn find<'a>(&self, held: &[&'a Inode], ino: Ino) -> crate::errno::Result<Found<'a>> {
+        match held.iter().find(|i| i.ino == ino) {
+            Some(i) => Ok(Found::Held(i)),
+            None => self.inode(ino).map(Found::Looked),
         }
     }
 
@@ -276,5 +294,23 @@ fn reparent(i: &Inode, from: &Inode, to: &Inode) {
         d.parent.store(to.ino, Relaxed);
         from.nlink.fetch_sub(1, Relaxed);
         to.nlink.fetch_add(1, Relaxed);
+    }
+}
+
+/// An inode [`Namespace::apply_held`] works on: one its caller holds, or
+/// one looked up in the table.
+enum Found<'a> {
+    Held(&'a Inode),
+    Looked(Arc<Inode>),
+}
+
+impl std::ops::Deref for Found<'_> {
+    type Target = Inode;
+
+    fn deref(&self) -> &Inode {
+        match self {
+            Found::Held(i) => i,
+            Found::Looked(i) => i,
+        }
     }
 }

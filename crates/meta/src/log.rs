@@ -10,6 +10,7 @@
 use std::sync::Arc;
 
 use crate::errno::Result;
+use crate::inode::Inode;
 use crate::mutation::Mutation;
 use crate::namespace::Namespace;
 use crate::types::Cred;
@@ -38,11 +39,18 @@ impl Namespace {
     /// Records `m` (if there is a log), then applies it. Callers hold the
     /// locks of the objects `m` changes.
     pub(crate) fn commit(&self, cred: &Cred, m: &Mutation) -> Result<Seq> {
+        self.commit_held(cred, m, &[])
+    }
+
+    /// [`commit`](Self::commit), applying to the inodes in `held` (which
+    /// the caller looked up and holds under its locks) without looking
+    /// them up again: see [`Namespace::apply_held`].
+    pub(crate) fn commit_held(&self, cred: &Cred, m: &Mutation, held: &[&Inode]) -> Result<Seq> {
         let seq = match &self.log {
             Some(log) => log.record(cred, m)?,
             None => 0,
         };
-        self.apply(m);
+        self.apply_held(m, held);
         Ok(seq)
     }
 }

@@ -74,9 +74,9 @@ impl Namespace {
         open: bool,
     ) -> Result<(Attr, Seq)> {
         check_name(name)?;
-        let dir = self.searchable(cred, parent)?;
-        if new.kind == FileType::Symlink && target.len() > SYMLINK_MAX {
-            return Err(Errno::ENAMETOOLONG);
+        let dir = self.inode(parent)?;
+        if !dir.is_dir() {
+            return Err(Errno::ENOTDIR);
         }
         // A create that opens changes the new inode's open count, so it
         // holds that inode's lock too (a look-up, open and release elsewhere
@@ -85,13 +85,19 @@ impl Namespace {
         let mut locks = vec![self.name_lock(parent, name)];
         locks.extend(early.map(Self::ino_lock));
         let _held = self.stripes.lock(&[(&dir, false)], &locks);
+        // The directory's owner and mode read once, under the locks, for
+        // both checks: every creator in the directory takes its mutex.
+        let owner = dir.owner();
+        access::check(cred, &owner, EXEC)?;
+        if new.kind == FileType::Symlink && target.len() > SYMLINK_MAX {
+            return Err(Errno::ENAMETOOLONG);
+        }
         if matches!(name, b"." | b"..") || self.child(parent, name).is_some() {
             return Err(Errno::EEXIST);
         }
         if dir.dir().dead.load(Relaxed) {
             return Err(Errno::ENOENT);
         }
-        let owner = dir.owner();
         access::check(cred, &owner, WRITE | EXEC)?;
         if new.kind == FileType::Directory && dir.nlink.load(Relaxed) >= LINK_MAX {
             return Err(Errno::EMLINK);
@@ -127,7 +133,7 @@ impl Namespace {
             target: target.to_vec(),
             time: now,
         };
-        let seq = self.commit(cred, &m)?;
+        let seq = self.commit_held(cred, &m, &[&dir])?;
         let i = self.inode(ino)?;
         if open {
             i.opens.fetch_add(1, Relaxed);
@@ -204,7 +210,7 @@ impl Namespace {
             }
             let m =
                 Mutation::Remove { parent, name: name.to_vec(), ino, dir: dir_wanted, gone: gone(&victim), time: now };
-            return self.commit(cred, &m);
+            return self.commit_held(cred, &m, &[&dir, &victim]);
         }
     }
 
