@@ -120,7 +120,7 @@ fn bench_mdtest_json_rows_one_per_variant_phase_and_threads_whatever_repeat() {
         assert_eq!(row["changelog"], false);
         // A phase this short may pass within one tick of /proc/stat: null
         // then, never a negative or a missing field.
-        let cpu = &row["cpu_us_per_op"];
+        let cpu = row.get("cpu_us_per_op").unwrap_or_else(|| panic!("no cpu_us_per_op: {row}"));
         assert!(cpu.is_null() || cpu.as_f64().is_some_and(|us| us >= 0.0), "{row}");
     }
     let net: Vec<_> = rows.iter().filter(|r| r["variant"] == "net").collect();
