@@ -131,6 +131,20 @@ fn bench_mdtest_json_rows_one_per_variant_phase_and_threads_whatever_repeat() {
     assert!(err.contains("--repeat"), "{err}");
 }
 
+/// `net`'s own server keeps its journal in `--dir`, as the engine does:
+/// the system's temporary directory may be a tmpfs, where its durable
+/// figures would cost no fsync. A `--dir` that cannot hold a directory
+/// stops it.
+#[test]
+fn bench_mdtest_net_keeps_its_journal_in_dir() {
+    let file = tempfile::NamedTempFile::new().unwrap();
+    let path = file.path().to_str().unwrap();
+    let args = ["bench", "mdtest", "--variant", "net", "--threads", "1", "--files", "10", "--json", "--dir", path];
+    let (code, out, err) = interlock(&args, "");
+    assert_eq!(code, 1, "a file as --dir must stop the net variant: {out}{err}");
+    assert!(err.contains(path), "the error names the directory: {err}");
+}
+
 #[test]
 fn bench_rsb_json_rows() {
     let (code, out, err) = interlock(&["bench", "rsb", "--r", "1000", "--repeat", "1", "--json"], "");

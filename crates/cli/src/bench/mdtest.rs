@@ -17,7 +17,7 @@
 //! - `memory`: the namespace alone, no journal (not durable): how it
 //!   scales with no disk and no flusher thread beside it.
 //! - `net`: through a server over loopback (started by the benchmark,
-//!   its journal in the system's temporary directory, unless `--server`):
+//!   its journal in `--dir` as the engine's, unless `--server`):
 //!   T creators, each on its own connection, each waiting for its answer
 //!   (durable) before its next request, as `redis-benchmark -c T` does.
 //! - `redis`, `redis-aof`: the anchor for `net` (see `redis`): SET and
@@ -70,9 +70,10 @@ pub struct Args {
     /// For `net`: measure this server (HOST:PORT) instead of starting one.
     #[arg(long, value_parser = crate::args::server)]
     server: Option<String>,
-    /// Where the engine's journal goes (default: the current directory;
-    /// a fresh subdirectory per run, removed after). On tmpfs an fsync
-    /// costs nothing: durable figures need a real disk.
+    /// Where the engine's journal goes, and that of `net`'s own server
+    /// (default: the current directory; a fresh subdirectory per run,
+    /// removed after). On tmpfs an fsync costs nothing: durable figures
+    /// need a real disk.
     #[arg(long)]
     dir: Option<std::path::PathBuf>,
     /// For `net`: threads the clients run on. 1, as redis-benchmark's
@@ -214,7 +215,10 @@ fn round(args: &Args, t: usize, files: u64, out: &mut dyn FnMut(Run)) -> Result<
         out(Run::new("memory", false, None, &memory(t, files)?));
     }
     if args.variant.iter().any(|v| v == "net") {
-        let (addr, options, _own) = super::netbench::server_addr(&args.server, false, false)?;
+        // Its journal where the engine's goes: the system's temporary
+        // directory may be a tmpfs, where an fsync costs nothing.
+        let data = scratch_dir(&args.dir, "interlock-bench-mdtest")?;
+        let (addr, options, _own) = super::netbench::server_addr(&args.server, false, false, Some(data.path()))?;
         out(Run::new("net", false, Some("each"), &net(&addr, &options, args.client_threads as usize, t, files)?));
     }
     if args.variant.iter().any(|v| v == "redis") && super::redis::installed() {

@@ -4,6 +4,7 @@
 //! its own runtime threads) unless given `--server`.
 
 use std::io::Write as _;
+use std::path::Path;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
@@ -87,11 +88,16 @@ pub(super) struct OwnServer {
     _rt: tokio::runtime::Runtime,
 }
 
-/// Starts a server on a free loopback port; with `tls`, it speaks TLS
-/// with a certificate made for the run; with `no_fsync`, in the unsafe
-/// mode (`--unsafe-no-fsync`).
-fn own_server(tls: bool, no_fsync: bool) -> Result<OwnServer, String> {
-    let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+/// Starts a server on a free loopback port, its data in a fresh
+/// directory inside `data` (the system's temporary directory if `None`);
+/// with `tls`, it speaks TLS with a certificate made for the run; with
+/// `no_fsync`, in the unsafe mode (`--unsafe-no-fsync`).
+fn own_server(tls: bool, no_fsync: bool, data: Option<&Path>) -> Result<OwnServer, String> {
+    let dir = match data {
+        Some(d) => tempfile::tempdir_in(d),
+        None => tempfile::tempdir(),
+    }
+    .map_err(|e| format!("a data directory for the benchmark's server: {e}"))?;
     let rt = runtime();
     let (server_tls, client_tls) = if tls {
         let files = crate::tls_init::generate(&dir.path().join("tls"), vec!["127.0.0.1".into()])?;
@@ -115,17 +121,18 @@ fn own_server(tls: bool, no_fsync: bool) -> Result<OwnServer, String> {
     Ok(OwnServer { addr, tls: client_tls, _dir: dir, _rt: rt })
 }
 
-/// The server to measure (`given`, else one of our own, see
-/// [`own_server`]) and the options to reach it with.
+/// The server to measure (`given`, else one of our own, its data inside
+/// `data`: see [`own_server`]) and the options to reach it with.
 pub(super) fn server_addr(
     given: &Option<String>,
     tls: bool,
     no_fsync: bool,
+    data: Option<&Path>,
 ) -> Result<(String, ClientOptions, Option<OwnServer>), String> {
     match given {
         Some(a) => Ok((a.clone(), ClientOptions::default(), None)),
         None => {
-            let s = own_server(tls, no_fsync)?;
+            let s = own_server(tls, no_fsync, data)?;
             Ok((s.addr.clone(), ClientOptions { tls: s.tls.clone(), ..ClientOptions::default() }, Some(s)))
         }
     }
@@ -149,7 +156,7 @@ const BLOCKING_COLUMNS: &[(&str, &str)] = &[
 /// resource, hold H, unlock, sleep H, for D seconds; then each finishes
 /// its cycle. Ideal: the lock always held, so (D + P·H) / H grants.
 pub fn blocking(args: BlockingArgs) -> Result<(), String> {
-    let (addr, base, _own) = server_addr(&args.server, false, false)?;
+    let (addr, base, _own) = server_addr(&args.server, false, false, None)?;
     let hold = Duration::from_millis(args.hold.max(1));
     let (p, d) = (args.procs.max(1), args.duration);
     // The owners run on one thread, as in a client process: a grant then
@@ -340,7 +347,7 @@ const NET_COLUMNS: &[(&str, &str)] = &[
 
 /// Lock then unlock on distinct resources: each request is one op.
 pub fn net(args: NetArgs) -> Result<(), String> {
-    let (addr, base, _own) = server_addr(&args.server, args.tls, false)?;
+    let (addr, base, _own) = server_addr(&args.server, args.tls, false, None)?;
     let rt = runtime();
     let d = Duration::from_secs_f64(args.duration);
     let names = args.names.max(1);
