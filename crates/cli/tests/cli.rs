@@ -49,7 +49,12 @@ fn bench_mdtest_redis_rows_give_set_and_get_each_a_rate_and_a_cost() {
         // 20,000 requests take tenths of a second: many of /proc/stat's
         // hundredths.
         assert!(r["cpu_us_per_op"].as_f64().is_some_and(|us| us > 0.0 && us.is_finite()), "{r}");
+        // redis-server's own share of it.
+        let server = r["server_cpu_us_per_op"].as_f64();
+        assert!(server.is_some_and(|us| us >= 0.0 && us.is_finite()), "{r}");
     }
+    // Its SETs (20,000 in tenths of a second) cost redis-server some ticks.
+    assert!(rows.iter().any(|r| r["server_cpu_us_per_op"].as_f64().is_some_and(|us| us > 0.0)), "{out}");
 }
 
 #[test]
@@ -126,6 +131,15 @@ fn bench_mdtest_json_rows_one_per_variant_phase_and_threads_whatever_repeat() {
     let net: Vec<_> = rows.iter().filter(|r| r["variant"] == "net").collect();
     assert_eq!(net.len(), 6);
     assert!(net.iter().all(|r| r["ack"] == "each"));
+    // The server's own share: measured for `net`'s in-process server (a
+    // number, or null when too short for a tick), never for `memory`.
+    for r in &rows {
+        let server = r.get("server_cpu_us_per_op").unwrap_or_else(|| panic!("no server_cpu_us_per_op: {r}"));
+        match r["variant"].as_str() {
+            Some("net") => assert!(server.is_null() || server.as_f64().is_some_and(|us| us >= 0.0), "{r}"),
+            _ => assert!(server.is_null(), "{r}"),
+        }
+    }
     let (code, _, err) = interlock(&[&args[..], &["--repeat", "0"]].concat(), "");
     assert_eq!(code, 2);
     assert!(err.contains("--repeat"), "{err}");

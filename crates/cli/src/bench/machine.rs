@@ -19,32 +19,87 @@ use std::time::Instant;
 pub struct Span {
     start: Instant,
     ticks: Option<Ticks>,
+    server: Server,
+    server_ticks: Option<u64>,
 }
 
 /// A measured span.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, Default)]
 pub struct Took {
     pub secs: f64,
     /// CPU seconds the machine spent, all cores together.
     pub cpu_secs: Option<f64>,
+    /// CPU seconds the server's process (or threads) spent, if the span
+    /// had one ([`Span::with_server`]): what the machine spent less this
+    /// is its clients' and the kernel's work done outside it.
+    pub server_cpu_secs: Option<f64>,
 }
 
 impl Took {
     /// Microseconds of machine CPU per one of `ops` operations.
     pub fn cpu_us_per(&self, ops: u64) -> Option<f64> {
-        self.cpu_secs.map(|c| c * 1e6 / ops.max(1) as f64)
+        self.cpu_secs.map(|c| per_op(c, ops))
     }
+
+    /// Microseconds of the server's CPU per one of `ops` operations.
+    pub fn server_cpu_us_per(&self, ops: u64) -> Option<f64> {
+        self.server_cpu_secs.map(|c| per_op(c, ops))
+    }
+}
+
+fn per_op(secs: f64, ops: u64) -> f64 {
+    secs * 1e6 / ops.max(1) as f64
+}
+
+/// Whose CPU time a span counts apart from the machine's: a server's, to
+/// tell its cost per operation from its clients'.
+#[derive(Clone, Copy, Debug)]
+pub enum Server {
+    None,
+    /// A process of its own (`redis-server`).
+    Process(u32),
+    /// Every thread of this process but the calling one: a server run
+    /// in-process whose clients all run on the calling thread.
+    OtherThreads,
+}
+
+impl Server {
+    /// CPU ticks (hundredths of a second, user and system) it has used.
+    fn ticks(self) -> Option<u64> {
+        let read = |path: &str| std::fs::read_to_string(path).ok().as_deref().and_then(task_ticks);
+        match self {
+            Server::None => None,
+            Server::Process(pid) => read(&format!("/proc/{pid}/stat")),
+            Server::OtherThreads => read("/proc/self/stat")?.checked_sub(read("/proc/thread-self/stat")?),
+        }
+    }
+}
+
+/// User plus system ticks from a `/proc/PID/stat` line: its 14th and
+/// 15th fields, counted after the command name (which may hold spaces
+/// and parentheses, so from its last `)`).
+fn task_ticks(stat: &str) -> Option<u64> {
+    let fields: Vec<&str> = stat.get(stat.rfind(')')? + 1..)?.split_whitespace().collect();
+    let field = |n: usize| fields.get(n - 3)?.parse::<u64>().ok();
+    Some(field(14)? + field(15)?)
 }
 
 impl Span {
     pub fn start() -> Span {
-        Span { ticks: Ticks::now(), start: Instant::now() }
+        Span::with_server(Server::None)
+    }
+
+    /// A span that also counts `server`'s CPU time.
+    pub fn with_server(server: Server) -> Span {
+        Span { ticks: Ticks::now(), server_ticks: server.ticks(), server, start: Instant::now() }
     }
 
     pub fn stop(self) -> Took {
         let secs = self.start.elapsed().as_secs_f64();
         let cpu_secs = self.ticks.zip(Ticks::now()).and_then(|(a, b)| b.busy_secs_since(&a, secs));
-        Took { secs, cpu_secs }
+        let server_cpu_secs =
+            self.server_ticks.zip(self.server.ticks()).and_then(|(a, b)| b.checked_sub(a)).map(|t| t as f64 / 100.0);
+        Took { secs, cpu_secs, server_cpu_secs }
     }
 }
 
@@ -117,6 +172,37 @@ mod tests {
         assert_eq!(b.busy_secs_since(&a, 2.0), Some(3.0));
         assert_eq!(a.busy_secs_since(&a, 2.0), None, "no tick passed");
         assert_eq!(a.busy_secs_since(&b, 2.0), None, "counters that went back");
+    }
+
+    #[test]
+    fn a_task_s_ticks_are_its_user_and_system_time_whatever_its_name() {
+        let line = "42 (tokio (rt) x) S 1 42 42 0 -1 4194560 100 0 0 0 250 75 0 0 20 0 3 0";
+        assert_eq!(task_ticks(line), Some(325));
+        assert_eq!(task_ticks("42 (x) S 1 2"), None, "too few fields");
+        assert_eq!(task_ticks("no name here"), None);
+    }
+
+    #[test]
+    fn the_server_s_time_is_that_of_the_other_threads() {
+        // Another thread spins while the calling one waits: its time is
+        // the server's. (Tests running beside this one only add to it.)
+        let span = Span::with_server(Server::OtherThreads);
+        std::thread::spawn(|| {
+            let t = Instant::now();
+            let mut x = 0u64;
+            while t.elapsed().as_millis() < 300 {
+                x = std::hint::black_box(x.wrapping_add(1));
+            }
+        })
+        .join()
+        .unwrap();
+        let took = span.stop();
+        if cfg!(target_os = "linux") {
+            let server = took.server_cpu_secs.expect("/proc/self is readable on Linux");
+            assert!(server >= 0.2, "{server} CPU seconds for a thread that spun 0.3 s");
+            let mine = Server::Process(std::process::id()).ticks().expect("this process's stat");
+            assert!(mine >= 20, "this process spun 0.3 s, yet has {mine} ticks");
+        }
     }
 
     #[test]

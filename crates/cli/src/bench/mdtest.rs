@@ -30,7 +30,11 @@
 //! phase (`cpu_us_per_op`, every process and the kernel: see `machine`):
 //! for `net` and `redis` the server and its clients together. Their rate
 //! swings with a shared machine's neighbours far more than this does, and
-//! with the cores saturated, it is what sets the rate.
+//! with the cores saturated, it is what sets the rate. For `net` (its own
+//! server, clients on one thread) and `redis`, `server_cpu_us_per_op` is
+//! the server's part of it: `redis-server`'s process, or every thread of
+//! ours but the clients' (the kernel's work on a server's behalf counts
+//! when done on its threads, as a `send`'s loopback delivery is).
 
 use std::path::Path;
 use std::sync::Arc;
@@ -42,7 +46,7 @@ use interlock_journal::changelog::Mask;
 use interlock_meta::{Cred, Errno, FileType, Ino, Namespace, NewInode, ROOT, Seq, Store, StoreOptions};
 use serde_json::{Map, Value, json};
 
-use super::machine::{Span, Took, measured};
+use super::machine::{Server, Span, Took, measured};
 use super::{Report, scratch_dir};
 
 #[derive(clap::Args)]
@@ -109,6 +113,7 @@ const COLUMNS: &[(&str, &str)] = &[
     ("seconds", "seconds"),
     ("ops/s", "ops_per_sec"),
     ("cpu µs/op", "cpu_us_per_op"),
+    ("server µs/op", "server_cpu_us_per_op"),
 ];
 
 pub(super) const PHASES: [&str; 3] = ["create", "stat", "unlink"];
@@ -186,15 +191,19 @@ impl Run {
     }
 }
 
-/// The median of some runs' seconds, and the median of their CPU times
+/// The median of some runs' seconds, and the medians of their CPU times
 /// (each on its own: the slowest run need not be the costliest).
 fn median(runs: Vec<Took>) -> Took {
-    let mid = |mut v: Vec<f64>| {
+    let mid = |f: fn(&Took) -> Option<f64>| {
+        let mut v: Vec<f64> = runs.iter().map(f).collect::<Option<_>>()?;
         v.sort_by(f64::total_cmp);
         v.get(v.len() / 2).copied()
     };
-    let cpu: Option<Vec<f64>> = runs.iter().map(|t| t.cpu_secs).collect();
-    Took { secs: mid(runs.iter().map(|t| t.secs).collect()).unwrap_or(0.0), cpu_secs: cpu.and_then(mid) }
+    Took {
+        secs: mid(|t| Some(t.secs)).unwrap_or(0.0),
+        cpu_secs: mid(|t| t.cpu_secs),
+        server_cpu_secs: mid(|t| t.server_cpu_secs),
+    }
 }
 
 /// Every chosen variant once, with `t` creators: each measurement goes
@@ -219,7 +228,14 @@ fn round(args: &Args, t: usize, files: u64, out: &mut dyn FnMut(Run)) -> Result<
         // directory may be a tmpfs, where an fsync costs nothing.
         let data = scratch_dir(&args.dir, "interlock-bench-mdtest")?;
         let (addr, options, _own) = super::netbench::server_addr(&args.server, false, false, Some(data.path()))?;
-        out(Run::new("net", false, Some("each"), &net(&addr, &options, args.client_threads as usize, t, files)?));
+        // Our own server runs in this process; its time is that of every
+        // thread but the one its clients run on (when they run on one).
+        let server = match (&args.server, args.client_threads) {
+            (None, 1) => Server::OtherThreads,
+            _ => Server::None,
+        };
+        let client = (args.client_threads as usize, server);
+        out(Run::new("net", false, Some("each"), &net(&addr, &options, client, t, files)?));
     }
     if args.variant.iter().any(|v| v == "redis") && super::redis::installed() {
         for (variant, durable) in [("redis", false), ("redis-aof", true)] {
@@ -248,6 +264,7 @@ fn row(variant: &str, phase: &str, threads: usize, files: u64, took: Took) -> Ma
     m.insert("seconds".into(), json!(seconds));
     m.insert("ops_per_sec".into(), json!(files as f64 / seconds.max(1e-9)));
     m.insert("cpu_us_per_op".into(), json!(took.cpu_us_per(files)));
+    m.insert("server_cpu_us_per_op".into(), json!(took.server_cpu_us_per(files)));
     m
 }
 
@@ -390,7 +407,7 @@ fn follow(store: Arc<Store>, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<R
 fn net(
     addr: &str,
     options: &ClientOptions,
-    client_threads: usize,
+    (client_threads, server): (usize, Server),
     threads: usize,
     files: u64,
 ) -> Result<[Took; 3], String> {
@@ -411,9 +428,9 @@ fn net(
             .create(&root, ROOT, dir.as_bytes(), FileType::Directory, 0o777, b"")
             .await
             .map_err(|e| e.to_string())?;
-        let mut took = [Took { secs: 0.0, cpu_secs: None }; 3];
+        let mut took = [Took::default(); 3];
         for (p, &phase) in PHASES.iter().enumerate() {
-            let span = Span::start();
+            let span = Span::with_server(server);
             let tasks: Vec<_> = clients
                 .iter()
                 .enumerate()

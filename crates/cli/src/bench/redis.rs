@@ -15,7 +15,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use super::machine::{Span, Took};
+use super::machine::{self, Span, Took};
 use super::scratch_dir;
 
 /// Whether both programs are installed.
@@ -51,7 +51,7 @@ pub(super) fn run(durable: bool, dir: &Option<PathBuf>, clients: usize, requests
     } else {
         args.extend(["--appendonly", "no"]);
     }
-    let _server = Server(
+    let server = Server(
         Command::new("redis-server")
             .args(&args)
             .stdout(Stdio::null())
@@ -69,7 +69,7 @@ pub(super) fn run(durable: bool, dir: &Option<PathBuf>, clients: usize, requests
     // One run per test, so that each has its own span of machine CPU.
     let (c, n) = (clients.to_string(), requests.to_string());
     let test = |test: &str| -> Result<Took, String> {
-        let span = Span::start();
+        let span = Span::with_server(machine::Server::Process(server.0.id()));
         let out = Command::new("redis-benchmark")
             .args(["-h", "127.0.0.1", "-p", &port, "-t", test, "-c", &c, "-n", &n, "-r", &n, "--csv"])
             .output()
