@@ -224,18 +224,20 @@ fn round(args: &Args, t: usize, files: u64, out: &mut dyn FnMut(Run)) -> Result<
         out(Run::new("memory", false, None, &memory(t, files)?));
     }
     if args.variant.iter().any(|v| v == "net") {
-        // Its journal where the engine's goes: the system's temporary
-        // directory may be a tmpfs, where an fsync costs nothing.
-        let data = scratch_dir(&args.dir, "interlock-bench-mdtest")?;
-        let (addr, options, _own) = super::netbench::server_addr(&args.server, false, false, Some(data.path()))?;
-        // Our own server runs in this process; its time is that of every
-        // thread but the one its clients run on (when they run on one).
+        // Our own server keeps its journal where the engine's goes: the
+        // system's temporary directory may be a tmpfs, where an fsync
+        // costs nothing.
+        let data = if args.server.is_none() { Some(scratch_dir(&args.dir, "interlock-bench-mdtest")?) } else { None };
+        let (addr, options, _own) =
+            super::netbench::server_addr(&args.server, false, false, data.as_ref().map(|d| d.path()))?;
+        // It runs in this process; its time is that of every thread but
+        // the one its clients run on (when they run on one).
         let server = match (&args.server, args.client_threads) {
             (None, 1) => Server::OtherThreads,
             _ => Server::None,
         };
-        let client = (args.client_threads as usize, server);
-        out(Run::new("net", false, Some("each"), &net(&addr, &options, client, t, files)?));
+        let took = net(&addr, &options, args.client_threads as usize, server, t, files)?;
+        out(Run::new("net", false, Some("each"), &took));
     }
     if args.variant.iter().any(|v| v == "redis") && super::redis::installed() {
         for (variant, durable) in [("redis", false), ("redis-aof", true)] {
@@ -403,11 +405,13 @@ fn follow(store: Arc<Store>, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<R
 }
 
 /// Through a server: T connections, each one creator waiting for each
-/// answer. What create, stat and unlink took.
+/// answer. What create, stat and unlink took (and `server`, what of it
+/// was the server's).
 fn net(
     addr: &str,
     options: &ClientOptions,
-    (client_threads, server): (usize, Server),
+    client_threads: usize,
+    server: Server,
     threads: usize,
     files: u64,
 ) -> Result<[Took; 3], String> {
