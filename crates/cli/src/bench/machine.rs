@@ -70,7 +70,12 @@ impl Server {
         match self {
             Server::None => None,
             Server::Process(pid) => read(&format!("/proc/{pid}/stat")),
-            Server::OtherThreads => read("/proc/self/stat")?.checked_sub(read("/proc/thread-self/stat")?),
+            // The thread first: the process's count, read after it, holds
+            // all of it, so the difference is never short of the others'.
+            Server::OtherThreads => {
+                let mine = read("/proc/thread-self/stat")?;
+                read("/proc/self/stat")?.checked_sub(mine)
+            }
         }
     }
 }
@@ -97,8 +102,10 @@ impl Span {
     pub fn stop(self) -> Took {
         let secs = self.start.elapsed().as_secs_f64();
         let cpu_secs = self.ticks.zip(Ticks::now()).and_then(|(a, b)| b.busy_secs_since(&a, secs));
+        // Two reads a tick apart can overstate the start by one: never
+        // below zero.
         let server_cpu_secs =
-            self.server_ticks.zip(self.server.ticks()).and_then(|(a, b)| b.checked_sub(a)).map(|t| t as f64 / 100.0);
+            self.server_ticks.zip(self.server.ticks()).map(|(a, b)| b.saturating_sub(a) as f64 / 100.0);
         Took { secs, cpu_secs, server_cpu_secs }
     }
 }
@@ -200,8 +207,25 @@ mod tests {
         if cfg!(target_os = "linux") {
             let server = took.server_cpu_secs.expect("/proc/self is readable on Linux");
             assert!(server >= 0.2, "{server} CPU seconds for a thread that spun 0.3 s");
-            let mine = Server::Process(std::process::id()).ticks().expect("this process's stat");
-            assert!(mine >= 20, "this process spun 0.3 s, yet has {mine} ticks");
+        }
+    }
+
+    #[test]
+    fn the_calling_thread_s_time_is_not_the_server_s() {
+        let t = Instant::now();
+        let mut x = 0u64;
+        while t.elapsed().as_millis() < 300 {
+            x = std::hint::black_box(x.wrapping_add(1));
+        }
+        if cfg!(target_os = "linux") {
+            // Others first: the process's count, read after, can only be
+            // larger, so the gap is at least this thread's 0.3 s.
+            let others = Server::OtherThreads.ticks().expect("/proc/self is readable on Linux");
+            let all = Server::Process(std::process::id()).ticks().expect("this process's stat");
+            assert!(
+                all >= others + 20,
+                "this thread spun 0.3 s, yet the process has {all} ticks and the others {others}"
+            );
         }
     }
 
