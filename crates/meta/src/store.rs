@@ -94,7 +94,7 @@ impl Log for JournalLog {
     /// O(record) on the caller's thread, no lock (the journal's append);
     /// a record that frees an inode also notes it, for its data.
     fn record(&self, cred: &Cred, m: &Mutation) -> Result<Seq> {
-        let seq = self.changelog.journal().append(&record::encode(cred, m)).map_err(|e| {
+        let seq = record::encoded(cred, m, |bytes| self.changelog.journal().append(bytes)).map_err(|e| {
             tracing::error!(error = %e, "journal append failed");
             Errno::EIO
         })?;
