@@ -251,7 +251,7 @@ pub fn load(dir: &Path) -> Result<Option<Loaded>, Error> {
             for item in rx.into_iter().flatten() {
                 match item {
                     Item::Inode(img) => {
-                        ns.inodes.upsert_sync(img.ino, Arc::new(img.into_inode()));
+                        ns.put_inode(Arc::new(img.into_inode()));
                     }
                     Item::Entry { parent, name, ino } => ns.entries.upsert(ns.key(parent, &name), ino),
                     Item::Header { .. } | Item::End { .. } => {}
