@@ -12,7 +12,7 @@
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 
-use crate::entries::Key;
+use crate::entries::Entry;
 use crate::inode::{Inode, Meta};
 use crate::mutation::{Gone, Mutation};
 use crate::namespace::Namespace;
@@ -69,7 +69,7 @@ impl Namespace {
                         v.changed(*time);
                     }
                 } else {
-                    let added = self.put_entry(self.key(*new_parent, new_name), *ino);
+                    let added = self.entries.upsert(self.key(*new_parent, new_name), *ino);
                     self.remove_entry(&p, name, *time);
                     match &replaced {
                         Some(v) => self.drop_link(&np, v, *gone, *time),
@@ -147,7 +147,7 @@ impl Namespace {
 
     /// A new entry `name` → `ino` in `parent` (a directory if `dir`).
     fn add_entry(&self, held: &[&Inode], parent: Ino, name: &[u8], ino: Ino, dir: bool, time: Nanos) {
-        let added = self.put_entry(self.key(parent, name), ino);
+        let added = self.entries.upsert(self.key(parent, name), ino);
         if let Ok(p) = self.find(held, parent) {
             if added {
                 p.dir().entries.fetch_add(1, Relaxed);
@@ -164,17 +164,6 @@ impl Namespace {
         match held.iter().find(|i| i.ino == ino) {
             Some(i) => Ok(Found::Held(i)),
             None => self.inode(ino).map(Found::Looked),
-        }
-    }
-
-    /// Points `key` at `ino`; whether the entry is new.
-    fn put_entry(&self, key: Key, ino: Ino) -> bool {
-        match self.entries.insert(key, ino) {
-            Ok(()) => true,
-            Err((key, ino)) => {
-                self.entries.upsert(key, ino);
-                false
-            }
         }
     }
 
@@ -242,9 +231,9 @@ impl Namespace {
                 s.spawn(move || {
                     let (from, to) = (top * part / parts, top * (part + 1) / parts);
                     let guard = scc::Guard::new();
-                    for (k, &ino) in self.entries.iter(&guard) {
-                        if (from..to).contains(&k.parent) || (part + 1 == parts && k.parent >= to) {
-                            self.count_entry(k, ino, dangling);
+                    for e in self.entries.iter(&guard) {
+                        if (from..to).contains(&e.parent) || (part + 1 == parts && e.parent >= to) {
+                            self.count_entry(&e, dangling);
                         }
                     }
                 });
@@ -265,9 +254,9 @@ impl Namespace {
     }
 
     /// One entry's share of [`rebuild_counts`](Namespace::rebuild_counts).
-    fn count_entry(&self, k: &Key, ino: Ino, dangling: &parking_lot::Mutex<Vec<(Ino, Vec<u8>, Ino)>>) {
-        let (Ok(p), Ok(c)) = (self.inode(k.parent), self.inode(ino)) else {
-            dangling.lock().push((k.parent, k.name.to_vec(), ino));
+    fn count_entry(&self, e: &Entry<'_>, dangling: &parking_lot::Mutex<Vec<(Ino, Vec<u8>, Ino)>>) {
+        let (Ok(p), Ok(c)) = (self.inode(e.parent), self.inode(e.ino)) else {
+            dangling.lock().push((e.parent, e.name.to_vec(), e.ino));
             return;
         };
         if let Some(pd) = &p.dir {
@@ -276,7 +265,7 @@ impl Namespace {
         match &c.dir {
             Some(d) => {
                 p.nlink.fetch_add(1, Relaxed);
-                d.parent.store(k.parent, Relaxed);
+                d.parent.store(e.parent, Relaxed);
                 d.dead.store(false, Relaxed);
             }
             None => {

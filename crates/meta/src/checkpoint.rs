@@ -188,9 +188,9 @@ pub fn write(
         return Err(io(e));
     }
     let guard = scc::Guard::new();
-    for (k, &ino) in ns.entries.iter(&guard) {
+    for e in ns.entries.iter(&guard) {
         entries += 1;
-        out.frame(&Item::Entry { parent: k.parent, name: k.name.to_vec(), ino }, &mut buf).map_err(io)?;
+        out.frame(&Item::Entry { parent: e.parent, name: e.name.to_vec(), ino: e.ino }, &mut buf).map_err(io)?;
     }
     out.frame(&Item::End { inodes, entries }, &mut buf).map_err(io)?;
     let crc = out.crc;
@@ -253,7 +253,9 @@ pub fn load(dir: &Path) -> Result<Option<Loaded>, Error> {
                     Item::Inode(img) => {
                         ns.put_inode(Arc::new(img.into_inode()));
                     }
-                    Item::Entry { parent, name, ino } => ns.entries.upsert(ns.key(parent, &name), ino),
+                    Item::Entry { parent, name, ino } => {
+                        ns.entries.upsert(ns.key(parent, &name), ino);
+                    }
                     Item::Header { .. } | Item::End { .. } => {}
                 }
             }

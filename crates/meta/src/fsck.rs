@@ -104,21 +104,22 @@ impl Namespace {
         let mut dir_names: HashMap<Ino, Vec<(Ino, Vec<u8>)>> = HashMap::new();
         let mut children: HashMap<Ino, Vec<Ino>> = HashMap::new();
         let guard = scc::Guard::new();
-        for (k, &ino) in self.entries.iter(&guard) {
+        for e in self.entries.iter(&guard) {
+            let ino = e.ino;
             report.entries += 1;
-            let at = (k.parent, k.name.to_vec());
+            let at = (e.parent, e.name.to_vec());
             let Ok(child) = self.inode(ino) else {
                 report.damage.push(Damage::Dangling { parent: at.0, name: at.1, ino });
                 continue;
             };
-            if !self.inode(k.parent).is_ok_and(|p| p.is_dir()) {
+            if !self.inode(e.parent).is_ok_and(|p| p.is_dir()) {
                 report.damage.push(Damage::Homeless { parent: at.0, name: at.1, ino });
                 continue;
             }
             named.insert(ino);
             if child.is_dir() {
                 dir_names.entry(ino).or_default().push(at);
-                children.entry(k.parent).or_default().push(ino);
+                children.entry(e.parent).or_default().push(ino);
             }
         }
         for (&dir, names) in &dir_names {

@@ -1,5 +1,5 @@
 //! The namespace: inodes by number, and every directory entry in one
-//! ordered index keyed by (directory, name hash, name), which serves
+//! ordered index keyed by (directory, name hash), which serves
 //! lookups and listings in hash order with stable cookies (`entries`). Reads take no
 //! lock; changes lock as `locks` says, then apply their [`Mutation`]
 //! (see `apply`).
@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use parking_lot::Mutex;
 
 use crate::access::{self, EXEC, READ};
-use crate::entries::{Entries, Key, Name, dir_range};
+use crate::entries::{Entries, Key, Name};
 use crate::errno::{Errno, Result};
 use crate::inode::{Inode, Meta};
 use crate::locks::Stripes;
@@ -150,13 +150,13 @@ impl Namespace {
         access::check(cred, &dir.owner(), READ)?;
         let guard = scc::Guard::new();
         let mut out = Vec::new();
-        for (k, &child) in self.entries.range(dir_range(ino, cookie.max(FIRST_COOKIE - 1) + 1), &guard) {
+        for e in self.entries.range(ino, cookie.max(FIRST_COOKIE - 1) + 1, &guard) {
             if out.len() == max {
                 break;
             }
             // Gone between the index and the table: removed meanwhile.
-            let Ok(i) = self.inode(child) else { continue };
-            out.push(DirEntry { name: k.name.to_vec(), ino: child, kind: i.kind, cookie: k.hash });
+            let Ok(i) = self.inode(e.ino) else { continue };
+            out.push(DirEntry { name: e.name.to_vec(), ino: e.ino, kind: i.kind, cookie: e.hash });
         }
         Ok(out)
     }
