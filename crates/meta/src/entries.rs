@@ -87,7 +87,11 @@ impl Names {
     }
 
     fn get(&self, name: &[u8]) -> Option<Ino> {
-        self.iter().find(|&(n, _)| n == name).map(|(_, ino)| ino)
+        match self {
+            // Every look-up: no iterator to build.
+            Names::One(n, ino) => (n[..] == *name).then_some(ino.get()),
+            Names::Many(_) => self.iter().find(|&(n, _)| n == name).map(|(_, ino)| ino),
+        }
     }
 
     /// The first name (the only one, but for damage or a meeting of
