@@ -191,15 +191,17 @@ impl Entries {
         if self.index.remove_if_sync(&at, alone) {
             return true;
         }
-        // Not there, or sharing its slot: rare.
-        match self.index.peek_with(&at, |_, names| names.get(&key.name).map(|_| names.without(&key.name))) {
-            Some(Some(Some(rest))) => self.index.upsert_sync(at, rest),
-            Some(Some(None)) => {
-                self.index.remove_sync(&at);
+        // Not there, or sharing its slot: rare. What stays of the slot
+        // if the name is in it.
+        let rest = self.index.peek_with(&at, |_, names| names.get(&key.name).map(|_| names.without(&key.name)));
+        match rest.flatten() {
+            None => false,
+            Some(Some(rest)) => {
+                self.index.upsert_sync(at, rest);
+                true
             }
-            _ => return false,
+            Some(None) => self.index.remove_sync(&at),
         }
-        true
     }
 
     /// The entries of directory `dir` whose hash is `from_hash` or more,
