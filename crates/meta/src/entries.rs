@@ -224,6 +224,10 @@ fn flatten<'t>((slot, names): (&'t Slot, &'t Names)) -> impl Iterator<Item = Ent
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeMap;
+
+    use proptest::prelude::*;
+
     use super::*;
 
     fn key(parent: Ino, hash: u64, name: &[u8]) -> Key {
@@ -275,5 +279,77 @@ mod tests {
         assert_eq!(e.get(&key(2, 9, b"a")), Some(10));
         assert!(!e.upsert(key(2, 9, b"a"), 14));
         assert_eq!(all(&e), vec![(2, 9, b"a".to_vec(), 14)]);
+    }
+
+    /// Slots, each its names in the order added.
+    type Model = BTreeMap<(Ino, u64), Vec<(Vec<u8>, Ino)>>;
+
+    #[derive(Clone, Debug)]
+    enum Op {
+        Upsert(Ino, Vec<u8>, Ino),
+        Remove(Ino, Vec<u8>),
+    }
+
+    /// Names over a small alphabet hashing into three values, so that most
+    /// slots are shared.
+    fn op() -> impl Strategy<Value = Op> {
+        let name = prop::collection::vec(b'a'..b'e', 1..3);
+        prop_oneof![
+            (1..3u64, name.clone(), 0..4u64).prop_map(|(p, n, i)| Op::Upsert(p, n, i)),
+            (1..3u64, name).prop_map(|(p, n)| Op::Remove(p, n)),
+        ]
+    }
+
+    fn hashed(parent: Ino, name: &[u8]) -> Key {
+        key(parent, u64::from(name[0]) % 3, name)
+    }
+
+    proptest! {
+        /// Against a model (a sorted map of slots, each a list of names in
+        /// the order added): every upsert and removal says what the model
+        /// says, every name looks up as in the model, and the whole index
+        /// and each directory's listing from every hash list what the
+        /// model lists, in its order.
+        #[test]
+        fn entries_behave_as_a_map_of_slots(ops in prop::collection::vec(op(), 1..60)) {
+            let e = Entries::new();
+            let mut model = Model::new();
+            for op in ops {
+                match op {
+                    Op::Upsert(p, n, i) => {
+                        let k = hashed(p, &n);
+                        let slot = model.entry((p, k.hash)).or_default();
+                        let new = match slot.iter_mut().find(|(m, _)| *m == n) {
+                            Some(held) => { held.1 = i; false }
+                            None => { slot.push((n, i)); true }
+                        };
+                        prop_assert_eq!(e.upsert(k, i), new);
+                    }
+                    Op::Remove(p, n) => {
+                        let k = hashed(p, &n);
+                        let slot = model.entry((p, k.hash)).or_default();
+                        let was = slot.iter().position(|(m, _)| *m == n).map(|at| slot.remove(at)).is_some();
+                        model.retain(|_, s| !s.is_empty());
+                        prop_assert_eq!(e.remove(&k), was);
+                    }
+                }
+                let listed: Vec<_> = model
+                    .iter()
+                    .flat_map(|(&(p, h), s)| s.iter().map(move |(n, i)| (p, h, n.clone(), *i)))
+                    .collect();
+                prop_assert_eq!(all(&e), listed.clone());
+                for (p, h, n, i) in &listed {
+                    prop_assert_eq!(e.get(&key(*p, *h, n)), Some(*i));
+                }
+                prop_assert_eq!(e.get(&hashed(1, b"e")), None);
+                for dir in 1..3 {
+                    for from in 0..4 {
+                        let got: Vec<_> = e.range(dir, from, &Guard::new()).map(|x| (x.parent, x.hash, x.name.to_vec(), x.ino)).collect();
+                        let want: Vec<_> = listed.iter().filter(|(p, h, ..)| *p == dir && *h >= from).cloned().collect();
+                        prop_assert_eq!(got, want);
+                    }
+                }
+            }
+        }
     }
 }
