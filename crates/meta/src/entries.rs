@@ -100,18 +100,28 @@ impl Names {
         self.iter().next().map_or(&[], |(n, _)| n)
     }
 
-    /// These names with `name` pointing at `ino`: in its place if it is
-    /// there, last if not.
-    fn with(&self, name: &[u8], ino: Ino) -> Names {
-        let mut list = self.list_without(name);
-        let at = self.iter().position(|(n, _)| n == name).unwrap_or(list.len());
-        list.insert(at, (Name::from_slice(name), ino));
-        Names::of(list).expect("a name added")
+    /// These names with `name` pointing at `ino` (in its place if it is
+    /// there, last if not), and whether it is new.
+    fn with(&self, name: &[u8], ino: Ino) -> (Names, bool) {
+        let mut list = self.list();
+        let new = match list.iter_mut().find(|(n, _)| n[..] == *name) {
+            Some(held) => {
+                held.1 = ino;
+                false
+            }
+            None => {
+                list.push((Name::from_slice(name), ino));
+                true
+            }
+        };
+        (Names::of(list).expect("a name added"), new)
     }
 
     /// These names but `name`; none if it was the only one.
     fn without(&self, name: &[u8]) -> Option<Names> {
-        Names::of(self.list_without(name))
+        let mut list = self.list();
+        list.retain(|(n, _)| n[..] != *name);
+        Names::of(list)
     }
 
     /// `list` as a slot's value, compact when it holds one name.
@@ -123,8 +133,8 @@ impl Names {
         }
     }
 
-    fn list_without(&self, name: &[u8]) -> Vec<(Name, Ino)> {
-        self.iter().filter(|&(n, _)| n != name).map(|(n, i)| (Name::from_slice(n), i)).collect()
+    fn list(&self) -> Vec<(Name, Ino)> {
+        self.iter().map(|(n, i)| (Name::from_slice(n), i)).collect()
     }
 }
 
@@ -172,7 +182,7 @@ impl Entries {
                 Err((_, back)) => names = back,
             }
             let name = names.first();
-            let changed = self.index.peek_with(&at, |_, held| (held.with(name, ino), held.get(name).is_none()));
+            let changed = self.index.peek_with(&at, |_, held| held.with(name, ino));
             // Emptied meanwhile: try again.
             if let Some((changed, new)) = changed {
                 self.index.upsert_sync(at, changed);
