@@ -113,11 +113,12 @@ fn bench_flocks_runs_the_kernel_beside_us() {
 /// phase and thread count, however many rounds `--repeat` runs.
 #[test]
 fn bench_mdtest_json_rows_one_per_variant_phase_and_threads_whatever_repeat() {
-    let args = ["bench", "mdtest", "--variant", "memory,net", "--threads", "1,2", "--files", "300", "--json"];
+    let args =
+        ["bench", "mdtest", "--variant", "memory,net,net-nofsync", "--threads", "1,2", "--files", "300", "--json"];
     let (code, out, err) = interlock(&[&args[..], &["--repeat", "3"]].concat(), "");
     assert_eq!(code, 0, "{err}");
     let rows: Vec<serde_json::Value> = out.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
-    assert_eq!(rows.len(), 2 * 2 * 3, "2 thread counts x 2 variants x 3 phases: {out}");
+    assert_eq!(rows.len(), 2 * 3 * 3, "2 thread counts x 3 variants x 3 phases: {out}");
     for row in &rows {
         assert_eq!(row["scenario"], "mdtest");
         assert_eq!(row["files"], 300);
@@ -128,21 +129,27 @@ fn bench_mdtest_json_rows_one_per_variant_phase_and_threads_whatever_repeat() {
         let cpu = row.get("cpu_us_per_op").unwrap_or_else(|| panic!("no cpu_us_per_op: {row}"));
         assert!(cpu.is_null() || cpu.as_f64().is_some_and(|us| us >= 0.0), "{row}");
     }
-    let net: Vec<_> = rows.iter().filter(|r| r["variant"] == "net").collect();
-    assert_eq!(net.len(), 6);
-    assert!(net.iter().all(|r| r["ack"] == "each"));
+    for variant in ["net", "net-nofsync"] {
+        let net: Vec<_> = rows.iter().filter(|r| r["variant"] == variant).collect();
+        assert_eq!(net.len(), 6, "{variant}");
+        assert!(net.iter().all(|r| r["ack"] == "each"));
+    }
     // The server's own share: measured for `net`'s in-process server (0
     // when too short for a tick), never for `memory`.
     for r in &rows {
         let server = r.get("server_cpu_us_per_op").unwrap_or_else(|| panic!("no server_cpu_us_per_op: {r}"));
         match r["variant"].as_str() {
-            Some("net") => assert!(server.as_f64().is_some_and(|us| us >= 0.0), "{r}"),
+            Some("net" | "net-nofsync") => assert!(server.as_f64().is_some_and(|us| us >= 0.0), "{r}"),
             _ => assert!(server.is_null(), "{r}"),
         }
     }
     let (code, _, err) = interlock(&[&args[..], &["--repeat", "0"]].concat(), "");
     assert_eq!(code, 2);
     assert!(err.contains("--repeat"), "{err}");
+    // The unsafe floor is a server of its own: never someone else's.
+    let (code, _, err) = interlock(&[&args[..], &["--server", "127.0.0.1:1"]].concat(), "");
+    assert_eq!(code, 1);
+    assert!(err.contains("net-nofsync") && err.contains("--server"), "{err}");
 }
 
 /// `net`'s own server keeps its journal in `--dir`, as the engine does:

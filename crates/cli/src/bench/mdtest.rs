@@ -20,6 +20,10 @@
 //!   its journal in `--dir` as the engine's, unless `--server`):
 //!   T creators, each on its own connection, each waiting for its answer
 //!   (durable) before its next request, as `redis-benchmark -c T` does.
+//! - `net-nofsync`: `net` with its own server in the unsafe mode
+//!   (`--unsafe-no-fsync`): answers once the record is written, not
+//!   durable. Not a way to run; the floor that shows what durability
+//!   costs beside `net` and `redis`.
 //! - `redis`, `redis-aof`: the anchor for `net` (see `redis`): SET and
 //!   GET rows as `create` and `stat`.
 //! - `kernel`: the same shape on tmpfs (`/dev/shm`): open(O_CREAT|O_EXCL)
@@ -65,11 +69,14 @@ pub struct Args {
     /// for all to be durable), or both.
     #[arg(long, value_delimiter = ',', default_value = "each,end", value_parser = ["each", "end"])]
     ack: Vec<String>,
-    /// Variants: engine, memory, net, kernel, redis (`redis-benchmark`
-    /// SET and GET with T clients beside `net`'s creates and stats: in
-    /// memory, and durable with `appendfsync always`; skipped if Redis is
-    /// not installed).
-    #[arg(long, value_delimiter = ',', default_value = "engine,memory,net,kernel,redis", value_parser = ["engine", "memory", "net", "kernel", "redis"])]
+    /// Variants: engine, memory, net, net-nofsync, kernel, redis
+    /// (`redis-benchmark` SET and GET with T clients beside `net`'s
+    /// creates and stats: in memory, and durable with `appendfsync
+    /// always`; skipped if Redis is not installed). `net-nofsync` is
+    /// `net` with its own server in the unsafe mode (`--unsafe-no-fsync`:
+    /// answered once written, not durable): beside `net` and `redis`, it
+    /// shows what the durability costs.
+    #[arg(long, value_delimiter = ',', default_value = "engine,memory,net,kernel,redis", value_parser = ["engine", "memory", "net", "net-nofsync", "kernel", "redis"])]
     variant: Vec<String>,
     /// For `net`: measure this server (HOST:PORT) instead of starting one.
     #[arg(long, value_parser = crate::args::server)]
@@ -121,6 +128,11 @@ pub(super) const PHASES: [&str; 3] = ["create", "stat", "unlink"];
 pub fn run(args: Args) -> Result<(), String> {
     if args.threads.contains(&0) {
         return Err("--threads: thread counts must be at least 1".into());
+    }
+    if args.server.is_some() && args.variant.iter().any(|v| v == "net-nofsync") {
+        return Err(
+            "--variant net-nofsync runs a server of its own in the unsafe mode; it cannot measure --server".into()
+        );
     }
     if args.variant.iter().any(|v| v == "redis") && !super::redis::installed() {
         eprintln!(
@@ -223,13 +235,16 @@ fn round(args: &Args, t: usize, files: u64, out: &mut dyn FnMut(Run)) -> Result<
     if args.variant.iter().any(|v| v == "memory") {
         out(Run::new("memory", false, None, &memory(t, files)?));
     }
-    if args.variant.iter().any(|v| v == "net") {
+    for (variant, no_fsync) in [("net", false), ("net-nofsync", true)] {
+        if !args.variant.iter().any(|v| v == variant) {
+            continue;
+        }
         // Our own server keeps its journal where the engine's goes: the
         // system's temporary directory may be a tmpfs, where an fsync
         // costs nothing.
         let data = if args.server.is_none() { Some(scratch_dir(&args.dir, "interlock-bench-mdtest")?) } else { None };
         let (addr, options, _own) =
-            super::netbench::server_addr(&args.server, false, false, data.as_ref().map(|d| d.path()))?;
+            super::netbench::server_addr(&args.server, false, no_fsync, data.as_ref().map(|d| d.path()))?;
         // It runs in this process; its time is that of every thread but
         // the one its clients run on (when they run on one).
         let server = match (&args.server, args.client_threads) {
@@ -237,7 +252,7 @@ fn round(args: &Args, t: usize, files: u64, out: &mut dyn FnMut(Run)) -> Result<
             _ => Server::None,
         };
         let took = net(&addr, &options, args.client_threads as usize, server, t, files)?;
-        out(Run::new("net", false, Some("each"), &took));
+        out(Run::new(variant, false, Some("each"), &took));
     }
     if args.variant.iter().any(|v| v == "redis") && super::redis::installed() {
         for (variant, durable) in [("redis", false), ("redis-aof", true)] {
