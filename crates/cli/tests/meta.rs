@@ -205,7 +205,8 @@ fn a_file_unlinked_while_open_outlives_a_server_restart() {
 
 /// Every change acknowledged before a `kill -9` of the server is there
 /// after it restarts; in the unsafe mode too (a process's writes outlive
-/// it: only a machine crash may lose what was not synced).
+/// it: only a machine crash may lose what was not synced). `status`
+/// says which mode the server is in.
 #[test]
 fn acknowledged_changes_survive_kill_9_of_the_server() {
     for mode in [&[][..], &["--unsafe-no-fsync"]] {
@@ -216,6 +217,11 @@ fn acknowledged_changes_survive_kill_9_of_the_server() {
 fn changes_survive_kill_9(mode: &[&str]) {
     let data = tempfile::tempdir().unwrap();
     let mut server = ServerProc::start(data.path(), "127.0.0.1:0", mode);
+    let unsafe_mode = !mode.is_empty();
+    let (_, text, _) = cli(&server.addr, &["status"]);
+    assert_eq!(text.contains("UNSAFE"), unsafe_mode, "{text}");
+    let (_, out, _) = cli(&server.addr, &["status", "--json"]);
+    assert_eq!(serde_json::from_str::<serde_json::Value>(&out).unwrap()["durable"], !unsafe_mode, "{out}");
     let acked: Vec<String> = rt().block_on(async {
         let c = client(&server.addr).await;
         let made = futures::future::join_all((0..500).map(|i| {

@@ -769,7 +769,7 @@ impl Client {
     /// The server's live counters.
     pub async fn status(&self) -> Result<StatusInfo, ClientError> {
         match self.request(Op::Status).await? {
-            Reply::Status(s) => Ok(s),
+            Reply::Status(s) => Ok(*s),
             other => Err(ClientError::Server(format!("unexpected reply {other:?}"))),
         }
     }

@@ -37,7 +37,7 @@ use serde::{Deserialize, Serialize};
 pub use unacked::Unacked;
 
 /// The protocol version this build speaks.
-pub const VERSION: u32 = 7;
+pub const VERSION: u32 = 8;
 /// The largest frame either side accepts, in bytes: room for an extended
 /// attribute's largest value (64 KiB) and a page of directory entries.
 pub const MAX_FRAME: usize = 256 << 10;
@@ -254,6 +254,9 @@ pub struct StatusInfo {
     pub since_checkpoint: u64,
     /// Changelog consumers.
     pub consumers: Vec<meta::ConsumerInfo>,
+    /// Whether changes are answered only once durable (`fdatasync`);
+    /// false in the unsafe mode, `--unsafe-no-fsync` (version 8).
+    pub durable: bool,
 }
 
 /// One lock held or wanted, for [`Op::Inspect`].
@@ -299,7 +302,9 @@ pub enum Reply {
     Deadlock,
     Done,
     Conflict(Option<ConflictInfo>),
-    Status(StatusInfo),
+    /// Boxed: the largest reply by far and the rarest, it would make every
+    /// other reply as large (the encoding is the same).
+    Status(Box<StatusInfo>),
     /// Bad input or a limit: a clear message; the session goes on.
     Error(String),
     /// A request that does not wait, made during the recovery window after

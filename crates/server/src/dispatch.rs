@@ -316,7 +316,7 @@ fn execute(inner: &Inner, sid: u64, id: u64, op: Op) -> Result<Reply, String> {
             Ok(reply)
         }
         Op::Renew { received } => inner.sessions.ack(sid, received).map(|()| Reply::Done),
-        Op::Status => Ok(Reply::Status(inner.status())),
+        Op::Status => Ok(Reply::Status(Box::new(inner.status()))),
         Op::Inspect { resource } => inspect(inner, &resource, Instant::now()).map(Reply::Resource).map_err(err),
         Op::Evict { session } => {
             if !crate::end_session(inner, session) {

@@ -376,6 +376,7 @@ impl Inner {
             inodes: self.store.ns().inode_count() as u64,
             journal_last: self.store.changelog().journal().durable_end().saturating_sub(1),
             since_checkpoint: self.store.since_checkpoint(),
+            durable: !self.config.unsafe_no_fsync,
             consumers: self
                 .store
                 .changelog()

@@ -251,8 +251,11 @@ fn round(args: &Args, t: usize, files: u64, out: &mut dyn FnMut(Run)) -> Result<
             (None, 1) => Server::OtherThreads,
             _ => Server::None,
         };
-        let took = net(&addr, &options, args.client_threads as usize, server, t, files)?;
-        out(Run::new(variant, false, Some("each"), &took));
+        let (took, durable) = net(&addr, &options, args.client_threads as usize, server, t, files)?;
+        let mut run = Run::new(variant, false, Some("each"), &took);
+        // As the server measured reports itself, not as asked of it.
+        run.fields.push(("durable", json!(durable)));
+        out(run);
     }
     if args.variant.iter().any(|v| v == "redis") && super::redis::installed() {
         for (variant, durable) in [("redis", false), ("redis-aof", true)] {
@@ -421,7 +424,8 @@ fn follow(store: Arc<Store>, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<R
 
 /// Through a server: T connections, each one creator waiting for each
 /// answer. What create, stat and unlink took (and `server`, what of it
-/// was the server's).
+/// was the server's), and whether the server said it answers changes
+/// only once durable.
 fn net(
     addr: &str,
     options: &ClientOptions,
@@ -429,7 +433,7 @@ fn net(
     server: Server,
     threads: usize,
     files: u64,
-) -> Result<[Took; 3], String> {
+) -> Result<([Took; 3], bool), String> {
     let rt = match client_threads {
         1 => tokio::runtime::Builder::new_current_thread().enable_all().build(),
         n => tokio::runtime::Builder::new_multi_thread().worker_threads(n).enable_all().build(),
@@ -440,6 +444,7 @@ fn net(
         for _ in 0..threads {
             clients.push(Client::connect(addr, options.clone()).await.map_err(|e| e.to_string())?);
         }
+        let durable = clients[0].status().await.map_err(|e| e.to_string())?.durable;
         let root = Cred::root();
         // A fresh directory per run, so runs against one server do not meet.
         let dir = format!("mdtest.{}.{threads}", now());
@@ -481,7 +486,7 @@ fn net(
         for c in clients {
             let _ = c.bye().await;
         }
-        Ok(took)
+        Ok((took, durable))
     })
 }
 

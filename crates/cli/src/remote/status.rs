@@ -74,6 +74,11 @@ fn print_status(s: &StatusInfo, json: bool) {
     if s.recovering_ms > 0 {
         println!("recovering  {} ms left (after a restart: only reclaims are served until then)", s.recovering_ms);
     }
+    if !s.durable {
+        println!(
+            "durability  UNSAFE: changes are answered before fdatasync (--unsafe-no-fsync); a machine crash may lose them"
+        );
+    }
     println!("inodes      {}", s.inodes);
     println!(
         "journal     last record {}, {} since the checkpoint (a restart replays them)",
@@ -167,6 +172,7 @@ fn status_json(s: &StatusInfo, rate: f64) -> serde_json::Value {
         "waiters": s.waiters, "requests": s.requests, "uptime_ms": s.uptime_ms,
         "requests_per_sec": rate, "recovering_ms": s.recovering_ms,
         "inodes": s.inodes, "journal_last": s.journal_last, "since_checkpoint": s.since_checkpoint,
+        "durable": s.durable,
         "consumers": s.consumers.iter().map(|c| serde_json::json!({
             "id": c.id, "name": c.name, "cleared": c.cleared, "mask": c.mask,
             "behind": s.journal_last.saturating_sub(c.cleared),
