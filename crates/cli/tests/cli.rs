@@ -129,7 +129,7 @@ fn bench_mdtest_json_rows_one_per_variant_phase_and_threads_whatever_repeat() {
         let cpu = row.get("cpu_us_per_op").unwrap_or_else(|| panic!("no cpu_us_per_op: {row}"));
         assert!(cpu.is_null() || cpu.as_f64().is_some_and(|us| us >= 0.0), "{row}");
     }
-    // Each says what its server reported of itself: the unsafe floor's
+    // Each says what its server reported of itself: the unsafe variant's
     // server answers before fsync.
     for (variant, durable) in [("net", true), ("net-nofsync", false)] {
         let net: Vec<_> = rows.iter().filter(|r| r["variant"] == variant).collect();
@@ -148,7 +148,7 @@ fn bench_mdtest_json_rows_one_per_variant_phase_and_threads_whatever_repeat() {
     let (code, _, err) = interlock(&[&args[..], &["--repeat", "0"]].concat(), "");
     assert_eq!(code, 2);
     assert!(err.contains("--repeat"), "{err}");
-    // The unsafe floor is a server of its own: never someone else's.
+    // The unsafe variant's server is its own: never someone else's.
     let (code, _, err) = interlock(&[&args[..], &["--server", "127.0.0.1:1"]].concat(), "");
     assert_eq!(code, 1);
     assert!(err.contains("net-nofsync") && err.contains("--server"), "{err}");

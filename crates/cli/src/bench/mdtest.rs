@@ -22,8 +22,8 @@
 //!   (durable) before its next request, as `redis-benchmark -c T` does.
 //! - `net-nofsync`: `net` with its own server in the unsafe mode
 //!   (`--unsafe-no-fsync`): answers once the record is written, not
-//!   durable. Not a way to run; the floor that shows what durability
-//!   costs beside `net` and `redis`.
+//!   durable. Not a way to run: beside `net` and `redis`, it shows what
+//!   the durability costs.
 //! - `redis`, `redis-aof`: the anchor for `net` (see `redis`): SET and
 //!   GET rows as `create` and `stat`.
 //! - `kernel`: the same shape on tmpfs (`/dev/shm`): open(O_CREAT|O_EXCL)
