@@ -63,6 +63,15 @@ pub fn count(s: &str) -> Result<usize, String> {
     }
 }
 
+/// Threads of a server: 1 to 1024 (more is surely a mistake, and would
+/// fail to start rather than serve).
+pub fn threads(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(v) if (1..=1024).contains(&v) => Ok(v),
+        _ => Err(format!("{s:?}: threads from 1 to 1024")),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -78,6 +87,7 @@ mod tests {
         assert!(interval("0.01").is_err());
         assert!(lease_ms("0").is_err() && lease_ms("99").is_err() && lease_ms("100").is_ok());
         assert!(count("0").is_err() && count("3").is_ok());
+        assert!(threads("0").is_err() && threads("1025").is_err() && threads("1").is_ok() && threads("1024").is_ok());
     }
 
     #[test]

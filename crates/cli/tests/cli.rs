@@ -115,7 +115,7 @@ fn bench_flocks_runs_the_kernel_beside_us() {
 fn bench_mdtest_json_rows_one_per_variant_phase_and_threads_whatever_repeat() {
     let args =
         ["bench", "mdtest", "--variant", "memory,net,net-nofsync", "--threads", "1,2", "--files", "300", "--json"];
-    let (code, out, err) = interlock(&[&args[..], &["--repeat", "3"]].concat(), "");
+    let (code, out, err) = interlock(&[&args[..], &["--repeat", "3", "--server-threads", "2"]].concat(), "");
     assert_eq!(code, 0, "{err}");
     let rows: Vec<serde_json::Value> = out.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     assert_eq!(rows.len(), 2 * 3 * 3, "2 thread counts x 3 variants x 3 phases: {out}");
@@ -135,6 +135,7 @@ fn bench_mdtest_json_rows_one_per_variant_phase_and_threads_whatever_repeat() {
         let net: Vec<_> = rows.iter().filter(|r| r["variant"] == variant).collect();
         assert_eq!(net.len(), 6, "{variant}");
         assert!(net.iter().all(|r| r["ack"] == "each" && r["durable"] == durable), "{variant}: {net:?}");
+        assert!(net.iter().all(|r| r["server_threads"] == 2), "{variant}: {net:?}");
     }
     // The server's own share: measured for `net`'s in-process server (0
     // when too short for a tick), never for `memory`.
@@ -152,6 +153,10 @@ fn bench_mdtest_json_rows_one_per_variant_phase_and_threads_whatever_repeat() {
     let (code, _, err) = interlock(&[&args[..], &["--server", "127.0.0.1:1"]].concat(), "");
     assert_eq!(code, 1);
     assert!(err.contains("net-nofsync") && err.contains("--server"), "{err}");
+    // Someone else's server runs as it was started.
+    let (code, _, err) = interlock(&["bench", "mdtest", "--server", "127.0.0.1:1", "--server-threads", "1"], "");
+    assert_eq!(code, 2);
+    assert!(err.contains("--server-threads") && err.contains("--server"), "{err}");
 }
 
 /// `net`'s own server keeps its journal in `--dir`, as the engine does:

@@ -310,6 +310,33 @@ fn serve_reads_a_config_file_and_flags_override_it() {
     assert!(stderr.contains("unknown field `max-lock`"), "{stderr}");
 }
 
+/// `threads` (file) and `--threads` (command line, winning) set how
+/// many workers serve connections; out of range is refused with the
+/// reason.
+#[test]
+fn serve_runs_as_many_workers_as_threads_says() {
+    let data = tempfile::tempdir().unwrap();
+    let config = data.path().join("interlock.toml");
+    std::fs::write(&config, "data = \"state\"\nlisten = \"127.0.0.1:0\"\nthreads = 3\n").unwrap();
+    let config = config.to_str().unwrap();
+    // The runtime's workers, by the name tokio gives them (no blocking
+    // thread exists before a request asks for one).
+    let workers = |server: &ServerProc| {
+        let tasks = std::fs::read_dir(format!("/proc/{}/task", server.child.id())).unwrap();
+        let comm = |t: &std::fs::DirEntry| std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
+        tasks.map(Result::unwrap).filter(|t| comm(t).trim() == "tokio-rt-worker").count()
+    };
+    assert_eq!(workers(&ServerProc::spawn(&["--config", config])), 3, "the file's threads = 3");
+    assert_eq!(workers(&ServerProc::spawn(&["--config", config, "--threads", "2"])), 2, "--threads wins");
+    std::fs::write(data.path().join("bad.toml"), "threads = 5000\n").unwrap();
+    for args in [vec!["--threads", "0"], vec!["--config", data.path().join("bad.toml").to_str().unwrap()]] {
+        let out = Command::new(BIN).arg("serve").args(&args).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains("threads from 1 to 1024"), "{args:?}: {stderr}");
+    }
+}
+
 /// After a restart, a new request waits for the recovery window to end,
 /// and the renewals behind it with it: a window longer than the lease
 /// must not cost the waiting client its session.

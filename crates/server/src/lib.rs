@@ -54,7 +54,7 @@ use parking_lot::Mutex;
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 
-pub use config::{Config, Limits, ServerError, TlsFiles};
+pub use config::{Config, Limits, ServerError, TlsFiles, default_threads, runtime};
 use datadir::{DataDir, FENCE_BLOCK, Fences};
 use session::Sessions;
 

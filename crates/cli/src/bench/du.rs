@@ -39,7 +39,7 @@ const COLUMNS: &[(&str, &str)] = &[
 ];
 
 pub fn run(args: Args) -> Result<(), String> {
-    let (addr, options, _own) = super::netbench::server_addr(&args.server, false, false, None)?;
+    let (addr, options, _own) = super::netbench::server_addr(&args.server, Default::default())?;
     let mut report = Report::new(args.json, COLUMNS);
     let rt = crate::remote::runtime();
     rt.block_on(async {

@@ -87,6 +87,11 @@ pub struct Args {
     /// need a real disk.
     #[arg(long)]
     dir: Option<std::path::PathBuf>,
+    /// For `net` and `net-nofsync`: the worker threads of the server the
+    /// benchmark starts (`serve --threads`) [default: serve's, the number
+    /// of cores].
+    #[arg(long, conflicts_with = "server", value_parser = crate::args::threads)]
+    server_threads: Option<usize>,
     /// For `net`: threads the clients run on. 1, as redis-benchmark's
     /// run: a reply wakes its client on the thread that read it, and the
     /// cores are left to the server.
@@ -243,8 +248,15 @@ fn round(args: &Args, t: usize, files: u64, out: &mut dyn FnMut(Run)) -> Result<
         // system's temporary directory may be a tmpfs, where an fsync
         // costs nothing.
         let data = if args.server.is_none() { Some(scratch_dir(&args.dir, "interlock-bench-mdtest")?) } else { None };
-        let (addr, options, _own) =
-            super::netbench::server_addr(&args.server, false, no_fsync, data.as_ref().map(|d| d.path()))?;
+        let (addr, options, _own) = super::netbench::server_addr(
+            &args.server,
+            super::netbench::Own {
+                no_fsync,
+                threads: args.server_threads,
+                data: data.as_ref().map(|d| d.path()),
+                ..Default::default()
+            },
+        )?;
         // It runs in this process; its time is that of every thread but
         // the one its clients run on (when they run on one).
         let server = match (&args.server, args.client_threads) {
@@ -255,6 +267,10 @@ fn round(args: &Args, t: usize, files: u64, out: &mut dyn FnMut(Run)) -> Result<
         let mut run = Run::new(variant, false, Some("each"), &took);
         // As the server measured reports itself, not as asked of it.
         run.fields.push(("durable", json!(durable)));
+        // Our own server's workers; unknown for someone else's.
+        let threads =
+            args.server.is_none().then(|| args.server_threads.unwrap_or_else(interlock_server::default_threads));
+        run.fields.push(("server_threads", json!(threads)));
         out(run);
     }
     if args.variant.iter().any(|v| v == "redis") && super::redis::installed() {

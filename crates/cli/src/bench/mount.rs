@@ -156,7 +156,8 @@ pub fn run(args: Args) -> Result<(), String> {
         match variant.as_str() {
             "interlock" | "interlock-nofsync" => {
                 let no_fsync = variant == "interlock-nofsync";
-                let (addr, _, _own) = super::netbench::server_addr(&None, false, no_fsync, None)?;
+                let (addr, _, _own) =
+                    super::netbench::server_addr(&None, super::netbench::Own { no_fsync, ..Default::default() })?;
                 let (a, b) = (dir_in(shm.path(), "a")?, dir_in(shm.path(), "b")?);
                 let ma = Mounted::interlock(&addr, &a)?;
                 let mb = Mounted::interlock(&addr, &b)?;

@@ -74,6 +74,10 @@ pub struct NetArgs {
     /// to see what TLS costs.
     #[arg(long, conflicts_with = "server")]
     tls: bool,
+    /// The worker threads of the server the benchmark starts (`serve
+    /// --threads`) [default: serve's, the number of cores].
+    #[arg(long, conflicts_with = "server", value_parser = crate::args::threads)]
+    server_threads: Option<usize>,
     /// One JSON object per line instead of a table.
     #[arg(long)]
     json: bool,
@@ -88,51 +92,63 @@ pub(super) struct OwnServer {
     _rt: tokio::runtime::Runtime,
 }
 
-/// Starts a server on a free loopback port, its data in a fresh
-/// directory inside `data` (the system's temporary directory if `None`);
-/// with `tls`, it speaks TLS with a certificate made for the run; with
-/// `no_fsync`, in the unsafe mode (`--unsafe-no-fsync`).
-fn own_server(tls: bool, no_fsync: bool, data: Option<&Path>) -> Result<OwnServer, String> {
-    let dir = match data {
+/// How the benchmark's own server runs (when it is not given one).
+#[derive(Clone, Copy, Default)]
+pub(super) struct Own<'a> {
+    /// It speaks TLS, with a certificate made for the run.
+    pub tls: bool,
+    /// In the unsafe mode (`--unsafe-no-fsync`).
+    pub no_fsync: bool,
+    /// Its worker threads (`--threads`); `serve`'s default if `None`.
+    pub threads: Option<usize>,
+    /// Its data goes in a fresh directory inside this one (the system's
+    /// temporary directory if `None`).
+    pub data: Option<&'a Path>,
+}
+
+/// Starts a server on a free loopback port, as `interlock serve` runs
+/// one, set as `own` says.
+fn own_server(own: Own) -> Result<OwnServer, String> {
+    let dir = match own.data {
         Some(d) => tempfile::tempdir_in(d),
         None => tempfile::tempdir(),
     }
     .map_err(|e| format!("a data directory for the benchmark's server: {e}"))?;
-    let rt = runtime();
-    let (server_tls, client_tls) = if tls {
+    let (server_tls, client_tls) = if own.tls {
         let files = crate::tls_init::generate(&dir.path().join("tls"), vec!["127.0.0.1".into()])?;
         let client = interlock_proto::tls::client_config(&files.ca).map_err(|e| e.to_string())?;
         (Some(interlock_server::TlsFiles { cert: files.cert, key: files.key }), Some(client))
     } else {
         (None, None)
     };
+    let defaults = interlock_server::Config::default();
     let config = interlock_server::Config {
         listen: "127.0.0.1:0".parse().expect("address"),
         data: dir.path().to_path_buf(),
         lease: Duration::from_secs(10),
         recovery: Duration::ZERO,
         tls: server_tls,
-        unsafe_no_fsync: no_fsync,
-        ..interlock_server::Config::default()
+        unsafe_no_fsync: own.no_fsync,
+        threads: own.threads.unwrap_or(defaults.threads),
+        ..defaults
     };
+    let rt = interlock_server::runtime(&config).map_err(|e| format!("the benchmark's server: {e}"))?;
     let server = rt.block_on(interlock_server::Server::bind(config)).map_err(|e| e.to_string())?;
     let addr = server.local_addr().to_string();
     rt.spawn(server.serve(std::future::pending()));
     Ok(OwnServer { addr, tls: client_tls, _dir: dir, _rt: rt })
 }
 
-/// The server to measure (`given`, else one of our own, its data inside
-/// `data`: see [`own_server`]) and the options to reach it with.
+/// The server to measure (`given`, else one of our own, set as `own`
+/// says: see [`own_server`]) and the options to reach it with.
 pub(super) fn server_addr(
     given: &Option<String>,
-    tls: bool,
-    no_fsync: bool,
-    data: Option<&Path>,
+    own: Own,
 ) -> Result<(String, ClientOptions, Option<OwnServer>), String> {
     match given {
         Some(a) => Ok((a.clone(), ClientOptions::default(), None)),
         None => {
-            let s = own_server(tls, no_fsync, data)?;
+            let s = own_server(own)?;
             Ok((s.addr.clone(), ClientOptions { tls: s.tls.clone(), ..ClientOptions::default() }, Some(s)))
         }
     }
@@ -156,7 +172,7 @@ const BLOCKING_COLUMNS: &[(&str, &str)] = &[
 /// resource, hold H, unlock, sleep H, for D seconds; then each finishes
 /// its cycle. Ideal: the lock always held, so (D + P·H) / H grants.
 pub fn blocking(args: BlockingArgs) -> Result<(), String> {
-    let (addr, base, _own) = server_addr(&args.server, false, false, None)?;
+    let (addr, base, _own) = server_addr(&args.server, Own::default())?;
     let hold = Duration::from_millis(args.hold.max(1));
     let (p, d) = (args.procs.max(1), args.duration);
     // The owners run on one thread, as in a client process: a grant then
@@ -347,7 +363,8 @@ const NET_COLUMNS: &[(&str, &str)] = &[
 
 /// Lock then unlock on distinct resources: each request is one op.
 pub fn net(args: NetArgs) -> Result<(), String> {
-    let (addr, base, _own) = server_addr(&args.server, args.tls, false, None)?;
+    let own = Own { tls: args.tls, threads: args.server_threads, ..Own::default() };
+    let (addr, base, _own) = server_addr(&args.server, own)?;
     let rt = runtime();
     let d = Duration::from_secs_f64(args.duration);
     let names = args.names.max(1);

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use super::{runtime, token};
+use super::token;
 use crate::{args, exit};
 
 #[derive(clap::Args)]
@@ -87,6 +87,12 @@ struct ServeSettings {
     #[arg(long)]
     #[serde(default)]
     unsafe_no_fsync: bool,
+    /// Threads that serve connections; the journal's flusher and the
+    /// checkpointer run beside them. Fewer can be faster on a machine the
+    /// server shares (see docs/configuration.md) [default: the number of
+    /// cores].
+    #[arg(long, value_parser = args::threads)]
+    threads: Option<usize>,
 }
 
 impl ServeSettings {
@@ -107,6 +113,7 @@ impl ServeSettings {
             insecure_plaintext: self.insecure_plaintext || file.insecure_plaintext,
             metrics: self.metrics.or(file.metrics),
             unsafe_no_fsync: self.unsafe_no_fsync || file.unsafe_no_fsync,
+            threads: self.threads.or(file.threads),
         }
     }
 
@@ -137,6 +144,9 @@ impl ServeSettings {
             if let Some(v) = v {
                 args::count(&v.to_string()).map_err(|e| bad(key, e))?;
             }
+        }
+        if let Some(v) = s.threads {
+            args::threads(&v.to_string()).map_err(|e| bad("threads", e))?;
         }
         Ok(s)
     }
@@ -171,6 +181,7 @@ impl ServeSettings {
             insecure_plaintext: self.insecure_plaintext,
             metrics: self.metrics,
             unsafe_no_fsync: self.unsafe_no_fsync,
+            threads: self.threads.unwrap_or_else(interlock_server::default_threads),
         })
     }
 }
@@ -236,7 +247,14 @@ pub fn serve(args: ServeArgs) -> ExitCode {
             "max-connections is near or above the open-file limit; accepts will fail before it is reached"
         );
     }
-    match runtime().block_on(interlock_server::run(config, |addr, metrics| {
+    let rt = match interlock_server::runtime(&config) {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("interlock serve: cannot start {} threads: {e}", config.threads);
+            return ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(interlock_server::run(config, |addr, metrics| {
         println!("interlock: listening on {addr}");
         if let Some(m) = metrics {
             println!("interlock: metrics at http://{m}/metrics");
