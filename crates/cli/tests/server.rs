@@ -278,14 +278,20 @@ fn abandoned_waits_never_leave_orphan_locks() {
     });
 }
 
+/// A config file in `dir`: data in `dir/state`, any free loopback port,
+/// and `more`. Its path.
+fn config_file(dir: &std::path::Path, more: &str) -> String {
+    let config = dir.join("interlock.toml");
+    std::fs::write(&config, format!("data = \"state\"\nlisten = \"127.0.0.1:0\"\n{more}")).unwrap();
+    config.to_str().unwrap().to_string()
+}
+
 /// `serve --config FILE`: its settings apply, the command line overrides
 /// them, and a bad file is refused with the reason.
 #[test]
 fn serve_reads_a_config_file_and_flags_override_it() {
     let data = tempfile::tempdir().unwrap();
-    let config = data.path().join("interlock.toml");
-    std::fs::write(&config, "data = \"state\"\nlisten = \"127.0.0.1:0\"\nmax-locks = 1\n").unwrap();
-    let config = config.to_str().unwrap();
+    let config = &config_file(data.path(), "max-locks = 1\n");
     let two_locks = |server: &ServerProc| {
         rt().block_on(async {
             let c = client(&server.addr).await;
@@ -316,9 +322,7 @@ fn serve_reads_a_config_file_and_flags_override_it() {
 #[test]
 fn serve_runs_as_many_workers_as_threads_says() {
     let data = tempfile::tempdir().unwrap();
-    let config = data.path().join("interlock.toml");
-    std::fs::write(&config, "data = \"state\"\nlisten = \"127.0.0.1:0\"\nthreads = 3\n").unwrap();
-    let config = config.to_str().unwrap();
+    let config = &config_file(data.path(), "threads = 3\n");
     // The runtime's workers, by the name tokio gives them (no blocking
     // thread exists before a request asks for one).
     let workers = |server: &ServerProc| {
