@@ -248,7 +248,7 @@ fn round(args: &Args, t: usize, files: u64, out: &mut dyn FnMut(Run)) -> Result<
         // system's temporary directory may be a tmpfs, where an fsync
         // costs nothing.
         let data = if args.server.is_none() { Some(scratch_dir(&args.dir, "interlock-bench-mdtest")?) } else { None };
-        let (addr, options, _own) = super::netbench::server_addr(
+        let (addr, options, own) = super::netbench::server_addr(
             &args.server,
             super::netbench::Own {
                 no_fsync,
@@ -268,9 +268,7 @@ fn round(args: &Args, t: usize, files: u64, out: &mut dyn FnMut(Run)) -> Result<
         // As the server measured reports itself, not as asked of it.
         run.fields.push(("durable", json!(durable)));
         // Our own server's workers; unknown for someone else's.
-        let threads =
-            args.server.is_none().then(|| args.server_threads.unwrap_or_else(interlock_server::default_threads));
-        run.fields.push(("server_threads", json!(threads)));
+        run.fields.push(("server_threads", json!(own.as_ref().map(|o| o.threads))));
         out(run);
     }
     if args.variant.iter().any(|v| v == "redis") && super::redis::installed() {

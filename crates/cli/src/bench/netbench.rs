@@ -88,6 +88,8 @@ pub(super) struct OwnServer {
     addr: String,
     /// What clients trust, if it speaks TLS.
     tls: Option<std::sync::Arc<rustls::ClientConfig>>,
+    /// Its worker threads.
+    pub threads: usize,
     _dir: tempfile::TempDir,
     _rt: tokio::runtime::Runtime,
 }
@@ -132,11 +134,12 @@ fn own_server(own: Own) -> Result<OwnServer, String> {
         threads: own.threads.unwrap_or(defaults.threads),
         ..defaults
     };
+    let threads = config.threads;
     let rt = interlock_server::runtime(&config).map_err(|e| format!("the benchmark's server: {e}"))?;
     let server = rt.block_on(interlock_server::Server::bind(config)).map_err(|e| e.to_string())?;
     let addr = server.local_addr().to_string();
     rt.spawn(server.serve(std::future::pending()));
-    Ok(OwnServer { addr, tls: client_tls, _dir: dir, _rt: rt })
+    Ok(OwnServer { addr, tls: client_tls, threads, _dir: dir, _rt: rt })
 }
 
 /// The server to measure (`given`, else one of our own, set as `own`
