@@ -67,6 +67,17 @@ pub struct Options {
     /// bytes for as long as appenders keep adding to it, so that one sync
     /// covers them all; a waiter closes it at once.
     pub linger_bytes: usize,
+    /// The threads that wait for records make them durable themselves:
+    /// an append wakes no flusher, and whoever waits calls
+    /// [`Journal::sync_wanted`] (a server's worker, when it runs out of
+    /// work and is about to sleep: tokio's `on_thread_park`, as Redis's
+    /// `beforeSleep` writes its append-only file). The flusher then only
+    /// writes what sat unwritten for a whole [`BACKSTOP`] (records nobody
+    /// waits for, or whose waiter's thread never went idle). On two cores
+    /// a wake-up of the flusher per group and the answers leaving from its
+    /// thread were what set the pace of durable changes over loopback (see
+    /// `docs/architecture.md`).
+    pub callers_sync: bool,
 }
 
 impl Default for Options {
@@ -78,6 +89,7 @@ impl Default for Options {
             ring_slots: 8192,
             max_group_bytes: 4 << 20,
             linger_bytes: 1 << 20,
+            callers_sync: false,
         }
     }
 }
@@ -99,6 +111,10 @@ struct Shared {
     /// it is above `durable_end`, the flusher syncs without lingering.
     wanted: AtomicU64,
     state: Mutex<State>,
+    /// The one writer of the segments: whoever holds it gathers, writes
+    /// and syncs a group (the flusher, or with [`Options::callers_sync`] a
+    /// thread that waits).
+    writer: Mutex<Writer>,
     /// The flusher's I/O error, if it hit one: the journal then refuses
     /// appends and every waiter gets it.
     failure: Mutex<Option<String>>,
@@ -121,6 +137,30 @@ struct Shared {
     /// Called by the flusher after each advance of the watermark (see
     /// [`Journal::on_durable`]).
     on_durable: std::sync::OnceLock<DurableHook>,
+}
+
+/// The open journals whose callers sync ([`Options::callers_sync`]), for
+/// [`sync_wanted_everywhere`]. Dropped journals leave at the next call.
+static CALLERS_SYNC: Mutex<Vec<std::sync::Weak<Shared>>> = Mutex::new(Vec::new());
+
+/// [`Journal::sync_wanted`] on every open journal whose callers sync: what
+/// a server's runtime runs on a worker that has run out of work, before it
+/// sleeps (tokio's `on_thread_park`; the worker need not know which
+/// journals its tasks wrote to). O(journals) when nobody waits.
+pub fn sync_wanted_everywhere() {
+    // Only those someone waits on (usually none, or one: no allocation
+    // when none), synced outside the list's lock.
+    let journals: Vec<Arc<Shared>> = {
+        let mut all = CALLERS_SYNC.lock();
+        all.retain(|j| j.strong_count() > 0);
+        all.iter()
+            .filter_map(std::sync::Weak::upgrade)
+            .filter(|s| s.wanted.load(Ordering::SeqCst) > s.durable_end.load(Ordering::SeqCst))
+            .collect()
+    };
+    for s in journals {
+        sync_waited(&s);
+    }
 }
 
 /// What the flusher calls after each advance of the durable watermark,
@@ -173,6 +213,7 @@ impl Journal {
             durable_end: AtomicU64::new(next),
             wanted: AtomicU64::new(next),
             state: Mutex::new(State { segments }),
+            writer: Mutex::new(Writer { file, pos: 0, group: Vec::new() }),
             failure: Mutex::new(None),
             durable_waiters: Mutex::new(Vec::new()),
             waiters: AtomicUsize::new(0),
@@ -188,9 +229,12 @@ impl Journal {
         let s = shared.clone();
         let handle = std::thread::Builder::new()
             .name("journal-flusher".into())
-            .spawn(move || flusher(&s, file))
+            .spawn(move || flusher(&s))
             .map_err(|e| Error::io(dir, e))?;
         let _ = shared.flusher.set(handle.thread().clone());
+        if shared.options.callers_sync {
+            CALLERS_SYNC.lock().push(Arc::downgrade(&shared));
+        }
         Ok((Journal { shared, flusher: Some(handle) }, recovery))
     }
 
@@ -272,7 +316,20 @@ impl Journal {
             return Ok(now);
         }
         self.want(end);
+        if self.shared.options.callers_sync {
+            sync_waited(&self.shared);
+        }
         self.watch_for(end, timeout)
+    }
+
+    /// With [`Options::callers_sync`]: makes durable, on the calling
+    /// thread, every record someone waits for ([`want`](Journal::want)),
+    /// unless another thread is writing (which then does it before it lets
+    /// go). O(1) when nobody waits; else one `write` and one `fdatasync`
+    /// per group. Without `callers_sync`, the flusher does this and the
+    /// call changes nothing it would not.
+    pub fn sync_wanted(&self) {
+        sync_waited(&self.shared)
     }
 
     /// As [`wait_for`](Journal::wait_for), without hastening the sync: for
@@ -553,37 +610,152 @@ impl Tail {
     }
 }
 
+/// How often the flusher looks, when callers sync ([`Options::callers_sync`]),
+/// for records that nobody took: one such record waits at most two of these
+/// (and a sync) to be written.
+pub const BACKSTOP: Duration = Duration::from_millis(20);
+
+/// The segments' writer: the file being written, the ring position of the
+/// next record to gather, and the group's buffer (kept between groups).
+struct Writer {
+    file: Tail,
+    pos: u64,
+    group: Vec<u8>,
+}
+
+/// What [`flush`] did.
+#[derive(PartialEq)]
+enum Flushed {
+    /// No record was published to write.
+    Nothing,
+    Wrote,
+    /// The write or the sync failed: the journal has failed (and said so).
+    Failed,
+}
+
 /// The flusher thread: gathers published records into groups, writes and
 /// syncs each group, advances the durable watermark.
-fn flusher(s: &Shared, mut file: Tail) {
-    let mut pos: u64 = 0;
-    let mut group: Vec<u8> = Vec::with_capacity(s.options.max_group_bytes + 4096);
+fn flusher(s: &Shared) {
+    if s.options.callers_sync {
+        return backstop(s);
+    }
     loop {
-        group.clear();
-        let durable_before = s.durable_end.load(Ordering::Relaxed).saturating_sub(1);
-        let group_first = s.base + pos;
-        let full = s.options.linger_bytes.min(s.options.max_group_bytes);
-        loop {
-            gather(s, &mut pos, &mut group, durable_before);
-            if group.is_empty() || s.options.fsync_each || group.len() >= full || !linger(s, pos) {
-                break;
+        let mut w = s.writer.lock();
+        match flush(s, &mut w, true) {
+            Flushed::Failed => return,
+            Flushed::Wrote => {}
+            Flushed::Nothing => {
+                let pos = w.pos;
+                if s.shutdown.load(Ordering::SeqCst) && s.ring.reserved() == pos {
+                    return w.file.trim(s.state.lock().segments.last().expect("a current segment"));
+                }
+                drop(w);
+                idle(s, pos);
             }
         }
-        if group.is_empty() {
-            if s.shutdown.load(Ordering::SeqCst) && s.ring.reserved() == pos {
-                file.trim(s.state.lock().segments.last().expect("a current segment"));
-                return;
-            }
-            idle(s, pos);
-            continue;
+    }
+}
+
+/// Gathers the published records into one group (while nobody waits for
+/// them and `linger` allows, for as long as appenders keep adding), writes
+/// and syncs it, advances the watermark and calls the durable hook. O(1)
+/// per record plus a copy, one `write` and one `fdatasync`.
+fn flush(s: &Shared, w: &mut Writer, may_linger: bool) -> Flushed {
+    let Writer { file, pos, group } = w;
+    group.clear();
+    let durable_before = s.durable_end.load(Ordering::Relaxed).saturating_sub(1);
+    let first = s.base + *pos;
+    let full = s.options.linger_bytes.min(s.options.max_group_bytes);
+    loop {
+        gather(s, pos, group, durable_before);
+        if group.is_empty() || s.options.fsync_each || group.len() >= full || !may_linger || !linger(s, *pos) {
+            break;
         }
-        if let Err(e) = write_group(s, &mut file, &group, group_first, s.base + pos) {
-            s.fail(e.to_string());
-            s.tell(true);
+    }
+    if group.is_empty() {
+        return Flushed::Nothing;
+    }
+    if let Err(e) = write_group(s, file, group, first, s.base + *pos) {
+        s.fail(e.to_string());
+        s.tell(true);
+        return Flushed::Failed;
+    }
+    s.advance(s.base + *pos);
+    s.tell(false);
+    Flushed::Wrote
+}
+
+/// Syncs, on the calling thread, until every record anyone waits for is
+/// durable; returns at once when another thread holds the writer, which
+/// then does it: the holder looks at `wanted` again after it lets go, and
+/// a waiter that found the writer held had raised `wanted` before it
+/// looked (the two fences order each side's store before its load, so one
+/// of them sees the other).
+fn sync_waited(s: &Shared) {
+    let mut tries = 0;
+    loop {
+        fence(Ordering::SeqCst);
+        if s.wanted.load(Ordering::SeqCst) <= s.durable_end.load(Ordering::SeqCst) || s.failed.load(Ordering::SeqCst) {
             return;
         }
-        s.advance(s.base + pos);
-        s.tell(false);
+        let Some(mut w) = s.writer.try_lock() else { return };
+        match flush(s, &mut w, false) {
+            Flushed::Failed => return,
+            Flushed::Wrote => tries = 0,
+            // A record before the wanted one is still being copied into
+            // its slot: a moment's wait. Past that, the flusher's
+            // backstop writes it.
+            Flushed::Nothing if tries < 64 => {
+                tries += 1;
+                drop(w);
+                std::thread::yield_now();
+            }
+            Flushed::Nothing => return,
+        }
+    }
+}
+
+/// The flusher when callers sync ([`Options::callers_sync`]): each
+/// [`BACKSTOP`] it writes the records that sat unwritten for a whole
+/// period, and once appends stop for a period it sleeps until the next
+/// append wakes it (so an idle journal costs no wake-ups).
+fn backstop(s: &Shared) {
+    // The writer's position and the ring's reserved count at the last look.
+    let mut seen: Option<(u64, u64)> = None;
+    loop {
+        if s.failed.load(Ordering::SeqCst) {
+            return;
+        }
+        let reserved = s.ring.reserved();
+        let mut w = s.writer.lock();
+        if s.shutdown.load(Ordering::SeqCst) {
+            // Everything appended before the journal was dropped.
+            while w.pos < reserved {
+                match flush(s, &mut w, false) {
+                    Flushed::Failed => return,
+                    Flushed::Wrote => {}
+                    Flushed::Nothing => std::thread::yield_now(),
+                }
+            }
+            return w.file.trim(s.state.lock().segments.last().expect("a current segment"));
+        }
+        let pos = w.pos;
+        if pos < reserved && seen.is_some_and(|(p, _)| p == pos) {
+            if flush(s, &mut w, false) == Flushed::Failed {
+                return;
+            }
+            drop(w);
+            sync_waited(s);
+        } else if pos == reserved && seen.is_some_and(|(_, r)| r == reserved) {
+            drop(w);
+            idle(s, pos);
+            seen = None;
+            continue;
+        } else {
+            drop(w);
+        }
+        seen = Some((pos, reserved));
+        std::thread::park_timeout(BACKSTOP);
     }
 }
 

@@ -2,6 +2,8 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 /// Per-session and per-server limits. Each one bounds memory that a client
@@ -80,8 +82,34 @@ pub fn default_threads() -> usize {
 }
 
 /// The runtime a server with `config` runs on: `config.threads` workers.
+/// The last worker to run out of work makes the journal records its
+/// requests wait for durable before it sleeps, and sends their answers
+/// (`interlock_journal::sync_wanted_everywhere`): the workers read every
+/// change that has arrived, one sync covers them all, and no other thread
+/// is woken for it, as Redis's event loop writes its append-only file
+/// before it sleeps. Meanwhile the requests that arrive queue in their
+/// sockets and make the next group. A worker that goes idle while another
+/// still runs leaves the sync to that one (a smaller group each would cost
+/// a sync each); the journal's flusher writes what waits a whole
+/// `interlock_journal::BACKSTOP`.
 pub fn runtime(config: &Config) -> std::io::Result<tokio::runtime::Runtime> {
-    tokio::runtime::Builder::new_multi_thread().worker_threads(config.threads.max(1)).enable_all().build()
+    // Workers not parked; each starts running. (Not counted at thread
+    // start: the blocking pool's threads start too, and never park.)
+    let workers = config.threads.max(1);
+    let busy = Arc::new(AtomicUsize::new(workers));
+    let (woke, idle) = (busy.clone(), busy);
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(workers)
+        .on_thread_unpark(move || {
+            woke.fetch_add(1, Ordering::SeqCst);
+        })
+        .on_thread_park(move || {
+            if idle.fetch_sub(1, Ordering::SeqCst) == 1 {
+                interlock_journal::sync_wanted_everywhere();
+            }
+        })
+        .enable_all()
+        .build()
 }
 
 /// The server's TLS certificate chain and private key, PEM files.

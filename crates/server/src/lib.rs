@@ -299,10 +299,13 @@ impl AcceptBackoff {
     }
 }
 
-/// How the namespace's store writes: synced, unless the unsafe mode is on.
+/// How the namespace's store writes: synced, unless the unsafe mode is on;
+/// by the workers whose requests wait for it, before they sleep (see
+/// [`runtime`]), not by a flusher woken for each group.
 fn store_options(config: &Config) -> interlock_meta::StoreOptions {
     let mut o = interlock_meta::StoreOptions::default();
     o.journal.fsync = !config.unsafe_no_fsync;
+    o.journal.callers_sync = true;
     o
 }
 
