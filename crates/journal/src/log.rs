@@ -27,7 +27,13 @@
 //!   parks until the flusher, after the sync that covers it, unparks it
 //!   (each waiter directly, outside any lock). A server that must not
 //!   block a thread per waiter sets a hook instead
-//!   ([`Journal::on_durable`]), which the flusher calls after each sync.
+//!   ([`Journal::on_durable`]), which is called after each sync.
+//! - Callers that sync ([`Options::callers_sync`], what the server runs):
+//!   the threads that wait write and sync the groups themselves
+//!   ([`Journal::sync_wanted`]; a server's worker before it sleeps), so an
+//!   append wakes no other thread; the flusher writes only what sat
+//!   unwritten for a whole [`BACKSTOP`]. One writer at a time, whichever
+//!   thread it is, behind the writer's lock.
 //! - Read: O(log s + SPARSE_EVERY + r) for r records from s segments.
 
 use std::fs::File;
@@ -115,6 +121,10 @@ struct Shared {
     /// and syncs a group (the flusher, or with [`Options::callers_sync`] a
     /// thread that waits).
     writer: Mutex<Writer>,
+    /// The writer's ring position, for the backstop to read without the
+    /// writer's lock: a waiter that found the lock held leaves its sync to
+    /// the holder, and a holder that only looked would leave it undone.
+    gathered: AtomicU64,
     /// The flusher's I/O error, if it hit one: the journal then refuses
     /// appends and every waiter gets it.
     failure: Mutex<Option<String>>,
@@ -214,6 +224,7 @@ impl Journal {
             wanted: AtomicU64::new(next),
             state: Mutex::new(State { segments }),
             writer: Mutex::new(Writer { file, pos: 0, group: Vec::new() }),
+            gathered: AtomicU64::new(0),
             failure: Mutex::new(None),
             durable_waiters: Mutex::new(Vec::new()),
             waiters: AtomicUsize::new(0),
@@ -613,7 +624,7 @@ impl Tail {
 /// How often the flusher looks, when callers sync ([`Options::callers_sync`]),
 /// for records that nobody took: one such record waits at most two of these
 /// (and a sync) to be written.
-pub const BACKSTOP: Duration = Duration::from_millis(20);
+pub const BACKSTOP: Duration = Duration::from_micros(300);
 
 /// The segments' writer: the file being written, the ring position of the
 /// next record to gather, and the group's buffer (kept between groups).
@@ -672,6 +683,7 @@ fn flush(s: &Shared, w: &mut Writer, may_linger: bool) -> Flushed {
             break;
         }
     }
+    s.gathered.store(*pos, Ordering::Release);
     if group.is_empty() {
         return Flushed::Nothing;
     }
@@ -727,9 +739,9 @@ fn backstop(s: &Shared) {
             return;
         }
         let reserved = s.ring.reserved();
-        let mut w = s.writer.lock();
         if s.shutdown.load(Ordering::SeqCst) {
             // Everything appended before the journal was dropped.
+            let mut w = s.writer.lock();
             while w.pos < reserved {
                 match flush(s, &mut w, false) {
                     Flushed::Failed => return,
@@ -739,20 +751,18 @@ fn backstop(s: &Shared) {
             }
             return w.file.trim(s.state.lock().segments.last().expect("a current segment"));
         }
-        let pos = w.pos;
+        let pos = s.gathered.load(Ordering::Acquire);
         if pos < reserved && seen.is_some_and(|(p, _)| p == pos) {
+            let mut w = s.writer.lock();
             if flush(s, &mut w, false) == Flushed::Failed {
                 return;
             }
             drop(w);
             sync_waited(s);
         } else if pos == reserved && seen.is_some_and(|(_, r)| r == reserved) {
-            drop(w);
             idle(s, pos);
             seen = None;
             continue;
-        } else {
-            drop(w);
         }
         seen = Some((pos, reserved));
         std::thread::park_timeout(BACKSTOP);

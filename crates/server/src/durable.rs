@@ -1,16 +1,18 @@
 //! Answers that wait for the journal. A namespace change is acknowledged
 //! only once its record is durable, but a tokio worker must not wait for
 //! the disk: a change whose record is already durable is answered at
-//! once; any other is parked here, and the journal's flusher, right after
-//! the sync that covers it, pushes the answer into its session's stream
-//! (as pushed grants go) through the hook [`Acker::hook`] gives it. One
-//! fsync thus answers every change it covers, whatever connections they
-//! came on, and no thread stands between the sync and the answer: a
-//! thread of our own woken by the flusher cost a wake-up (tens of µs on
-//! two busy cores) on every change's latency.
+//! once; any other is parked here, and the thread that syncs it, right
+//! after the sync, pushes the answer into its session's stream (as pushed
+//! grants go) through the hook [`Acker::hook`] gives the journal. That
+//! thread is the last worker to run out of work, before it sleeps (see
+//! `config::runtime`), or the journal's flusher when no worker went idle
+//! for a while. One fsync thus answers every change it covers, whatever
+//! connections they came on, and no thread stands between the sync and
+//! the answer: a thread of our own woken by the flusher cost a wake-up
+//! (tens of µs on two busy cores) on every change's latency.
 //!
 //! Costs: O(1) to park an answer; O(parked) per watermark move, on the
-//! flusher's thread.
+//! syncing thread.
 
 use std::sync::Arc;
 
@@ -35,7 +37,7 @@ pub(crate) struct Acker {
 }
 
 impl Acker {
-    /// The flusher's hook: answers what each sync made durable, and
+    /// The journal's durable hook: answers what each sync made durable, and
     /// everything with `EIO` once the journal has failed (the change is
     /// applied in memory but would not survive a restart).
     pub fn hook(self: &Arc<Self>, sessions: Arc<Sessions>) -> DurableHook {
@@ -45,7 +47,7 @@ impl Acker {
 
     /// The answer to request `id` of session `sid`, whose change has the
     /// record `seq`: now if that is durable (or there is none), else
-    /// `None` and the flusher's hook pushes it once it is.
+    /// `None` and the durable hook pushes it once it is.
     pub fn answer(
         &self,
         journal: &impl Durability,
@@ -57,7 +59,8 @@ impl Acker {
             return Some(reply);
         }
         self.pending.lock().push(Pending { seq, sid, id, reply });
-        // Someone waits for this record: the flusher must not linger.
+        // Someone waits for this record: the worker syncs it before it
+        // sleeps (and the flusher must not linger over it).
         journal.want(seq + 1);
         // The sync covering `seq` may have ended, and its hook run, between
         // the check above and the push: then nothing else would answer.
@@ -186,7 +189,7 @@ mod tests {
         let (acker, out) = (Acker::default(), Outbox::default());
         let journal = Script::new(&[7], false);
         assert!(acker.answer(&journal, &out, (7, 1, 10), done()).is_none());
-        assert_eq!(journal.wanted.get(), 8, "the flusher is told someone waits");
+        assert_eq!(journal.wanted.get(), 8, "the journal is told someone waits");
         assert!(out.0.borrow().is_empty(), "not durable yet");
         acker.drain(&out, 7, false);
         assert!(out.0.borrow().is_empty(), "a sync below the record answers nothing");
