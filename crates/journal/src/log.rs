@@ -32,7 +32,7 @@
 //!   the threads that wait write and sync the groups themselves
 //!   ([`Journal::sync_wanted`]; a server's worker before it sleeps), so an
 //!   append wakes no other thread; the flusher writes only what sat
-//!   unwritten for a whole [`BACKSTOP`]. One writer at a time, whichever
+//!   unwritten for a whole [`Options::backstop`]. One writer at a time, whichever
 //!   thread it is, behind the writer's lock.
 //! - Read: O(log s + SPARSE_EVERY + r) for r records from s segments.
 
@@ -78,12 +78,17 @@ pub struct Options {
     /// [`Journal::sync_wanted`] (a server's worker, when it runs out of
     /// work and is about to sleep: tokio's `on_thread_park`, as Redis's
     /// `beforeSleep` writes its append-only file). The flusher then only
-    /// writes what sat unwritten for a whole [`BACKSTOP`] (records nobody
+    /// writes what sat unwritten for a whole [`backstop`](Options::backstop) (records nobody
     /// waits for, or whose waiter's thread never went idle). On two cores
     /// a wake-up of the flusher per group and the answers leaving from its
     /// thread were what set the pace of durable changes over loopback (see
     /// `docs/architecture.md`).
     pub callers_sync: bool,
+    /// With `callers_sync`: how often the flusher looks for records that
+    /// nobody took. One such record waits at most two of these (and a
+    /// sync) to be written. (Tests set it to an hour, so that what becomes
+    /// durable, the callers made so.)
+    pub backstop: Duration,
 }
 
 impl Default for Options {
@@ -96,6 +101,7 @@ impl Default for Options {
             max_group_bytes: 4 << 20,
             linger_bytes: 1 << 20,
             callers_sync: false,
+            backstop: Duration::from_micros(300),
         }
     }
 }
@@ -621,11 +627,6 @@ impl Tail {
     }
 }
 
-/// How often the flusher looks, when callers sync ([`Options::callers_sync`]),
-/// for records that nobody took: one such record waits at most two of these
-/// (and a sync) to be written.
-pub const BACKSTOP: Duration = Duration::from_micros(300);
-
 /// The segments' writer: the file being written, the ring position of the
 /// next record to gather, and the group's buffer (kept between groups).
 struct Writer {
@@ -728,9 +729,9 @@ fn sync_waited(s: &Shared) {
 }
 
 /// The flusher when callers sync ([`Options::callers_sync`]): each
-/// [`BACKSTOP`] it writes the records that sat unwritten for a whole
-/// period, and once appends stop for a period it sleeps until the next
-/// append wakes it (so an idle journal costs no wake-ups).
+/// [`Options::backstop`] it writes the records that sat unwritten for a
+/// whole period, and once appends stop for a period it sleeps until the
+/// next append wakes it (so an idle journal costs no wake-ups).
 fn backstop(s: &Shared) {
     // The writer's position and the ring's reserved count at the last look.
     let mut seen: Option<(u64, u64)> = None;
@@ -765,7 +766,7 @@ fn backstop(s: &Shared) {
             continue;
         }
         seen = Some((pos, reserved));
-        std::thread::park_timeout(BACKSTOP);
+        std::thread::park_timeout(s.options.backstop);
     }
 }
 

@@ -95,7 +95,7 @@ pub fn default_threads() -> usize {
 /// sockets and make the next group. A worker that goes idle while another
 /// still runs leaves the sync to that one (a smaller group each would cost
 /// a sync each); the journal's flusher writes what waits a whole
-/// `interlock_journal::BACKSTOP`.
+/// backstop period (`interlock_journal::Options::backstop`).
 pub fn runtime(config: &Config) -> std::io::Result<tokio::runtime::Runtime> {
     // Workers not parked; each starts running. (Not counted at thread
     // start: the blocking pool's threads start too, and never park.)
