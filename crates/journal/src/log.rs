@@ -32,8 +32,8 @@
 //!   the threads that wait write and sync the groups themselves
 //!   ([`Journal::sync_wanted`]; a server's worker before it sleeps), so an
 //!   append wakes no other thread; the flusher writes only what sat
-//!   unwritten for a whole [`Options::backstop`]. One writer at a time, whichever
-//!   thread it is, behind the writer's lock.
+//!   unwritten for a whole [`Options::backstop`]. One writer at a time,
+//!   whichever thread it is, behind the writer's lock.
 //! - Read: O(log s + SPARSE_EVERY + r) for r records from s segments.
 
 use std::fs::File;
@@ -78,16 +78,18 @@ pub struct Options {
     /// [`Journal::sync_wanted`] (a server's worker, when it runs out of
     /// work and is about to sleep: tokio's `on_thread_park`, as Redis's
     /// `beforeSleep` writes its append-only file). The flusher then only
-    /// writes what sat unwritten for a whole [`backstop`](Options::backstop) (records nobody
-    /// waits for, or whose waiter's thread never went idle). On two cores
+    /// writes what sat unwritten for a whole [`backstop`](Options::backstop)
+    /// (records nobody waits for, or whose waiter's thread never went
+    /// idle). On two cores
     /// a wake-up of the flusher per group and the answers leaving from its
     /// thread were what set the pace of durable changes over loopback (see
     /// `docs/architecture.md`).
     pub callers_sync: bool,
     /// With `callers_sync`: how often the flusher looks for records that
     /// nobody took. One such record waits at most two of these (and a
-    /// sync) to be written. (Tests set it to an hour, so that what becomes
-    /// durable, the callers made so.)
+    /// sync) to be written. Shorter costs the flusher more wake-ups (zero
+    /// keeps it spinning); tests set it to an hour, so that what becomes
+    /// durable, the callers made so.
     pub backstop: Duration,
 }
 

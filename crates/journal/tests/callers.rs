@@ -1,7 +1,7 @@
 //! A journal whose callers sync ([`Options::callers_sync`]): the threads
 //! that wait write and sync the groups, the flusher only writes what sits
-//! unwritten for a whole [`Options::backstop`].
-//! Every record still becomes durable when nobody calls in, everything
+//! unwritten for a whole [`Options::backstop`]. Every record still
+//! becomes durable when nobody calls in, everything
 //! appended is there after the journal is dropped, and with a backstop
 //! that never comes (an hour) the waiters alone make every record durable,
 //! each sync on the waiter's own thread.
