@@ -32,8 +32,9 @@
 //!   the threads that wait write and sync the groups themselves
 //!   ([`Journal::sync_wanted`]; a server's worker before it sleeps), so an
 //!   append wakes no other thread; the flusher writes only what sat
-//!   unwritten for a whole [`Options::backstop`]. One writer at a time,
-//!   whichever thread it is, behind the writer's lock.
+//!   unwritten for a whole [`Options::backstop`], one group a period. One
+//!   writer at a time, whichever thread it is, behind the writer's lock; a
+//!   caller that finds it held waits, then syncs what is left itself.
 //! - Read: O(log s + SPARSE_EVERY + r) for r records from s segments.
 
 use std::fs::File;
@@ -80,10 +81,9 @@ pub struct Options {
     /// `beforeSleep` writes its append-only file). The flusher then only
     /// writes what sat unwritten for a whole [`backstop`](Options::backstop)
     /// (records nobody waits for, or whose waiter's thread never went
-    /// idle). On two cores
-    /// a wake-up of the flusher per group and the answers leaving from its
-    /// thread were what set the pace of durable changes over loopback (see
-    /// `docs/architecture.md`).
+    /// idle), one group a period. On two cores a wake-up of the flusher
+    /// per group and the answers leaving from its thread were what set the
+    /// pace of durable changes over loopback (see `docs/architecture.md`).
     pub callers_sync: bool,
     /// With `callers_sync`: how often the flusher looks for records that
     /// nobody took. One such record waits at most two of these (and a
@@ -130,8 +130,8 @@ struct Shared {
     /// thread that waits).
     writer: Mutex<Writer>,
     /// The writer's ring position, for the backstop to read without the
-    /// writer's lock: a waiter that found the lock held leaves its sync to
-    /// the holder, and a holder that only looked would leave it undone.
+    /// writer's lock: a look that took the lock would make a waiting
+    /// caller wait behind it for nothing.
     gathered: AtomicU64,
     /// The flusher's I/O error, if it hit one: the journal then refuses
     /// appends and every waiter gets it.
@@ -701,25 +701,26 @@ fn flush(s: &Shared, w: &mut Writer, may_linger: bool) -> Flushed {
 }
 
 /// Syncs, on the calling thread, until every record anyone waits for is
-/// durable; returns at once when another thread holds the writer, which
-/// then does it: the holder looks at `wanted` again after it lets go, and
-/// a waiter that found the writer held had raised `wanted` before it
-/// looked (the two fences order each side's store before its load, so one
-/// of them sees the other).
+/// durable. A writer already at work (the backstop, another caller) is
+/// waited for, not left the sync: the caller then writes what remains
+/// itself, so its answers leave from its own thread and the backstop never
+/// becomes the one that syncs (session 21: a backstop that kept syncing
+/// while callers left their records to it took every sync from the
+/// server's worker for a whole run, and sent every answer from its own
+/// thread, at 22 µs of server CPU a create against 13-15).
 fn sync_waited(s: &Shared) {
     let mut tries = 0;
     loop {
-        fence(Ordering::SeqCst);
         if s.wanted.load(Ordering::SeqCst) <= s.durable_end.load(Ordering::SeqCst) || s.failed.load(Ordering::SeqCst) {
             return;
         }
-        let Some(mut w) = s.writer.try_lock() else { return };
+        let mut w = s.writer.lock();
         match flush(s, &mut w, false) {
             Flushed::Failed => return,
             Flushed::Wrote => tries = 0,
             // A record before the wanted one is still being copied into
-            // its slot: a moment's wait. Past that, the flusher's
-            // backstop writes it.
+            // its slot: a moment's wait. Past that, the flusher's backstop
+            // writes it.
             Flushed::Nothing if tries < 64 => {
                 tries += 1;
                 drop(w);
@@ -756,12 +757,11 @@ fn backstop(s: &Shared) {
         }
         let pos = s.gathered.load(Ordering::Acquire);
         if pos < reserved && seen.is_some_and(|(p, _)| p == pos) {
-            let mut w = s.writer.lock();
-            if flush(s, &mut w, false) == Flushed::Failed {
+            // One group, then back to sleep: what callers want meanwhile,
+            // they write themselves.
+            if flush(s, &mut s.writer.lock(), false) == Flushed::Failed {
                 return;
             }
-            drop(w);
-            sync_waited(s);
         } else if pos == reserved && seen.is_some_and(|(_, r)| r == reserved) {
             idle(s, pos);
             seen = None;

@@ -100,13 +100,55 @@ fn a_waiter_syncs_its_own_records_on_its_own_thread() {
     assert_eq!((mine, theirs), (ROUNDS, 0), "groups synced by the caller and by the flusher");
 }
 
+/// A caller that wants its record while another thread is writing (here
+/// the backstop, held inside its durable hook) waits for that writer and
+/// then syncs its record itself: `sync_wanted` returns with the record
+/// durable, made so on the caller's thread. A caller that left its sync to
+/// the writer it found at work returned at once with the record unwritten
+/// (and in session 21 such a backstop kept every sync for a whole run,
+/// sending every answer from its own thread).
+#[test]
+fn a_caller_that_finds_the_writer_busy_waits_and_syncs_itself() {
+    use std::sync::mpsc;
+    let dir = tempfile::tempdir().unwrap();
+    let (j, _) = Journal::open(dir.path(), Options { backstop: Duration::from_millis(1), ..callers() }).unwrap();
+    let me = std::thread::current().id();
+    let (entered, in_hook) = mpsc::channel();
+    let (release, released) = mpsc::channel::<()>();
+    let (entered, released) = (Mutex::new(Some(entered)), Mutex::new(released));
+    let mine = Arc::new(Mutex::new(Vec::new()));
+    let m = mine.clone();
+    assert!(
+        j.on_durable(Box::new(move |end, _| {
+            if std::thread::current().id() == me {
+                m.lock().push(end);
+            } else if let Some(entered) = entered.lock().take() {
+                // The backstop's first group: hold the writer a while.
+                entered.send(()).unwrap();
+                let _ = released.lock().recv_timeout(Duration::from_millis(200));
+            }
+        }))
+        .is_ok()
+    );
+    // Nobody waits for this one: the backstop writes it, and stops in the hook.
+    j.append(b"unwaited").unwrap();
+    in_hook.recv_timeout(PATIENCE).expect("the backstop never wrote the unwaited record");
+    let i = j.append(b"waited").unwrap();
+    j.want(i + 1);
+    j.sync_wanted();
+    assert!(j.durable_end() > i, "sync_wanted returned with the wanted record not durable");
+    assert_eq!(*mine.lock(), vec![i + 1], "the wanted record was not made durable on the caller's thread");
+    let _ = release.send(());
+}
+
 /// Many threads appending and waiting, each syncing when it waits (a
 /// server's workers): every record durable, once, in index order, and
 /// every wait answered, with no backstop to rescue a waiter: a waiter that
-/// finds the writer held leaves its sync to the holder, and a lost hand-off
-/// waits here until it fails. (It failed so while the backstop took the
-/// writer's lock just to look at its position: a waiter that found the
-/// lock held then left its sync to a holder that would not sync.)
+/// finds the writer held waits for it, and one that returned with its
+/// record unwritten waits here until it fails. (Until session 21 a waiter
+/// left its sync to the holder; it failed so while the backstop took the
+/// writer's lock just to look at its position, a holder that would not
+/// sync.)
 #[test]
 fn concurrent_waiters_that_sync_lose_nothing() {
     let dir = tempfile::tempdir().unwrap();
