@@ -183,8 +183,9 @@ pub fn sync_wanted_everywhere() {
 
 /// What the flusher calls after each advance of the durable watermark,
 /// with the new watermark and whether the journal has failed (then once
-/// more, last). It runs on the flusher's thread between groups: it must
-/// be short and must not wait for the journal.
+/// more, last). It runs on the thread that synced the group (the flusher,
+/// or with [`Options::callers_sync`] a caller), holding the writer: it
+/// must be short and must not wait for the journal.
 pub type DurableHook = Box<dyn Fn(u64, bool) + Send + Sync>;
 
 /// An append-only log of byte records with indices 1, 2, 3, …
@@ -342,11 +343,14 @@ impl Journal {
     }
 
     /// With [`Options::callers_sync`]: makes durable, on the calling
-    /// thread, every record someone waits for ([`want`](Journal::want)),
-    /// unless another thread is writing (which then does it before it lets
-    /// go). O(1) when nobody waits; else one `write` and one `fdatasync`
-    /// per group. Without `callers_sync`, the flusher does this and the
-    /// call changes nothing it would not.
+    /// thread, every record someone waits for ([`want`](Journal::want)):
+    /// if another thread is writing, after waiting for it to finish its
+    /// group. (A record still being copied into the ring by its appender
+    /// is left to the backstop after a moment's wait.) O(1) when nobody
+    /// waits; else one `write` and one `fdatasync` per group. Must not be
+    /// called from the durable hook, which runs while its thread holds the
+    /// writer. Without `callers_sync`, the flusher does this and the call
+    /// changes nothing it would not.
     pub fn sync_wanted(&self) {
         sync_waited(&self.shared)
     }
