@@ -111,7 +111,10 @@ fn a_waiter_syncs_its_own_records_on_its_own_thread() {
 fn a_caller_that_finds_the_writer_busy_waits_and_syncs_itself() {
     use std::sync::mpsc;
     let dir = tempfile::tempdir().unwrap();
-    let (j, _) = Journal::open(dir.path(), Options { backstop: Duration::from_millis(1), ..callers() }).unwrap();
+    // A period long beside a wake-up: the caller, once the hook lets go,
+    // takes the writer well before the backstop could look again and
+    // write the wanted record itself.
+    let (j, _) = Journal::open(dir.path(), Options { backstop: Duration::from_millis(100), ..callers() }).unwrap();
     let me = std::thread::current().id();
     let (entered, in_hook) = mpsc::channel();
     let (release, released) = mpsc::channel::<()>();
