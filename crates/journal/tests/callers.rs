@@ -1,6 +1,6 @@
 //! A journal whose callers sync ([`Options::callers_sync`]): the threads
 //! that wait write and sync the groups, the flusher only writes what sits
-//! unwritten for a whole [`Options::backstop`]. Every record still
+//! unwritten for a whole backstop period. Every record still
 //! becomes durable when nobody calls in, everything
 //! appended is there after the journal is dropped, and with a backstop
 //! that never comes (an hour) the waiters alone make every record durable,
@@ -55,6 +55,27 @@ fn records_nobody_waits_for_become_durable_by_the_backstop() {
     std::thread::sleep(Duration::from_millis(20));
     let again = j.append(b"after a pause").unwrap();
     assert!(j.watch_for(again + 1, Some(PATIENCE)).unwrap() > again, "the sleeping flusher was not woken");
+}
+
+/// While the callers keep up, the flusher looks less and less often
+/// (`Options::backstop_max`); a record nobody takes after that is still
+/// written.
+#[test]
+fn a_record_nobody_takes_after_the_callers_kept_up_is_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let options = Options { backstop: Duration::from_millis(1), backstop_max: Duration::from_millis(20), ..callers() };
+    let (j, _) = Journal::open(dir.path(), options).unwrap();
+    // Long enough for the flusher to find the callers writing at many
+    // looks, and so to lengthen its sleep to the longest.
+    let until = std::time::Instant::now() + Duration::from_millis(200);
+    while std::time::Instant::now() < until {
+        let i = j.append(b"synced by its caller").unwrap();
+        j.want(i + 1);
+        j.sync_wanted();
+    }
+    let i = j.append(b"nobody takes this one").unwrap();
+    j.want(i + 1);
+    assert!(j.watch_for(i + 1, Some(PATIENCE)).unwrap() > i, "the lengthened backstop never wrote the record");
 }
 
 /// With no backstop to write them first, only the drop's last flush can.
