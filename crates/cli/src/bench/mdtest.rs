@@ -26,6 +26,9 @@
 //!   the durability costs.
 //! - `redis`, `redis-aof`: the anchor for `net` (see `redis`): SET and
 //!   GET rows as `create` and `stat`.
+//! - `floor`: the floor under `net`'s durable creates (see `resp_floor`):
+//!   a durable server with no work of its own, its SETs and GETs driven
+//!   by `redis-benchmark` as Redis's are.
 //! - `kernel`: the same shape on tmpfs (`/dev/shm`): open(O_CREAT|O_EXCL)
 //!   and close, stat, unlink. Not durable; the directory's `i_rwsem`
 //!   serializes its creators.
@@ -75,8 +78,12 @@ pub struct Args {
     /// always`; skipped if Redis is not installed). `net-nofsync` is
     /// `net` with its own server in the unsafe mode (`--unsafe-no-fsync`:
     /// answered once written, not durable): beside `net` and `redis`, it
-    /// shows what the durability costs.
-    #[arg(long, value_delimiter = ',', default_value = "engine,memory,net,kernel,redis", value_parser = ["engine", "memory", "net", "net-nofsync", "kernel", "redis"])]
+    /// shows what the durability costs. `floor` is a durable server that
+    /// does nothing but read, write one 64-byte record per SET, one
+    /// `fdatasync` per batch, and answer, driven by `redis-benchmark`
+    /// as Redis is: the most any durable create over loopback can reach
+    /// here.
+    #[arg(long, value_delimiter = ',', default_value = "engine,memory,net,kernel,redis", value_parser = ["engine", "memory", "net", "net-nofsync", "kernel", "redis", "floor"])]
     variant: Vec<String>,
     /// For `net`: measure this server (HOST:PORT) instead of starting one.
     #[arg(long, value_parser = crate::args::server)]
@@ -139,9 +146,9 @@ pub fn run(args: Args) -> Result<(), String> {
             "--variant net-nofsync runs a server of its own in the unsafe mode; it cannot measure --server".into()
         );
     }
-    if args.variant.iter().any(|v| v == "redis") && !super::redis::installed() {
+    if args.variant.iter().any(|v| v == "redis" || v == "floor") && !super::redis::installed() {
         eprintln!(
-            "interlock bench: redis skipped: redis-server and redis-benchmark are not installed (Debian package redis-server)"
+            "interlock bench: redis and floor skipped: redis-server and redis-benchmark are not installed (Debian package redis-server)"
         );
     }
     // Each thread count's files: a multiple of it.
@@ -276,6 +283,9 @@ fn round(args: &Args, t: usize, files: u64, out: &mut dyn FnMut(Run)) -> Result<
             let secs = super::redis::run(durable, &args.dir, t, files)?;
             out(Run::new(variant, false, Some("each"), &secs));
         }
+    }
+    if args.variant.iter().any(|v| v == "floor") && super::redis::installed() {
+        out(Run::new("floor", false, Some("each"), &super::resp_floor::run(&args.dir, t, files)?));
     }
     if args.variant.iter().any(|v| v == "kernel") {
         let shm = tempfile::Builder::new()

@@ -15,6 +15,7 @@ mod mdtest;
 mod mount;
 mod netbench;
 mod redis;
+mod resp_floor;
 mod restart;
 mod rsb;
 

@@ -66,12 +66,24 @@ pub(super) fn run(durable: bool, dir: &Option<PathBuf>, clients: usize, requests
         }
         std::thread::sleep(Duration::from_millis(20));
     }
+    benchmark(&port, machine::Server::Process(server.0.id()), clients, requests)
+}
+
+/// `redis-benchmark` against the server on loopback port `port`: what
+/// `requests` SETs took, then as many GETs, by `clients` connections
+/// each waiting for its answer, counting `server`'s CPU apart.
+pub(super) fn benchmark(
+    port: &str,
+    server: machine::Server,
+    clients: usize,
+    requests: u64,
+) -> Result<[Took; 2], String> {
     // One run per test, so that each has its own span of machine CPU.
     let (c, n) = (clients.to_string(), requests.to_string());
     let test = |test: &str| -> Result<Took, String> {
-        let span = Span::with_server(machine::Server::Process(server.0.id()));
+        let span = Span::with_server(server);
         let out = Command::new("redis-benchmark")
-            .args(["-h", "127.0.0.1", "-p", &port, "-t", test, "-c", &c, "-n", &n, "-r", &n, "--csv"])
+            .args(["-h", "127.0.0.1", "-p", port, "-t", test, "-c", &c, "-n", &n, "-r", &n, "--csv"])
             .output()
             .map_err(|e| format!("redis-benchmark: {e}"))?;
         let took = span.stop();
