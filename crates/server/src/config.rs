@@ -80,7 +80,10 @@ pub struct Config {
 /// guessed: hence a setting, and the default that uses every core.
 /// Since the workers sync the journal themselves (session 19), the gap
 /// for creates widened: 50 clients' durable creates ran 69-77k/s with one
-/// worker against 64k with two, in the same rounds.
+/// worker against 64k with two, in the same rounds. Since the journal's
+/// backstop stopped waking thousands of times a second (session 22), it
+/// closed again (81.5k against 80.9k/s, medians of 5 rounds), while
+/// stats stayed faster with one (129k against 101k/s).
 pub fn default_threads() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
 }
