@@ -72,7 +72,7 @@ pub struct Args {
     /// for all to be durable), or both.
     #[arg(long, value_delimiter = ',', default_value = "each,end", value_parser = ["each", "end"])]
     ack: Vec<String>,
-    /// Variants: engine, memory, net, net-nofsync, kernel, redis
+    /// Variants: engine, memory, net, net-nofsync, kernel, redis, floor
     /// (`redis-benchmark` SET and GET with T clients beside `net`'s
     /// creates and stats: in memory, and durable with `appendfsync
     /// always`; skipped if Redis is not installed). `net-nofsync` is
@@ -81,8 +81,8 @@ pub struct Args {
     /// shows what the durability costs. `floor` is a durable server that
     /// does nothing but read, write one 64-byte record per SET, one
     /// `fdatasync` per batch, and answer, driven by `redis-benchmark`
-    /// as Redis is: the most any durable create over loopback can reach
-    /// here.
+    /// as Redis is (skipped with it): the most any durable create over
+    /// loopback can reach here.
     #[arg(long, value_delimiter = ',', default_value = "engine,memory,net,kernel,redis", value_parser = ["engine", "memory", "net", "net-nofsync", "kernel", "redis", "floor"])]
     variant: Vec<String>,
     /// For `net`: measure this server (HOST:PORT) instead of starting one.
