@@ -29,7 +29,7 @@ mod sync;
 use std::path::{Path, PathBuf};
 
 pub use frame::MAX_PAYLOAD;
-pub use log::{DurableHook, Journal, Options, PREALLOCATE, Recovery, sync_wanted_everywhere};
+pub use log::{DurableHook, Journal, Options, Recovery, sync_wanted_everywhere};
 
 /// What went wrong, with the file it went wrong in.
 #[derive(Debug, thiserror::Error)]

@@ -758,9 +758,7 @@ fn sync_waited(s: &Shared) {
 fn backstop(s: &Shared) {
     // The writer's position and the ring's reserved count at the last look.
     let mut seen: Option<(u64, u64)> = None;
-    let shortest = s.options.backstop;
-    let longest = s.options.backstop_max.max(shortest);
-    let mut period = shortest;
+    let mut pace = Pace::new(s.options.backstop, s.options.backstop_max);
     loop {
         if s.failed.load(Ordering::SeqCst) {
             return;
@@ -785,18 +783,45 @@ fn backstop(s: &Shared) {
             if flush(s, &mut s.writer.lock(), false) == Flushed::Failed {
                 return;
             }
-            period = shortest;
+            pace.reset();
         } else if pos == reserved && seen.is_some_and(|(_, r)| r == reserved) {
             idle(s, pos);
             seen = None;
-            period = shortest;
+            pace.reset();
             continue;
         } else if seen.is_some_and(|(p, _)| p != pos) {
-            // The callers wrote since the last look: they keep up.
-            period = (period * 2).min(longest);
+            pace.kept_up();
         }
         seen = Some((pos, reserved));
-        std::thread::park_timeout(period);
+        std::thread::park_timeout(pace.period);
+    }
+}
+
+/// The backstop's period between looks: [`Options::backstop`] after a
+/// look that had to write (or found the journal idle), doubled by each
+/// look that found the callers writing, up to [`Options::backstop_max`]
+/// (never below the shortest).
+#[derive(Debug)]
+struct Pace {
+    shortest: Duration,
+    longest: Duration,
+    period: Duration,
+}
+
+impl Pace {
+    fn new(shortest: Duration, longest: Duration) -> Pace {
+        Pace { shortest, longest: longest.max(shortest), period: shortest }
+    }
+
+    /// The callers wrote since the last look: look less often.
+    fn kept_up(&mut self) {
+        self.period = (self.period * 2).min(self.longest);
+    }
+
+    /// Records sat unwritten a whole period, or appends stopped: look
+    /// often again.
+    fn reset(&mut self) {
+        self.period = self.shortest;
     }
 }
 
@@ -899,4 +924,29 @@ fn write_group(s: &Shared, file: &mut Tail, group: &[u8], first: u64, end: u64) 
         off = cut;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod pace_tests {
+    use super::*;
+
+    const MS: Duration = Duration::from_millis(1);
+
+    /// Doubling stops at the longest, a reset goes back to the shortest,
+    /// and a longest below the shortest is the shortest.
+    #[test]
+    fn the_backstop_period_doubles_up_to_its_cap_and_resets() {
+        let mut pace = Pace::new(MS, 5 * MS);
+        let mut seen = Vec::new();
+        for _ in 0..5 {
+            pace.kept_up();
+            seen.push(pace.period);
+        }
+        assert_eq!(seen, [2 * MS, 4 * MS, 5 * MS, 5 * MS, 5 * MS]);
+        pace.reset();
+        assert_eq!(pace.period, MS);
+        let mut flat = Pace::new(10 * MS, MS);
+        flat.kept_up();
+        assert_eq!(flat.period, 10 * MS);
+    }
 }

@@ -50,11 +50,8 @@ pub fn round_trips(hold: Duration, samples: usize) -> Result<hdrhistogram::Histo
 pub fn fdatasyncs(dir: &Path, samples: usize) -> Result<hdrhistogram::Histogram<u64>, String> {
     let err = |e: std::io::Error| format!("fsync floor in {}: {e}", dir.display());
     let tmp = tempfile::tempdir_in(dir).map_err(err)?;
-    let file = std::fs::File::create(tmp.path().join("floor")).map_err(err)?;
     let record = [0x5au8; 64];
-    // Written zeros, as the journal extends its segments.
-    file.write_all_at(&vec![0; samples * record.len() + 4096], 0).map_err(err)?;
-    file.sync_all().map_err(err)?;
+    let file = preallocated(&tmp.path().join("floor"), (samples * record.len()) as u64).map_err(err)?;
     let mut hist = hdrhistogram::Histogram::new_with_bounds(1, 60_000_000, 2).expect("valid bounds");
     for i in 0..samples {
         let t = Instant::now();
@@ -63,4 +60,16 @@ pub fn fdatasyncs(dir: &Path, samples: usize) -> Result<hdrhistogram::Histogram<
         hist.saturating_record(t.elapsed().as_micros() as u64);
     }
     Ok(hist)
+}
+
+/// A new file at `path` of `bytes` written zeros (and a page more),
+/// synced: records written over them later land inside the file's size
+/// on blocks it has, so each `fdatasync` writes the data and neither a
+/// new size nor an allocation, as in the journal's segments, which are
+/// extended ahead of their records in the same way.
+pub fn preallocated(path: &Path, bytes: u64) -> std::io::Result<std::fs::File> {
+    let file = std::fs::File::options().create_new(true).write(true).open(path)?;
+    file.write_all_at(&vec![0; bytes as usize + 4096], 0)?;
+    file.sync_all()?;
+    Ok(file)
 }
