@@ -3,8 +3,8 @@
 //! seen through the other; data written under a lock is read under it;
 //! a blocked lock wait yields to a signal; a killed mount gives its locks
 //! back; a restarted server keeps the mount's files and locks. And the
-//! mount against the kernel: random sequences of file-system calls give
-//! what tmpfs gives.
+//! mount against the kernel: random sequences of file-system calls
+//! (`fallocate` among them) give what tmpfs gives.
 //!
 //! Needs root and /dev/fuse. Without them these tests say loudly that
 //! they skipped, unless `INTERLOCK_REQUIRE_FUSE` is set (scripts/test sets
@@ -401,20 +401,63 @@ fn a_server_restart_keeps_open_files_even_unlinked_and_locks() {
 /// case's directory.
 #[derive(Clone, Debug)]
 enum FsOp {
-    Create { path: &'static str, excl: bool, trunc: bool },
-    Write { path: &'static str, offset: u64, len: usize, byte: u8 },
-    Truncate { path: &'static str, size: u64 },
-    Rename { from: &'static str, to: &'static str },
-    Link { from: &'static str, to: &'static str },
-    Unlink { path: &'static str },
-    Mkdir { path: &'static str },
-    Rmdir { path: &'static str },
-    Chmod { path: &'static str, mode: u32 },
-    Symlink { target: &'static str, path: &'static str },
-    Readdir { path: &'static str },
+    Create {
+        path: &'static str,
+        excl: bool,
+        trunc: bool,
+    },
+    Write {
+        path: &'static str,
+        offset: u64,
+        len: usize,
+        byte: u8,
+    },
+    Truncate {
+        path: &'static str,
+        size: u64,
+    },
+    /// `fallocate(2)` with a mode tmpfs has: 0, `KEEP_SIZE`, or a punch.
+    Fallocate {
+        path: &'static str,
+        mode: i32,
+        offset: u64,
+        len: u64,
+    },
+    Rename {
+        from: &'static str,
+        to: &'static str,
+    },
+    Link {
+        from: &'static str,
+        to: &'static str,
+    },
+    Unlink {
+        path: &'static str,
+    },
+    Mkdir {
+        path: &'static str,
+    },
+    Rmdir {
+        path: &'static str,
+    },
+    Chmod {
+        path: &'static str,
+        mode: u32,
+    },
+    Symlink {
+        target: &'static str,
+        path: &'static str,
+    },
+    Readdir {
+        path: &'static str,
+    },
 }
 
 const PATHS: &[&str] = &["a", "b", "d", "e", "d/a", "d/b", "d/e", "e/a"];
+
+/// The `fallocate` modes both tmpfs and the mount serve (a length of 0
+/// is drawn too: `EINVAL` from both).
+const FALLOCATE_MODES: &[i32] = &[0, libc::FALLOC_FL_KEEP_SIZE, libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE];
 
 fn fs_op() -> impl proptest::strategy::Strategy<Value = FsOp> {
     use proptest::prelude::*;
@@ -428,6 +471,8 @@ fn fs_op() -> impl proptest::strategy::Strategy<Value = FsOp> {
             byte
         }),
         (p(), 0u64..400_000).prop_map(|(path, size)| FsOp::Truncate { path, size }),
+        (p(), proptest::sample::select(FALLOCATE_MODES), 0u64..300_000, 0u64..200_000)
+            .prop_map(|(path, mode, offset, len)| FsOp::Fallocate { path, mode, offset, len }),
         (p(), p()).prop_map(|(from, to)| FsOp::Rename { from, to }),
         (p(), p()).prop_map(|(from, to)| FsOp::Link { from, to }),
         p().prop_map(|path| FsOp::Unlink { path }),
@@ -456,6 +501,11 @@ fn apply(root: &Path, op: &FsOp) -> Result<Vec<String>, i32> {
         })()),
         FsOp::Truncate { path, size } => {
             none(OpenOptions::new().write(true).open(at(path)).and_then(|f| f.set_len(size)))
+        }
+        FsOp::Fallocate { path, mode, offset, len } => {
+            let f = OpenOptions::new().write(true).open(at(path)).map_err(errno)?;
+            let mode = nix::fcntl::FallocateFlags::from_bits_retain(mode);
+            nix::fcntl::fallocate(&f, mode, offset as i64, len as i64).map(|()| Vec::new()).map_err(|e| e as i32)
         }
         FsOp::Rename { from, to } => none(std::fs::rename(at(from), at(to))),
         FsOp::Link { from, to } => none(std::fs::hard_link(at(from), at(to))),

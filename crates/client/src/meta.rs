@@ -17,7 +17,7 @@
 
 use std::time::Duration;
 
-pub use interlock_meta::{Attr, Cred, FileType, Ino, ROOT, RenameFlags, SetAttr, TimeSet, XattrMode};
+pub use interlock_meta::{Attr, Cred, Fallocate, FileType, Ino, ROOT, RenameFlags, SetAttr, TimeSet, XattrMode};
 use interlock_proto::meta::{ChangelogOp, ChangelogReply, MetaOp, MetaReply};
 pub use interlock_proto::meta::{ChangelogRecord, ConsumerInfo, Entry};
 use interlock_proto::{Op, Reply};
@@ -220,6 +220,19 @@ impl Client {
     /// that is when it arrives (`O_APPEND`); the file's attributes after.
     pub async fn append(&self, cred: &Cred, ino: Ino, data: &[u8]) -> Result<Attr, ClientError> {
         self.attr(cred, MetaOp::Write { ino, offset: 0, append: true, data: data.to_vec() }).await
+    }
+
+    /// `fallocate(2)` of `len` bytes at `offset`, as `how` says; the
+    /// file's attributes after it.
+    pub async fn fallocate(
+        &self,
+        cred: &Cred,
+        ino: Ino,
+        how: Fallocate,
+        offset: u64,
+        len: u64,
+    ) -> Result<Attr, ClientError> {
+        self.attr(cred, MetaOp::Fallocate { ino, how, offset, len }).await
     }
 
     /// Makes the file's data, and every change made so far, durable.

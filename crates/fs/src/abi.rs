@@ -51,6 +51,7 @@ pub mod op {
     pub const INTERRUPT: u32 = 36;
     pub const DESTROY: u32 = 38;
     pub const BATCH_FORGET: u32 = 42;
+    pub const FALLOCATE: u32 = 43;
     pub const READDIRPLUS: u32 = 44;
     pub const RENAME2: u32 = 45;
 }

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use futures::future::try_join_all;
 use std::time::Duration;
 
-use interlock_client::meta::{Attr, Cred, FileType, Ino, ROOT, RenameFlags, SetAttr, TimeSet, XattrMode};
+use interlock_client::meta::{Attr, Cred, Fallocate, FileType, Ino, ROOT, RenameFlags, SetAttr, TimeSet, XattrMode};
 use interlock_client::{Client, ClientError};
 use interlock_proto::meta::{MAX_DATA, MetaOp};
 use tokio::sync::oneshot;
@@ -77,8 +77,10 @@ impl Fs {
             return None;
         }
         let ino = h.nodeid;
-        if matches!(h.opcode, op::READ | op::WRITE | op::FSYNC | op::SETATTR | op::GETLK | op::SETLK | op::SETLKW)
-            && let Err(e) = self.lost.check(ino)
+        if matches!(
+            h.opcode,
+            op::READ | op::WRITE | op::FALLOCATE | op::FSYNC | op::SETATTR | op::GETLK | op::SETLK | op::SETLKW
+        ) && let Err(e) = self.lost.check(ino)
         {
             return Some(Err(e));
         }
@@ -108,6 +110,7 @@ impl Fs {
             op::WRITE => self.write(&cred, ino, &mut a).await,
             op::STATFS => self.statfs(&cred).await,
             op::RELEASE => self.release(&cred, &mut a).await,
+            op::FALLOCATE => self.fallocate(&cred, ino, &mut a).await,
             op::FSYNC => self.again(|| self.client.fsync(&cred, ino)).await.map(|()| Vec::new()),
             op::SETXATTR => self.setxattr(&cred, ino, &mut a).await,
             op::GETXATTR => self.getxattr(&cred, ino, &mut a).await,
@@ -362,6 +365,17 @@ impl Fs {
         abi::put32(&mut out, size as u32);
         abi::put32(&mut out, 0);
         Ok(out)
+    }
+
+    /// `fallocate(2)`: the kernel has checked the range and that the
+    /// file is open for writing, and updates its idea of the size after.
+    /// Repeated after a server restart as a write is: the same range
+    /// reserved or zeroed twice is the same.
+    async fn fallocate(&self, cred: &Cred, ino: Ino, a: &mut Args<'_>) -> Answer {
+        self.writable()?;
+        let (_fh, offset, len, mode) = (a.u64()?, a.u64()?, a.u64()?, a.u32()?);
+        let how = Fallocate::from_mode(mode).map_err(|e| e.0)?;
+        self.again(|| self.client.fallocate(cred, ino, how, offset, len)).await.map(|_| Vec::new())
     }
 
     async fn statfs(&self, cred: &Cred) -> Answer {

@@ -10,6 +10,7 @@
 //! those, never anything else).
 //!
 //! Costs: a read or write is an `open` and one `pread`/`pwrite`, O(bytes);
+//! a `fallocate` an `open` and one `fallocate`;
 //! `fsync` is the data file's `fdatasync`.
 
 use std::fs::{File, OpenOptions};
@@ -17,9 +18,11 @@ use std::io::ErrorKind;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
+use nix::fcntl::{FallocateFlags, fallocate};
+
 use crate::errno::{Errno, Result};
 use crate::namespace::Namespace;
-use crate::types::Ino;
+use crate::types::{Fallocate, Ino};
 
 pub(crate) struct Data {
     dir: PathBuf,
@@ -67,18 +70,33 @@ impl Data {
         Ok(buf)
     }
 
-    pub fn write(&self, ino: Ino, offset: u64, bytes: &[u8]) -> Result<()> {
+    /// The data file, made (empty) if the file has none yet, to write.
+    fn writable(&self, ino: Ino) -> Result<File> {
         let path = self.path(ino);
         let open = |p: &Path| OpenOptions::new().write(true).create(true).truncate(false).open(p);
-        let f = match open(&path) {
-            Ok(f) => f,
+        match open(&path) {
+            Ok(f) => Ok(f),
             Err(e) if e.kind() == ErrorKind::NotFound => {
                 std::fs::create_dir_all(path.parent().expect("a fan-out directory")).map_err(errno)?;
-                open(&path).map_err(errno)?
+                open(&path).map_err(errno)
             }
-            Err(e) => return Err(errno(e)),
-        };
-        f.write_all_at(bytes, offset).map_err(errno)
+            Err(e) => Err(errno(e)),
+        }
+    }
+
+    pub fn write(&self, ino: Ino, offset: u64, bytes: &[u8]) -> Result<()> {
+        self.writable(ino)?.write_all_at(bytes, offset).map_err(errno)
+    }
+
+    /// `fallocate(2)` on the data file's range, as `how` says: the space
+    /// is the local file system's to reserve, and its errors (`ENOSPC`;
+    /// `EOPNOTSUPP` for a mode it lacks) are the caller's. The range is
+    /// within [`FILE_SIZE_MAX`](crate::FILE_SIZE_MAX), checked before.
+    pub fn fallocate(&self, ino: Ino, how: Fallocate, offset: u64, len: u64) -> Result<()> {
+        let f = self.writable(ino)?;
+        let flags = FallocateFlags::from_bits_retain(how.mode() as i32);
+        let (Ok(offset), Ok(len)) = (i64::try_from(offset), i64::try_from(len)) else { return Err(Errno::EFBIG) };
+        fallocate(&f, flags, offset, len).map_err(|e| Errno(e as i32))
     }
 
     /// Cuts or extends (sparsely) the data file to `size`, if it has one.

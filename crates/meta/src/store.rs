@@ -38,7 +38,7 @@ use crate::log::{Log, Seq};
 use crate::mutation::{Gone, Mutation};
 use crate::namespace::Namespace;
 use crate::record;
-use crate::types::{Attr, Cred, Ino, Nanos, SetAttr};
+use crate::types::{Attr, Cred, Fallocate, Ino, Nanos, SetAttr};
 
 /// How a store keeps its journal and changelog.
 #[derive(Clone, Debug, Default)]
@@ -185,6 +185,22 @@ impl Store {
     /// the file is under the inode's lock.
     pub fn write(&self, cred: &Cred, ino: Ino, offset: Option<u64>, bytes: &[u8], now: Nanos) -> Result<(Attr, Seq)> {
         self.ns.write_with(cred, ino, (offset, bytes.len() as u64), now, |at| self.data.write(ino, at, bytes))
+    }
+
+    /// `fallocate(2)` on regular file `ino` (see
+    /// [`Namespace::fallocate_with`]): the data file's range reserved or
+    /// zeroed as `how` says, then the size and times, which reach the
+    /// disk with the record, as a write's do (durable at
+    /// [`fsync`](Store::fsync)).
+    pub fn fallocate(
+        &self,
+        cred: &Cred,
+        ino: Ino,
+        how: Fallocate,
+        (offset, len): (u64, u64),
+        now: Nanos,
+    ) -> Result<(Attr, Seq)> {
+        self.ns.fallocate_with(cred, ino, how, (offset, len), now, || self.data.fallocate(ino, how, offset, len))
     }
 
     /// [`Namespace::setattr`], with the data file cut or extended to a

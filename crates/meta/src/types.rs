@@ -162,6 +162,62 @@ pub enum XattrMode {
     Replace,
 }
 
+/// What `fallocate(2)` does to a range of a regular file: the modes
+/// Linux's VFS lets through to a FUSE file system, each with its mode
+/// bits (the kernel's, which a mount receives and the data file is given)
+/// converted here and nowhere else.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Fallocate {
+    /// Space for the range is reserved (mode 0: `posix_fallocate`), and
+    /// the file grows to the range's end unless `keep_size`
+    /// (`FALLOC_FL_KEEP_SIZE`).
+    Allocate { keep_size: bool },
+    /// The range becomes a hole and reads as zeros; the size stays
+    /// (`FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE`, the only way Linux
+    /// allows a punch).
+    PunchHole,
+    /// The range reads as zeros, its space reserved (`FALLOC_FL_ZERO_RANGE`),
+    /// and the file grows to its end unless `keep_size`. Served where the
+    /// server's own file system does it (ext4 and XFS do; tmpfs does not:
+    /// `EOPNOTSUPP`).
+    ZeroRange { keep_size: bool },
+}
+
+impl Fallocate {
+    /// The mode of `fallocate(2)`'s `mode` bits; `EOPNOTSUPP` for the
+    /// others (collapse, insert, unshare, write-zeroes, a punch that
+    /// would change the size), as a file system that cannot do them
+    /// answers.
+    pub fn from_mode(mode: u32) -> Result<Fallocate, crate::Errno> {
+        const KEEP: u32 = libc::FALLOC_FL_KEEP_SIZE as u32;
+        const PUNCH: u32 = libc::FALLOC_FL_PUNCH_HOLE as u32;
+        const ZERO: u32 = libc::FALLOC_FL_ZERO_RANGE as u32;
+        Ok(match mode {
+            0 => Fallocate::Allocate { keep_size: false },
+            KEEP => Fallocate::Allocate { keep_size: true },
+            m if m == PUNCH | KEEP => Fallocate::PunchHole,
+            ZERO => Fallocate::ZeroRange { keep_size: false },
+            m if m == ZERO | KEEP => Fallocate::ZeroRange { keep_size: true },
+            _ => return Err(crate::Errno::EOPNOTSUPP),
+        })
+    }
+
+    /// Its `fallocate(2)` mode bits.
+    pub fn mode(self) -> u32 {
+        let keep = |k: bool| if k { libc::FALLOC_FL_KEEP_SIZE as u32 } else { 0 };
+        match self {
+            Fallocate::Allocate { keep_size } => keep(keep_size),
+            Fallocate::PunchHole => (libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE) as u32,
+            Fallocate::ZeroRange { keep_size } => libc::FALLOC_FL_ZERO_RANGE as u32 | keep(keep_size),
+        }
+    }
+
+    /// Whether the file may grow to the range's end.
+    pub fn grows(self) -> bool {
+        matches!(self, Fallocate::Allocate { keep_size: false } | Fallocate::ZeroRange { keep_size: false })
+    }
+}
+
 /// One entry of a directory listing. `cookie` resumes the listing after
 /// this entry.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -178,4 +234,37 @@ pub struct StatFs {
     pub files: u64,
     pub name_max: u32,
     pub block_size: u32,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every mode served converts to its bits and back; every other
+    /// combination of the bits Linux defines is `EOPNOTSUPP`.
+    #[test]
+    fn fallocate_modes_convert_both_ways_and_the_rest_are_refused() {
+        let served = [
+            Fallocate::Allocate { keep_size: false },
+            Fallocate::Allocate { keep_size: true },
+            Fallocate::PunchHole,
+            Fallocate::ZeroRange { keep_size: false },
+            Fallocate::ZeroRange { keep_size: true },
+        ];
+        for how in served {
+            assert_eq!(Fallocate::from_mode(how.mode()), Ok(how));
+        }
+        let mut refused = 0;
+        for mode in 0..0x80u32 {
+            match Fallocate::from_mode(mode) {
+                Ok(how) => assert_eq!(how.mode(), mode),
+                Err(e) => {
+                    assert_eq!(e, crate::Errno::EOPNOTSUPP);
+                    refused += 1;
+                }
+            }
+        }
+        assert_eq!(refused, 0x80 - served.len());
+        assert_eq!(Fallocate::from_mode(libc::FALLOC_FL_PUNCH_HOLE as u32), Err(crate::Errno::EOPNOTSUPP));
+    }
 }

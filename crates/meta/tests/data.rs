@@ -1,17 +1,21 @@
 //! File data against the kernel: random writes at any offset, truncates
-//! up and down, reads and restarts on two files of a store, and the same
+//! up and down, `fallocate`s (reserving, with and without the size, and
+//! punching holes), reads and restarts on two files of a store, and the same
 //! on two files in a tmpfs directory, must read back the same bytes at
 //! every step and in the end. And a freed file's data goes.
 
 use std::os::unix::fs::FileExt;
 
-use interlock_meta::{Cred, FileType, Ino, NewInode, ROOT, SetAttr, Store, StoreOptions};
+use interlock_meta::{Cred, Fallocate, FileType, Ino, NewInode, ROOT, SetAttr, Store, StoreOptions};
+use nix::fcntl::{FallocateFlags, fallocate};
 use proptest::prelude::*;
 
 #[derive(Clone, Debug)]
 enum Op {
     Write(usize, u64, usize, u8),
     Truncate(usize, u64),
+    /// `fallocate` with a mode tmpfs has (0, keep-size, punch).
+    Fallocate(usize, Fallocate, u64, u64),
     Read(usize, u64, usize),
     Reopen,
 }
@@ -23,8 +27,17 @@ fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         4 => (0usize..2, off.clone(), 1usize..70_000, any::<u8>()).prop_map(|(f, o, l, b)| Op::Write(f, o, l, b)),
         2 => (0usize..2, prop_oneof![0u64..700_000, Just(0u64)]).prop_map(|(f, s)| Op::Truncate(f, s)),
+        2 => (0usize..2, how(), off.clone(), 1u64..300_000).prop_map(|(f, h, o, l)| Op::Fallocate(f, h, o, l)),
         3 => (0usize..2, off, 1usize..200_000).prop_map(|(f, o, l)| Op::Read(f, o, l)),
         1 => Just(Op::Reopen),
+    ]
+}
+
+fn how() -> impl Strategy<Value = Fallocate> {
+    prop_oneof![
+        Just(Fallocate::Allocate { keep_size: false }),
+        Just(Fallocate::Allocate { keep_size: true }),
+        Just(Fallocate::PunchHole),
     ]
 }
 
@@ -67,6 +80,13 @@ proptest! {
                     let (_, seq) = store.setattr(&root, inos[f], &set, 10 + t as i64).unwrap();
                     store.wait(seq).unwrap();
                     kernel[f].set_len(size).unwrap();
+                }
+                Op::Fallocate(f, how, off, len) => {
+                    let (a, seq) = store.fallocate(&root, inos[f], how, (off, len), 10 + t as i64).unwrap();
+                    store.wait(seq).unwrap();
+                    let mode = FallocateFlags::from_bits_retain(how.mode() as i32);
+                    fallocate(&kernel[f], mode, off as i64, len as i64).unwrap();
+                    prop_assert_eq!(a.size, kernel[f].metadata().unwrap().len(), "size after {:?}", how);
                 }
                 Op::Read(f, off, len) => {
                     let ours = store.read(&root, inos[f], off, len).unwrap();

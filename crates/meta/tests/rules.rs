@@ -3,7 +3,7 @@
 
 mod common;
 
-use interlock_meta::{Cred, Errno, FileType, Namespace, NewInode, ROOT, RenameFlags, SetAttr, XattrMode};
+use interlock_meta::{Cred, Errno, Fallocate, FileType, Namespace, NewInode, ROOT, RenameFlags, SetAttr, XattrMode};
 
 fn user() -> Cred {
     Cred { uid: 1000, gid: 1000, groups: vec![] }
@@ -150,4 +150,52 @@ fn create_open_creates_a_file_held_open() {
     let (ro, _) = ns.create(&root, ROOT, b"ro", new(FileType::Directory, 0o755), b"", 4).unwrap();
     assert_eq!(ns.create_open(&user(), ro.ino, b"x", 0o644, 5).map(drop), Err(Errno::EACCES));
     assert_eq!(ns.lookup(&root, ro.ino, b"x").map(drop), Err(Errno::ENOENT));
+}
+
+/// `fallocate` is checked as a write is: an empty range is `EINVAL`, a
+/// directory `EISDIR`, a range past 16 TiB `EFBIG`, another's file
+/// without write permission `EACCES`, and none of those touches the data
+/// or the file. A keep-size mode leaves the size, the others grow it to
+/// the range's end (never shrink it); every one sets mtime and ctime,
+/// and a user's clears setuid, as a write's does.
+#[test]
+fn fallocate_is_checked_as_a_write_and_grows_the_file_only_when_asked() {
+    let ns = Namespace::new(1, 0);
+    let root = Cred::root();
+    let (f, _) = ns.create(&root, ROOT, b"f", new(FileType::Regular, 0o4755), b"", 1).unwrap();
+    let (d, _) = ns.create(&root, ROOT, b"d", new(FileType::Directory, 0o777), b"", 1).unwrap();
+    let f = ns.getattr(f.ino).unwrap();
+    let reserve = Fallocate::Allocate { keep_size: false };
+    let refused = |cred: &Cred, ino, range| {
+        ns.fallocate_with(cred, ino, reserve, range, 2, || panic!("the data file is not touched")).map(drop)
+    };
+    assert_eq!(refused(&root, f.ino, (0, 0)), Err(Errno::EINVAL));
+    assert_eq!(refused(&root, d.ino, (0, 10)), Err(Errno::EISDIR));
+    assert_eq!(refused(&root, f.ino, ((16 << 40) - 5, 10)), Err(Errno::EFBIG));
+    assert_eq!(refused(&user(), f.ino, (0, 10)), Err(Errno::EACCES));
+    assert_eq!(ns.getattr(f.ino).unwrap(), f, "unchanged");
+    let steps = [
+        (Fallocate::Allocate { keep_size: true }, (100, 50), 0),
+        (Fallocate::PunchHole, (0, 500), 0),
+        (reserve, (100, 50), 150),
+        (Fallocate::ZeroRange { keep_size: true }, (0, 400), 150),
+        (Fallocate::ZeroRange { keep_size: false }, (200, 100), 300),
+        (reserve, (0, 10), 300),
+    ];
+    for (t, (how, range, size)) in steps.into_iter().enumerate() {
+        let now = 10 + t as i64;
+        let mut put = 0;
+        let (a, _) = ns
+            .fallocate_with(&root, f.ino, how, range, now, || {
+                put += 1;
+                Ok(())
+            })
+            .unwrap();
+        assert_eq!((a.size, a.mtime, a.ctime, put), (size, now, now, 1), "{how:?} {range:?}");
+        assert_eq!(a.perm, 0o4755, "root keeps setuid");
+    }
+    let all = SetAttr { perm: Some(0o4777), ..SetAttr::default() };
+    ns.setattr(&root, f.ino, &all, 20).unwrap();
+    let (a, _) = ns.fallocate_with(&user(), f.ino, reserve, (0, 1), 21, || Ok(())).unwrap();
+    assert_eq!(a.perm, 0o777, "a user's fallocate clears setuid");
 }

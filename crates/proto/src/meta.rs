@@ -1,4 +1,4 @@
-//! The namespace's operations on the wire (protocol 7): each request
+//! The namespace's operations on the wire (protocol 9): each request
 //! carries the caller's credentials, which the server checks permissions
 //! with, as a local file system checks a process's; each answer is a
 //! [`MetaReply`] or the errno the operation failed with, which the mount
@@ -9,7 +9,7 @@
 //! And the changelog: register, deregister, list, read (with a wait:
 //! follow) and clear, as Lustre's `lfs changelog` does them.
 
-use interlock_meta::{Attr, FileType, Ino, Nanos, RenameFlags, SetAttr, XattrMode};
+use interlock_meta::{Attr, Fallocate, FileType, Ino, Nanos, RenameFlags, SetAttr, XattrMode};
 use serde::{Deserialize, Serialize};
 
 /// A namespace operation.
@@ -124,6 +124,15 @@ pub enum MetaOp {
         append: bool,
         #[serde(with = "serde_bytes")]
         data: Vec<u8>,
+    },
+    /// `fallocate(2)` of `len` bytes at `offset` (version 9):
+    /// [`MetaReply::Attr`] with the size after it. Answered before it is
+    /// durable, as a `Write` is.
+    Fallocate {
+        ino: Ino,
+        how: Fallocate,
+        offset: u64,
+        len: u64,
     },
     /// Makes the file's data and every change made so far durable.
     Fsync {

@@ -153,6 +153,11 @@ fn run(inner: &Inner, sid: u64, cred: &Cred, op: MetaOp) -> Result<(MetaReply, S
             let (a, _durable_at) = inner.store.write(cred, ino, (!append).then_some(offset), &data, now)?;
             (MetaReply::Attr(a), 0)
         }
+        MetaOp::Fallocate { ino, how, offset, len } => {
+            // Answered at once, as a write is (and as fallocate(2) on a
+            // local file system returns before a sync).
+            (MetaReply::Attr(inner.store.fallocate(cred, ino, how, (offset, len), now)?.0), 0)
+        }
         MetaOp::Fsync { ino } => done(inner.store.fsync(ino)?),
     })
 }
