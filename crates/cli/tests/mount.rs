@@ -4,7 +4,7 @@
 //! a blocked lock wait yields to a signal; a killed mount gives its locks
 //! back; a restarted server keeps the mount's files and locks. And the
 //! mount against the kernel: random sequences of file-system calls
-//! (`fallocate` among them) give what tmpfs gives.
+//! (`fallocate` and `copy_file_range` among them) give what tmpfs gives.
 //!
 //! Needs root and /dev/fuse. Without them these tests say loudly that
 //! they skipped, unless `INTERLOCK_REQUIRE_FUSE` is set (scripts/test sets
@@ -423,6 +423,14 @@ enum FsOp {
         offset: u64,
         len: u64,
     },
+    /// `copy_file_range`: how many bytes, or the errno.
+    CopyRange {
+        from: &'static str,
+        at: u64,
+        to: &'static str,
+        to_at: u64,
+        len: usize,
+    },
     Rename {
         from: &'static str,
         to: &'static str,
@@ -473,6 +481,8 @@ fn fs_op() -> impl proptest::strategy::Strategy<Value = FsOp> {
         (p(), 0u64..400_000).prop_map(|(path, size)| FsOp::Truncate { path, size }),
         (p(), proptest::sample::select(FALLOCATE_MODES), 0u64..300_000, 0u64..200_000)
             .prop_map(|(path, mode, offset, len)| FsOp::Fallocate { path, mode, offset, len }),
+        (p(), 0u64..300_000, p(), 0u64..300_000, 0usize..200_000)
+            .prop_map(|(from, at, to, to_at, len)| FsOp::CopyRange { from, at, to, to_at, len }),
         (p(), p()).prop_map(|(from, to)| FsOp::Rename { from, to }),
         (p(), p()).prop_map(|(from, to)| FsOp::Link { from, to }),
         p().prop_map(|path| FsOp::Unlink { path }),
@@ -506,6 +516,13 @@ fn apply(root: &Path, op: &FsOp) -> Result<Vec<String>, i32> {
             let f = OpenOptions::new().write(true).open(at(path)).map_err(errno)?;
             let mode = nix::fcntl::FallocateFlags::from_bits_retain(mode);
             nix::fcntl::fallocate(&f, mode, offset as i64, len as i64).map(|()| Vec::new()).map_err(|e| e as i32)
+        }
+        FsOp::CopyRange { from, at: off, to, to_at, len } => {
+            let src = File::open(at(from)).map_err(errno)?;
+            let dst = OpenOptions::new().write(true).open(at(to)).map_err(errno)?;
+            let (mut a, mut b) = (off as i64, to_at as i64);
+            let n = nix::fcntl::copy_file_range(&src, Some(&mut a), &dst, Some(&mut b), len).map_err(|e| e as i32)?;
+            Ok(vec![n.to_string()])
         }
         FsOp::Rename { from, to } => none(std::fs::rename(at(from), at(to))),
         FsOp::Link { from, to } => none(std::fs::hard_link(at(from), at(to))),

@@ -235,6 +235,23 @@ impl Client {
         self.attr(cred, MetaOp::Fallocate { ino, how, offset, len }).await
     }
 
+    /// `copy_file_range(2)`: up to `len` bytes of `src` from `src_off`
+    /// into `dst` at `dst_off`, copied by the server (no data crosses the
+    /// network); how many bytes (fewer at the source's end), and the
+    /// destination's attributes after.
+    pub async fn copy_range(
+        &self,
+        cred: &Cred,
+        (src, src_off): (Ino, u64),
+        (dst, dst_off): (Ino, u64),
+        len: u64,
+    ) -> Result<(u64, Attr), ClientError> {
+        match self.meta(cred, MetaOp::CopyRange { src, src_off, dst, dst_off, len }).await? {
+            MetaReply::Copied { bytes, attr } => Ok((bytes, attr)),
+            other => Err(unexpected(other)),
+        }
+    }
+
     /// Makes the file's data, and every change made so far, durable.
     pub async fn fsync(&self, cred: &Cred, ino: Ino) -> Result<(), ClientError> {
         self.done(cred, MetaOp::Fsync { ino }).await

@@ -53,6 +53,7 @@ pub mod op {
     pub const BATCH_FORGET: u32 = 42;
     pub const FALLOCATE: u32 = 43;
     pub const READDIRPLUS: u32 = 44;
+    pub const COPY_FILE_RANGE: u32 = 47;
     pub const RENAME2: u32 = 45;
 }
 
@@ -253,6 +254,14 @@ pub fn attr_out(a: &Attr, ttl: Ttl) -> Vec<u8> {
     put32(&mut out, ttl.attr.subsec_nanos());
     put32(&mut out, 0);
     put_attr(&mut out, a);
+    out
+}
+
+/// `fuse_write_out`: how many bytes a write (or copy) took.
+pub fn write_out(size: u32) -> Vec<u8> {
+    let mut out = Vec::with_capacity(8);
+    put32(&mut out, size);
+    put32(&mut out, 0);
     out
 }
 

@@ -10,7 +10,8 @@
 //! those, never anything else).
 //!
 //! Costs: a read or write is an `open` and one `pread`/`pwrite`, O(bytes);
-//! a `fallocate` an `open` and one `fallocate`;
+//! a `fallocate` an `open` and one `fallocate`; a copy two `open`s and
+//! `copy_file_range`s, O(bytes) in the kernel, none through user space;
 //! `fsync` is the data file's `fdatasync`.
 
 use std::fs::{File, OpenOptions};
@@ -18,7 +19,7 @@ use std::io::ErrorKind;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
-use nix::fcntl::{FallocateFlags, fallocate};
+use nix::fcntl::{FallocateFlags, copy_file_range, fallocate};
 
 use crate::errno::{Errno, Result};
 use crate::namespace::Namespace;
@@ -26,6 +27,32 @@ use crate::types::{Fallocate, Ino};
 
 pub(crate) struct Data {
     dir: PathBuf,
+}
+
+/// A position or length as the system calls take it (every range was
+/// checked against `FILE_SIZE_MAX` before).
+fn offset(at: u64) -> Result<i64> {
+    i64::try_from(at).map_err(|_| Errno::EFBIG)
+}
+
+/// Makes `len` bytes of `f` from `at` read as zeros: a hole where the
+/// local file system punches them, written zeros where it cannot.
+fn zero(f: &File, at: u64, len: u64) -> Result<()> {
+    let punch = FallocateFlags::FALLOC_FL_PUNCH_HOLE | FallocateFlags::FALLOC_FL_KEEP_SIZE;
+    match fallocate(f, punch, offset(at)?, offset(len)?) {
+        Ok(()) => Ok(()),
+        Err(nix::errno::Errno::EOPNOTSUPP) => {
+            let zeros = vec![0u8; len.min(1 << 20) as usize];
+            let mut done = 0;
+            while done < len {
+                let k = (len - done).min(zeros.len() as u64) as usize;
+                f.write_all_at(&zeros[..k], at + done).map_err(errno)?;
+                done += k as u64;
+            }
+            Ok(())
+        }
+        Err(e) => Err(Errno(e as i32)),
+    }
 }
 
 /// An I/O error as the errno a file system returns.
@@ -95,8 +122,37 @@ impl Data {
     pub fn fallocate(&self, ino: Ino, how: Fallocate, offset: u64, len: u64) -> Result<()> {
         let f = self.writable(ino)?;
         let flags = FallocateFlags::from_bits_retain(how.mode() as i32);
-        let (Ok(offset), Ok(len)) = (i64::try_from(offset), i64::try_from(len)) else { return Err(Errno::EFBIG) };
-        fallocate(&f, flags, offset, len).map_err(|e| Errno(e as i32))
+        fallocate(&f, flags, self::offset(offset)?, self::offset(len)?).map_err(|e| Errno(e as i32))
+    }
+
+    /// `n` bytes of `src`'s data from `src_off` into `dst`'s at `dst_off`,
+    /// copied by the local file system (`copy_file_range`: a reflink or
+    /// an in-kernel copy, no byte through this process). Bytes past the
+    /// end of `src`'s data file (a hole at its end) read as zeros, so
+    /// they are made zeros in `dst`'s range too, where its data file
+    /// reaches: a punched hole, or written zeros where the local file
+    /// system has no holes. `src` may be `dst` (ranges apart).
+    pub fn copy(&self, (src, src_off): (Ino, u64), (dst, dst_off): (Ino, u64), n: u64) -> Result<()> {
+        let out = self.writable(dst)?;
+        let mut done = 0u64;
+        if let Some(from) = self.file(src)? {
+            while done < n {
+                let (mut at_in, mut at_out) = (offset(src_off + done)?, offset(dst_off + done)?);
+                let want = usize::try_from(n - done).unwrap_or(usize::MAX).min(1 << 30);
+                match copy_file_range(&from, Some(&mut at_in), &out, Some(&mut at_out), want) {
+                    Ok(0) => break, // the end of the source's data file
+                    Ok(k) => done += k as u64,
+                    Err(nix::errno::Errno::EINTR) => {}
+                    Err(e) => return Err(Errno(e as i32)),
+                }
+            }
+        }
+        let reach = out.metadata().map_err(errno)?.len();
+        let (from, to) = (dst_off + done, (dst_off + n).min(reach));
+        if from < to {
+            zero(&out, from, to - from)?;
+        }
+        Ok(())
     }
 
     /// Cuts or extends (sparsely) the data file to `size`, if it has one.

@@ -6,7 +6,7 @@
 
 use std::sync::atomic::Ordering::Relaxed;
 
-use crate::access::{self, EXEC, WRITE};
+use crate::access::{self, EXEC, Owner, WRITE};
 use crate::errno::{Errno, Result};
 use crate::inode::Inode;
 use crate::locks::stripe;
@@ -520,11 +520,7 @@ impl Namespace {
         let i = self.inode(ino)?;
         let _held = self.stripes.lock(&[], &[Self::ino_lock(ino)]);
         self.inode(ino)?;
-        regular(&i)?;
-        let o = i.owner();
-        if cred.uid != o.uid {
-            access::check(cred, &o, WRITE)?;
-        }
+        let o = may_write(cred, &i)?;
         // An append takes the size under the inode's lock: appends from
         // any number of clients never overwrite each other.
         let offset = offset.unwrap_or_else(|| i.size.load(Relaxed));
@@ -541,6 +537,38 @@ impl Namespace {
         }
         let seq = self.commit(cred, &Mutation::Write { ino, size, perm, time: now })?;
         Ok((i.attr(), seq))
+    }
+
+    /// `copy_file_range(2)`: up to `len` bytes of regular file `src` from
+    /// `src_off` (fewer at its end, none past it) into regular file `dst`
+    /// at `dst_off`. The source is checked as a read is, the destination
+    /// as a write is; two ranges of one file that overlap are `EINVAL`, as
+    /// Linux's checks make them (on the count cut to the source's end).
+    /// `put(n)` copies the `n` bytes, then the destination's new size and
+    /// times are recorded as a write's, under its lock; nothing is
+    /// recorded when there is nothing to copy. Returns `n` with the
+    /// destination's attributes. O(1) expected, plus `put`.
+    pub fn copy_range_with(
+        &self,
+        cred: &Cred,
+        (src, src_off): (Ino, u64),
+        (dst, dst_off): (Ino, u64),
+        len: u64,
+        now: Nanos,
+        put: impl FnOnce(u64) -> Result<()>,
+    ) -> Result<(u64, Attr, Seq)> {
+        let size = self.readable(cred, src)?.size;
+        let n = len.min(size.saturating_sub(src_off));
+        if src == dst && dst_off < src_off.saturating_add(n) && src_off < dst_off.saturating_add(n) {
+            return Err(Errno::EINVAL);
+        }
+        if n == 0 {
+            let i = self.inode(dst)?;
+            may_write(cred, &i)?;
+            return Ok((0, i.attr(), 0));
+        }
+        let (a, seq) = self.change_data(cred, dst, (Some(dst_off), n), true, now, |_| put(n))?;
+        Ok((n, a, seq))
     }
 
     /// Sets an extended attribute (see `xattr_permission` for who may).
@@ -635,6 +663,18 @@ impl Namespace {
 }
 
 /// Data operations work on regular files only.
+/// The checks of a change to `i`'s data: a regular file the caller may
+/// write (its owner always may: an NFS server lets the owner of a file it
+/// opened write it). Its owner and mode, read once.
+fn may_write(cred: &Cred, i: &Inode) -> Result<Owner> {
+    regular(i)?;
+    let o = i.owner();
+    if cred.uid != o.uid {
+        access::check(cred, &o, WRITE)?;
+    }
+    Ok(o)
+}
+
 fn regular(i: &Inode) -> Result<()> {
     match i.kind {
         FileType::Regular => Ok(()),

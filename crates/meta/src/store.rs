@@ -203,6 +203,21 @@ impl Store {
         self.ns.fallocate_with(cred, ino, how, (offset, len), now, || self.data.fallocate(ino, how, offset, len))
     }
 
+    /// `copy_file_range(2)` between regular files (see
+    /// [`Namespace::copy_range_with`]): the bytes copied by the local file
+    /// system, then the destination's size and times, durable at
+    /// [`fsync`](Store::fsync) as a write's are. Returns how many bytes.
+    pub fn copy_range(
+        &self,
+        cred: &Cred,
+        src: (Ino, u64),
+        dst: (Ino, u64),
+        len: u64,
+        now: Nanos,
+    ) -> Result<(u64, Attr, Seq)> {
+        self.ns.copy_range_with(cred, src, dst, len, now, |n| self.data.copy(src, dst, n))
+    }
+
     /// [`Namespace::setattr`], with the data file cut or extended to a
     /// new size under the inode's lock.
     pub fn setattr(&self, cred: &Cred, ino: Ino, set: &SetAttr, now: Nanos) -> Result<(Attr, Seq)> {

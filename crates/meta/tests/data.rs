@@ -1,13 +1,14 @@
 //! File data against the kernel: random writes at any offset, truncates
 //! up and down, `fallocate`s (reserving, with and without the size, and
-//! punching holes), reads and restarts on two files of a store, and the same
+//! punching holes), `copy_file_range`s (within a file too), reads and
+//! restarts on two files of a store, and the same
 //! on two files in a tmpfs directory, must read back the same bytes at
 //! every step and in the end. And a freed file's data goes.
 
 use std::os::unix::fs::FileExt;
 
 use interlock_meta::{Cred, Fallocate, FileType, Ino, NewInode, ROOT, SetAttr, Store, StoreOptions};
-use nix::fcntl::{FallocateFlags, fallocate};
+use nix::fcntl::{FallocateFlags, copy_file_range, fallocate};
 use proptest::prelude::*;
 
 #[derive(Clone, Debug)]
@@ -16,6 +17,9 @@ enum Op {
     Truncate(usize, u64),
     /// `fallocate` with a mode tmpfs has (0, keep-size, punch).
     Fallocate(usize, Fallocate, u64, u64),
+    /// `copy_file_range` from one file (offset) to one file (offset):
+    /// the same file too, where overlapping ranges are `EINVAL`.
+    Copy((usize, u64), (usize, u64), u64),
     Read(usize, u64, usize),
     Reopen,
 }
@@ -28,6 +32,7 @@ fn op() -> impl Strategy<Value = Op> {
         4 => (0usize..2, off.clone(), 1usize..70_000, any::<u8>()).prop_map(|(f, o, l, b)| Op::Write(f, o, l, b)),
         2 => (0usize..2, prop_oneof![0u64..700_000, Just(0u64)]).prop_map(|(f, s)| Op::Truncate(f, s)),
         2 => (0usize..2, how(), off.clone(), 1u64..300_000).prop_map(|(f, h, o, l)| Op::Fallocate(f, h, o, l)),
+        2 => ((0usize..2, off.clone()), (0usize..2, off.clone()), 0u64..300_000).prop_map(|(a, b, l)| Op::Copy(a, b, l)),
         3 => (0usize..2, off, 1usize..200_000).prop_map(|(f, o, l)| Op::Read(f, o, l)),
         1 => Just(Op::Reopen),
     ]
@@ -87,6 +92,20 @@ proptest! {
                     let mode = FallocateFlags::from_bits_retain(how.mode() as i32);
                     fallocate(&kernel[f], mode, off as i64, len as i64).unwrap();
                     prop_assert_eq!(a.size, kernel[f].metadata().unwrap().len(), "size after {:?}", how);
+                }
+                Op::Copy((from, at), (to, to_at), len) => {
+                    let ours = store.copy_range(&root, (inos[from], at), (inos[to], to_at), len, 10 + t as i64);
+                    let (mut a, mut b) = (at as i64, to_at as i64);
+                    let theirs = copy_file_range(&kernel[from], Some(&mut a), &kernel[to], Some(&mut b), len as usize);
+                    match (ours, theirs) {
+                        (Ok((n, attr, seq)), Ok(k)) => {
+                            store.wait(seq).unwrap();
+                            prop_assert_eq!(n, k as u64, "bytes copied");
+                            prop_assert_eq!(attr.size, kernel[to].metadata().unwrap().len(), "size after the copy");
+                        }
+                        (Err(e), Err(k)) => prop_assert_eq!(e.0, k as i32),
+                        (ours, theirs) => prop_assert!(false, "copy: ours {:?}, the kernel's {:?}", ours.map(|r| r.0), theirs),
+                    }
                 }
                 Op::Read(f, off, len) => {
                     let ours = store.read(&root, inos[f], off, len).unwrap();

@@ -199,3 +199,44 @@ fn fallocate_is_checked_as_a_write_and_grows_the_file_only_when_asked() {
     let (a, _) = ns.fallocate_with(&user(), f.ino, reserve, (0, 1), 21, || Ok(())).unwrap();
     assert_eq!(a.perm, 0o777, "a user's fallocate clears setuid");
 }
+
+/// `copy_file_range` checks the source as a read and the destination as
+/// a write, refuses overlapping ranges of one file (`EINVAL`, on the count
+/// cut to the source's end) and a destination past 16 TiB (`EFBIG`), and
+/// copies none of the refused; it copies no more than the source holds,
+/// and a copy of nothing records nothing.
+#[test]
+fn copy_range_is_checked_as_a_read_and_a_write() {
+    let ns = Namespace::new(1, 0);
+    let root = Cred::root();
+    let file = |name: &[u8], perm| ns.create(&root, ROOT, name, new(FileType::Regular, perm), b"", 1).unwrap().0.ino;
+    let (src, dst, secret) = (file(b"src", 0o644), file(b"dst", 0o644), file(b"secret", 0o600));
+    let (d, _) = ns.create(&root, ROOT, b"d", new(FileType::Directory, 0o777), b"", 1).unwrap();
+    ns.write_with(&root, src, (Some(0), 1000), 2, |_| Ok(())).unwrap();
+    let clock = std::cell::Cell::new(10);
+    let copied = |cred: &Cred, from, to, len| {
+        let (mut put, now) = (None, clock.get() + 1);
+        clock.set(now);
+        let r = ns.copy_range_with(cred, from, to, len, now, |n| {
+            put = Some(n);
+            Ok(())
+        });
+        // Whether it was recorded: the record sets mtime to the time given.
+        (r.map(|(n, a, _)| (n, a.size, a.mtime == now)), put)
+    };
+    let refused = |e: Errno| (Err(e), None);
+    assert_eq!(copied(&user(), (secret, 0), (dst, 0), 10), refused(Errno::EACCES), "an unreadable source");
+    assert_eq!(copied(&user(), (src, 0), (dst, 0), 10), refused(Errno::EACCES), "an unwritable destination");
+    assert_eq!(copied(&root, (d.ino, 0), (dst, 0), 10), refused(Errno::EISDIR));
+    assert_eq!(copied(&root, (src, 0), (d.ino, 0), 10), refused(Errno::EISDIR));
+    assert_eq!(copied(&root, (src, 0), (src, 500), 600), refused(Errno::EINVAL), "overlapping");
+    assert_eq!(copied(&root, (src, 0), (dst, (16 << 40) - 5), 10), refused(Errno::EFBIG));
+    assert_eq!(
+        copied(&root, (src, 600), (src, 0), 600),
+        (Ok((400, 1000, true)), Some(400)),
+        "cut at the end, so apart"
+    );
+    assert_eq!(copied(&root, (src, 900), (dst, 50), 500), (Ok((100, 150, true)), Some(100)));
+    assert_eq!(copied(&root, (src, 1000), (dst, 0), 500), (Ok((0, 150, false)), None), "nothing to copy");
+    assert_eq!(copied(&user(), (src, 1000), (secret, 0), 5), refused(Errno::EACCES), "checked even then");
+}

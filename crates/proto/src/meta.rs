@@ -134,6 +134,17 @@ pub enum MetaOp {
         offset: u64,
         len: u64,
     },
+    /// `copy_file_range(2)` (version 9): up to `len` bytes of `src` from
+    /// `src_off` into `dst` at `dst_off`, copied on the server, no byte
+    /// over the wire: [`MetaReply::Copied`]. Answered before it is
+    /// durable, as a `Write` is.
+    CopyRange {
+        src: Ino,
+        src_off: u64,
+        dst: Ino,
+        dst_off: u64,
+        len: u64,
+    },
     /// Makes the file's data and every change made so far durable.
     Fsync {
         ino: Ino,
@@ -187,6 +198,12 @@ pub enum MetaReply {
         block_size: u32,
     },
     Done,
+    /// What a `CopyRange` copied (fewer than asked at the source's end),
+    /// and the destination's attributes after it.
+    Copied {
+        bytes: u64,
+        attr: Attr,
+    },
 }
 
 /// A changelog consumer.

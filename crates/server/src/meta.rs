@@ -158,6 +158,11 @@ fn run(inner: &Inner, sid: u64, cred: &Cred, op: MetaOp) -> Result<(MetaReply, S
             // local file system returns before a sync).
             (MetaReply::Attr(inner.store.fallocate(cred, ino, how, (offset, len), now)?.0), 0)
         }
+        MetaOp::CopyRange { src, src_off, dst, dst_off, len } => {
+            // Answered at once, as a write is.
+            let (bytes, attr, _) = inner.store.copy_range(cred, (src, src_off), (dst, dst_off), len, now)?;
+            (MetaReply::Copied { bytes, attr }, 0)
+        }
         MetaOp::Fsync { ino } => done(inner.store.fsync(ino)?),
     })
 }
