@@ -192,15 +192,8 @@ impl Store {
     /// zeroed as `how` says, then the size and times, which reach the
     /// disk with the record, as a write's do (durable at
     /// [`fsync`](Store::fsync)).
-    pub fn fallocate(
-        &self,
-        cred: &Cred,
-        ino: Ino,
-        how: Fallocate,
-        (offset, len): (u64, u64),
-        now: Nanos,
-    ) -> Result<(Attr, Seq)> {
-        self.ns.fallocate_with(cred, ino, how, (offset, len), now, || self.data.fallocate(ino, how, offset, len))
+    pub fn fallocate(&self, cred: &Cred, ino: Ino, how: Fallocate, at: (u64, u64), now: Nanos) -> Result<(Attr, Seq)> {
+        self.ns.fallocate_with(cred, ino, how, at, now, || self.data.fallocate(ino, how, at.0, at.1))
     }
 
     /// `copy_file_range(2)` between regular files (see
