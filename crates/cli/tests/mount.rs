@@ -606,6 +606,28 @@ fn random_file_system_calls_give_what_tmpfs_gives() {
         .unwrap();
 }
 
+/// `df` on a mount shows the server's disk (where the files' data go),
+/// and a file written through the mount takes its space there.
+#[test]
+fn statfs_on_a_mount_is_the_servers_disk() {
+    use nix::sys::statvfs::statvfs;
+    let Some((data, _server, m)) = one_mount("statfs_on_a_mount_is_the_servers_disk") else { return };
+    let bytes = |p: &Path| {
+        let v = statvfs(p).unwrap();
+        let unit = v.fragment_size();
+        (v.blocks() * unit, v.blocks_free() * unit, v.blocks_available() * unit)
+    };
+    let (ours, disk) = (bytes(&m.join("")), bytes(data.path()));
+    assert_eq!(ours.0, disk.0, "the same total");
+    let near = |a: u64, b: u64| a.abs_diff(b) < (64 << 20);
+    assert!(near(ours.1, disk.1) && near(ours.2, disk.2), "the same free space: {ours:?} {disk:?}");
+    let mut f = rw(&m.join("big"));
+    f.write_all(&vec![1u8; 256 << 20]).unwrap();
+    f.sync_all().unwrap();
+    let after = bytes(&m.join(""));
+    assert!(ours.1 - after.1 >= 200 << 20, "256 MiB written took the server's space: {ours:?} then {after:?}");
+}
+
 #[test]
 fn a_mount_that_lost_its_locks_fails_with_eio_until_the_file_is_closed() {
     let Some((_data, _server, a, b)) =

@@ -17,7 +17,9 @@
 
 use std::time::Duration;
 
-pub use interlock_meta::{Attr, Cred, Fallocate, FileType, Ino, ROOT, RenameFlags, SetAttr, TimeSet, XattrMode};
+pub use interlock_meta::{
+    Attr, Cred, Fallocate, FileType, Ino, ROOT, RenameFlags, SetAttr, StatFs, TimeSet, XattrMode,
+};
 use interlock_proto::meta::{ChangelogOp, ChangelogReply, MetaOp, MetaReply};
 pub use interlock_proto::meta::{ChangelogRecord, ConsumerInfo, Entry};
 use interlock_proto::{Op, Reply};
@@ -185,10 +187,10 @@ impl Client {
         self.done(cred, MetaOp::Removexattr { ino, name: name.to_vec() }).await
     }
 
-    /// (files, longest name, block size).
-    pub async fn statfs(&self, cred: &Cred) -> Result<(u64, u32, u32), ClientError> {
+    /// The inodes in use, the longest name, and the server's space.
+    pub async fn statfs(&self, cred: &Cred) -> Result<StatFs, ClientError> {
         match self.meta(cred, MetaOp::Statfs).await? {
-            MetaReply::StatFs { files, name_max, block_size } => Ok((files, name_max, block_size)),
+            MetaReply::StatFs(s) => Ok(s),
             other => Err(unexpected(other)),
         }
     }

@@ -400,16 +400,15 @@ impl Fs {
     }
 
     async fn statfs(&self, cred: &Cred) -> Answer {
-        let (files, name_max, bsize) = self.again(|| self.client.statfs(cred)).await?;
-        // Space is the server's disk's; the namespace does not count it:
-        // report a large, constant capacity rather than a guess.
-        const BLOCKS: u64 = 1 << 32;
+        let s = self.again(|| self.client.statfs(cred)).await?;
+        // Space is the server's disk's, where the files' data are; inodes
+        // are not counted out of a fixed table: a large, constant total.
         const FILES: u64 = 1 << 32;
         let mut out = Vec::with_capacity(80);
-        for v in [BLOCKS, BLOCKS, BLOCKS, FILES, FILES.saturating_sub(files)] {
+        for v in [s.blocks, s.free, s.available, FILES, FILES.saturating_sub(s.files)] {
             abi::put64(&mut out, v);
         }
-        for v in [bsize, name_max, bsize, 0, 0, 0, 0, 0, 0, 0] {
+        for v in [s.block_size, s.name_max, s.block_size, 0, 0, 0, 0, 0, 0, 0] {
             abi::put32(&mut out, v);
         }
         Ok(out)

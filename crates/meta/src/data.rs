@@ -20,6 +20,7 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use nix::fcntl::{FallocateFlags, copy_file_range, fallocate};
+use nix::sys::statvfs::statvfs;
 
 use crate::errno::{Errno, Result};
 use crate::namespace::Namespace;
@@ -153,6 +154,14 @@ impl Data {
             zero(&out, from, to - from)?;
         }
         Ok(())
+    }
+
+    /// The space of the file system holding the data, in blocks of
+    /// `block`: (total, free, free to unprivileged users). One `statvfs`.
+    pub fn space(&self, block: u32) -> Result<(u64, u64, u64)> {
+        let v = statvfs(&self.dir).map_err(|e| Errno(e as i32))?;
+        let unit = |n: u64| (u128::from(n) * u128::from(v.fragment_size()) / u128::from(block)) as u64;
+        Ok((unit(v.blocks()), unit(v.blocks_free()), unit(v.blocks_available())))
     }
 
     /// Cuts or extends (sparsely) the data file to `size`, if it has one.

@@ -21,7 +21,7 @@ use crate::errno::{Errno, Result};
 use crate::inode::{Inode, Meta};
 use crate::locks::Stripes;
 use crate::log::Log;
-use crate::types::{Attr, Cred, DirEntry, FileType, Ino, NAME_MAX, Nanos, ROOT, StatFs, XATTR_NAME_MAX};
+use crate::types::{Attr, Cred, DirEntry, FileType, Ino, NAME_MAX, Nanos, ROOT, STATFS_BLOCK, StatFs, XATTR_NAME_MAX};
 
 /// Cookies below this are the caller's (`.` and `..` in a listing).
 pub const FIRST_COOKIE: u64 = 3;
@@ -195,8 +195,16 @@ impl Namespace {
             .collect())
     }
 
+    /// The counts; no space (a [`Store`](crate::Store) adds its disk's).
     pub fn statfs(&self) -> StatFs {
-        StatFs { files: self.inodes.len() as u64, name_max: NAME_MAX as u32, block_size: 4096 }
+        StatFs {
+            files: self.inodes.len() as u64,
+            name_max: NAME_MAX as u32,
+            block_size: STATFS_BLOCK,
+            blocks: 0,
+            free: 0,
+            available: 0,
+        }
     }
 
     /// The seed names hash with.

@@ -38,7 +38,7 @@ use crate::log::{Log, Seq};
 use crate::mutation::{Gone, Mutation};
 use crate::namespace::Namespace;
 use crate::record;
-use crate::types::{Attr, Cred, Fallocate, Ino, Nanos, SetAttr};
+use crate::types::{Attr, Cred, Fallocate, Ino, Nanos, SetAttr, StatFs};
 
 /// How a store keeps its journal and changelog.
 #[derive(Clone, Debug, Default)]
@@ -215,6 +215,15 @@ impl Store {
     /// new size under the inode's lock.
     pub fn setattr(&self, cred: &Cred, ino: Ino, set: &SetAttr, now: Nanos) -> Result<(Attr, Seq)> {
         self.ns.setattr_with(cred, ino, set, now, |size| self.data.truncate(ino, size))
+    }
+
+    /// The namespace's counts, and the space of the file system its
+    /// files' data are on (`df` on a mount shows that disk). One
+    /// `statvfs`.
+    pub fn statfs(&self) -> Result<StatFs> {
+        let mut s = self.ns.statfs();
+        (s.blocks, s.free, s.available) = self.data.space(s.block_size)?;
+        Ok(s)
     }
 
     /// Makes `ino`'s data durable, and returns the [`Seq`] to wait for so

@@ -23,6 +23,8 @@ pub const XATTR_NAME_MAX: usize = 255;
 pub const XATTR_SIZE_MAX: usize = 65_536;
 /// Largest file size (as ext4 with 4 KiB blocks: 16 TiB).
 pub const FILE_SIZE_MAX: u64 = 16 << 40;
+/// The block size `statfs` reports, and counts space in.
+pub const STATFS_BLOCK: u32 = 4096;
 /// What tmpfs counts per directory entry in a directory's size.
 pub const DIRENT_SIZE: u64 = 20;
 
@@ -228,12 +230,19 @@ pub struct DirEntry {
     pub cookie: u64,
 }
 
-/// `statfs`.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// `statfs`: the namespace's counts, and the space of the file system
+/// that holds its files' data (in `block_size` units; zero for a
+/// namespace with no store).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StatFs {
+    /// Inodes in use.
     pub files: u64,
     pub name_max: u32,
     pub block_size: u32,
+    pub blocks: u64,
+    pub free: u64,
+    /// Free to an unprivileged user.
+    pub available: u64,
 }
 
 #[cfg(test)]

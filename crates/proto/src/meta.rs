@@ -9,7 +9,7 @@
 //! And the changelog: register, deregister, list, read (with a wait:
 //! follow) and clear, as Lustre's `lfs changelog` does them.
 
-use interlock_meta::{Attr, Fallocate, FileType, Ino, Nanos, RenameFlags, SetAttr, XattrMode};
+use interlock_meta::{Attr, Fallocate, FileType, Ino, Nanos, RenameFlags, SetAttr, StatFs, XattrMode};
 use serde::{Deserialize, Serialize};
 
 /// A namespace operation.
@@ -192,11 +192,8 @@ pub enum MetaReply {
     Bytes(#[serde(with = "serde_bytes")] Vec<u8>),
     /// Xattr names.
     Names(Vec<serde_bytes::ByteBuf>),
-    StatFs {
-        files: u64,
-        name_max: u32,
-        block_size: u32,
-    },
+    /// `statfs` (version 9: with the server's space).
+    StatFs(StatFs),
     Done,
     /// What a `CopyRange` copied (fewer than asked at the source's end),
     /// and the destination's attributes after it.

@@ -124,10 +124,7 @@ fn run(inner: &Inner, sid: u64, cred: &Cred, op: MetaOp) -> Result<(MetaReply, S
             (MetaReply::Names(ns.listxattr(cred, ino)?.into_iter().map(serde_bytes::ByteBuf::from).collect()), 0)
         }
         MetaOp::Removexattr { ino, name } => done(ns.removexattr(cred, ino, &name, now)?),
-        MetaOp::Statfs => {
-            let s = ns.statfs();
-            (MetaReply::StatFs { files: s.files, name_max: s.name_max, block_size: s.block_size }, 0)
-        }
+        MetaOp::Statfs => (MetaReply::StatFs(inner.store.statfs()?), 0),
         MetaOp::Open { ino } => {
             let a = ns.open(ino)?;
             inner.opens.add(sid, ino);
