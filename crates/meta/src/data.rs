@@ -21,6 +21,7 @@ use std::path::{Path, PathBuf};
 
 use nix::fcntl::{FallocateFlags, copy_file_range, fallocate};
 use nix::sys::statvfs::statvfs;
+use nix::unistd::{Whence, lseek};
 
 use crate::errno::{Errno, Result};
 use crate::namespace::Namespace;
@@ -54,6 +55,31 @@ fn zero(f: &File, at: u64, len: u64) -> Result<()> {
         }
         Err(e) => Err(Errno(e as i32)),
     }
+}
+
+/// Copies up to `len` bytes of `from` at `at` to `to` at `to_at`;
+/// fewer only where `from` ends. How many.
+fn copy_range(from: &File, at: u64, to: &File, to_at: u64, len: u64) -> Result<u64> {
+    let mut done = 0u64;
+    while done < len {
+        let (mut a, mut b) = (offset(at + done)?, offset(to_at + done)?);
+        let want = usize::try_from(len - done).unwrap_or(usize::MAX).min(1 << 30);
+        match copy_file_range(from, Some(&mut a), to, Some(&mut b), want) {
+            Ok(0) => break,
+            Ok(k) => done += k as u64,
+            Err(nix::errno::Errno::EINTR) => {}
+            Err(e) => return Err(Errno(e as i32)),
+        }
+    }
+    Ok(done)
+}
+
+/// Makes `len` bytes of `f` from `at` read as zeros, as far as `f`
+/// reaches (past its end they read as zeros already).
+fn zero_within(f: &File, at: u64, len: u64) -> Result<()> {
+    let reach = f.metadata().map_err(errno)?.len();
+    let to = (at + len).min(reach);
+    if at < to { zero(f, at, to - at) } else { Ok(()) }
 }
 
 /// An I/O error as the errno a file system returns.
@@ -128,32 +154,41 @@ impl Data {
 
     /// `n` bytes of `src`'s data from `src_off` into `dst`'s at `dst_off`,
     /// copied by the local file system (`copy_file_range`: a reflink or
-    /// an in-kernel copy, no byte through this process). Bytes past the
-    /// end of `src`'s data file (a hole at its end) read as zeros, so
-    /// they are made zeros in `dst`'s range too, where its data file
-    /// reaches: a punched hole, or written zeros where the local file
-    /// system has no holes. `src` may be `dst` (ranges apart).
+    /// an in-kernel copy, no byte through this process). Only the
+    /// source's data is copied: its holes (found with `SEEK_DATA` and
+    /// `SEEK_HOLE`), and whatever lies past its data file's end, read as
+    /// zeros, so they become zeros in `dst`'s range where its data file
+    /// reaches (a punched hole, or written zeros where the local file
+    /// system has no holes) and stay unallocated: a sparse file copies
+    /// sparse. `src` may be `dst` (ranges apart). O(bytes of data and
+    /// extents) in the kernel.
     pub fn copy(&self, (src, src_off): (Ino, u64), (dst, dst_off): (Ino, u64), n: u64) -> Result<()> {
         let out = self.writable(dst)?;
-        let mut done = 0u64;
+        let end = src_off + n;
+        let to_dst = |at: u64| dst_off + (at - src_off);
+        // The source up to `at` is done.
+        let mut at = src_off;
         if let Some(from) = self.file(src)? {
-            while done < n {
-                let (mut at_in, mut at_out) = (offset(src_off + done)?, offset(dst_off + done)?);
-                let want = usize::try_from(n - done).unwrap_or(usize::MAX).min(1 << 30);
-                match copy_file_range(&from, Some(&mut at_in), &out, Some(&mut at_out), want) {
-                    Ok(0) => break, // the end of the source's data file
-                    Ok(k) => done += k as u64,
-                    Err(nix::errno::Errno::EINTR) => {}
-                    Err(e) => return Err(Errno(e as i32)),
+            while at < end {
+                // Where the next data starts and ends; ENXIO: none before
+                // the data file's end (which a truncate may move meanwhile).
+                let seek = |at: u64, whence| match lseek(&from, offset(at)?, whence) {
+                    Ok(p) => Ok(Some(p as u64)),
+                    Err(nix::errno::Errno::ENXIO) => Ok(None),
+                    Err(e) => Err(Errno(e as i32)),
+                };
+                let Some(data) = seek(at, Whence::SeekData)?.filter(|&d| d < end) else { break };
+                let Some(hole) = seek(data, Whence::SeekHole)? else { break };
+                let hole = hole.min(end);
+                zero_within(&out, to_dst(at), data - at)?;
+                let copied = copy_range(&from, data, &out, to_dst(data), hole - data)?;
+                at = data + copied;
+                if at < hole {
+                    break; // the source's data file ended meanwhile
                 }
             }
         }
-        let reach = out.metadata().map_err(errno)?.len();
-        let (from, to) = (dst_off + done, (dst_off + n).min(reach));
-        if from < to {
-            zero(&out, from, to - from)?;
-        }
-        Ok(())
+        zero_within(&out, to_dst(at), end - at)
     }
 
     /// The space of the file system holding the data, in blocks of

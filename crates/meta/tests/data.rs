@@ -125,6 +125,15 @@ proptest! {
     }
 }
 
+/// A store in a fresh directory with two empty regular files, `a` and `b`.
+fn store_with_files() -> (tempfile::TempDir, Store, [Ino; 2]) {
+    let tmp = tempfile::tempdir().unwrap();
+    let (store, _) = Store::open(tmp.path(), StoreOptions::default(), 1).unwrap();
+    let new = || NewInode { kind: FileType::Regular, perm: 0o644, rdev: 0 };
+    let files = [b"a", b"b"].map(|name| store.ns().create(&Cred::root(), ROOT, name, new(), b"", 2).unwrap().0.ino);
+    (tmp, store, files)
+}
+
 fn data_files(dir: &std::path::Path) -> usize {
     std::fs::read_dir(dir.join("data")).unwrap().map(|d| std::fs::read_dir(d.unwrap().path()).unwrap().count()).sum()
 }
@@ -133,14 +142,11 @@ fn data_files(dir: &std::path::Path) -> usize {
 /// store stops first, the next start removes it.
 #[test]
 fn a_freed_files_data_goes() {
-    let tmp = tempfile::tempdir().unwrap();
+    let (tmp, store, files) = store_with_files();
     let root = Cred::root();
-    let new = || NewInode { kind: FileType::Regular, perm: 0o644, rdev: 0 };
-    let (store, _) = Store::open(tmp.path(), StoreOptions::default(), 1).unwrap();
-    for (i, name) in [b"a", b"b"].iter().enumerate() {
-        let (f, _) = store.ns().create(&root, ROOT, *name, new(), b"", 2).unwrap();
-        store.write(&root, f.ino, Some(1 << 30), b"far out", 3).unwrap();
-        assert_eq!(store.ns().getattr(f.ino).unwrap().size, (1 << 30) + 7, "a sparse file of a GiB ({i})");
+    for (i, ino) in files.into_iter().enumerate() {
+        store.write(&root, ino, Some(1 << 30), b"far out", 3).unwrap();
+        assert_eq!(store.ns().getattr(ino).unwrap().size, (1 << 30) + 7, "a sparse file of a GiB ({i})");
     }
     assert_eq!(data_files(tmp.path()), 2);
     store.wait(store.ns().unlink(&root, ROOT, b"a", 4).unwrap()).unwrap();
@@ -150,4 +156,26 @@ fn a_freed_files_data_goes() {
     drop(store);
     let (_, opened) = Store::open(tmp.path(), StoreOptions::default(), 6).unwrap();
     assert_eq!((opened.data_removed, data_files(tmp.path())), (1, 0));
+}
+
+/// A copy moves only the source's data: its holes stay holes, so a
+/// sparse file copies into a destination that takes no more space than
+/// the source's data (and reads the same).
+#[test]
+fn a_copy_keeps_the_sources_holes() {
+    use std::os::unix::fs::MetadataExt;
+    let (tmp, store, files) = store_with_files();
+    let (root, [a, b]) = (Cred::root(), files);
+    const FAR: u64 = 64 << 20;
+    store.write(&root, a, Some(0), b"head", 3).unwrap();
+    store.write(&root, a, Some(FAR), b"tail", 3).unwrap();
+    store.write(&root, b, Some(FAR / 2), &[9u8; 8192], 3).unwrap();
+    let (n, attr, _) = store.copy_range(&root, (a, 0), (b, 0), FAR + 4, 4).unwrap();
+    assert_eq!((n, attr.size), (FAR + 4, FAR + 4));
+    let read = |ino, at, len| store.read(&root, ino, at, len).unwrap();
+    assert_eq!((read(b, 0, 4), read(b, FAR, 8)), (b"head".to_vec(), b"tail".to_vec()));
+    assert_eq!(read(b, FAR / 2 - 10, 8300), vec![0u8; 8300], "b's own data under the source's hole is zeros");
+    let data = |ino: Ino| tmp.path().join("data").join(format!("{:02x}", ino & 0xff)).join(format!("{ino:016x}"));
+    let used = std::fs::metadata(data(b)).unwrap().blocks() * 512;
+    assert!(used <= 64 << 10, "the copy of a 64 MiB sparse file takes {used} bytes");
 }
