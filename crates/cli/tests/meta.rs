@@ -11,7 +11,7 @@ use std::process::{Command, Stdio};
 
 use common::*;
 use interlock_client::ClientError;
-use interlock_client::meta::{Cred, FileType, ROOT, RenameFlags, SetAttr, XattrMode};
+use interlock_client::meta::{Cred, Fallocate, FileType, ROOT, RenameFlags, SetAttr, XattrMode};
 
 fn root() -> Cred {
     Cred::root()
@@ -316,7 +316,7 @@ fn changelog_commands_and_status() {
 /// Data written through the server in 128 KiB pieces and fsynced reads
 /// back whole after a `kill -9` and restart; a read past the end is short.
 #[test]
-fn written_and_fsynced_data_survives_kill_9() {
+fn written_copied_and_fsynced_data_survives_kill_9() {
     let data = tempfile::tempdir().unwrap();
     let mut server = ServerProc::start(data.path(), "127.0.0.1:0", &[]);
     let bytes: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
@@ -329,18 +329,37 @@ fn written_and_fsynced_data_survives_kill_9() {
         assert_eq!(errno(c.write(&user(), f.ino, 0, b"x").await), libc::EACCES, "not the owner, mode 0644");
         assert_eq!(errno(c.read(&root(), ROOT, 0, 10).await), libc::EISDIR);
         c.fsync(&root(), f.ino).await.unwrap();
-        f.ino
+        // A copy made by the server, and space reserved past it.
+        let g = c.create(&root(), ROOT, b"copy", FileType::Regular, 0o644, b"").await.unwrap();
+        let (n, a) = c.copy_range(&root(), (f.ino, 0), (g.ino, 1000), 400_000).await.unwrap();
+        assert_eq!((n, a.size), (300_000, 301_000), "cut at the source's end");
+        assert_eq!(errno(c.copy_range(&root(), (f.ino, 0), (f.ino, 100), 1000).await), libc::EINVAL, "overlapping");
+        assert_eq!(errno(c.copy_range(&user(), (f.ino, 0), (g.ino, 0), 10).await), libc::EACCES);
+        let reserve = Fallocate::Allocate { keep_size: false };
+        assert_eq!(c.fallocate(&root(), g.ino, reserve, 0, 400_000).await.unwrap().size, 400_000);
+        c.fsync(&root(), g.ino).await.unwrap();
+        (f.ino, g.ino)
     });
     server.kill9();
     let server = ServerProc::start(data.path(), "127.0.0.1:0", &[]);
     rt().block_on(async {
         let c = client(&server.addr).await;
-        assert_eq!(c.getattr(&root(), ino).await.unwrap().size, 300_000);
-        let mut back = Vec::new();
-        while back.len() < bytes.len() {
-            back.extend(c.read(&root(), ino, back.len() as u64, 128 << 10).await.unwrap());
-        }
-        assert!(back == bytes, "the data read back");
-        assert_eq!(c.read(&root(), ino, 299_990, 100).await.unwrap().len(), 10, "short at the end");
+        let read_all = |ino, size: usize| {
+            let c = &c;
+            async move {
+                let mut back = Vec::new();
+                while back.len() < size {
+                    back.extend(c.read(&root(), ino, back.len() as u64, 128 << 10).await.unwrap());
+                }
+                back
+            }
+        };
+        assert_eq!(c.getattr(&root(), ino.0).await.unwrap().size, 300_000);
+        assert!(read_all(ino.0, bytes.len()).await == bytes, "the data read back");
+        assert_eq!(c.read(&root(), ino.0, 299_990, 100).await.unwrap().len(), 10, "short at the end");
+        assert_eq!(c.getattr(&root(), ino.1).await.unwrap().size, 400_000, "the reserved size");
+        let copy = read_all(ino.1, 400_000).await;
+        assert!(copy[1000..301_000] == bytes[..], "the copy read back");
+        assert!(copy[..1000].iter().chain(&copy[301_000..]).all(|&b| b == 0), "zeros around it");
     });
 }

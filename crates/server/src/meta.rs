@@ -1,6 +1,7 @@
 //! Namespace and changelog requests onto the store (`interlock-meta`):
 //! each runs on the connection's task (the namespace's operations take
-//! no lock for long and never wait for the disk), and its answer goes
+//! no lock for long and never wait for the disk; a copy between files,
+//! which may move gigabytes, runs on a blocking thread), and its answer goes
 //! through the acker (`durable`) when it made a change. The files a
 //! session holds open are tracked here, so that its end closes them (an
 //! orphan goes with its last handle).
@@ -82,6 +83,17 @@ pub(crate) fn end_session(inner: &Inner, sid: u64) {
 
 /// Serves a namespace request; `None` when the answer will be pushed.
 pub(crate) fn request(inner: &Inner, sid: u64, id: u64, cred: &Cred, op: MetaOp) -> Option<Reply> {
+    if matches!(op, MetaOp::CopyRange { .. }) {
+        // Up to 4 GiB of data copied by the disk: on a blocking thread,
+        // not on a worker that serves other connections meanwhile. The
+        // answer goes out as soon as it is done, as a write's does.
+        let (server, cred) = (inner.me.upgrade()?, cred.clone());
+        tokio::task::spawn_blocking(move || {
+            let reply = run(&server, sid, &cred, op).map_or_else(|e| Reply::Errno(e.0), |(r, _)| Reply::Meta(r));
+            durable::push(&server.sessions, sid, id, reply);
+        });
+        return None;
+    }
     match run(inner, sid, cred, op) {
         Ok((reply, seq)) => {
             inner.acker.answer(inner.store.changelog().journal(), &*inner.sessions, (seq, sid, id), Reply::Meta(reply))
@@ -156,7 +168,7 @@ fn run(inner: &Inner, sid: u64, cred: &Cred, op: MetaOp) -> Result<(MetaReply, S
             (MetaReply::Attr(inner.store.fallocate(cred, ino, how, (offset, len), now)?.0), 0)
         }
         MetaOp::CopyRange { src, src_off, dst, dst_off, len } => {
-            // Answered at once, as a write is.
+            // Answered once done, not once durable, as a write is.
             let (bytes, attr, _) = inner.store.copy_range(cred, (src, src_off), (dst, dst_off), len, now)?;
             (MetaReply::Copied { bytes, attr }, 0)
         }
