@@ -363,3 +363,33 @@ fn written_copied_and_fsynced_data_survives_kill_9() {
         assert!(copy[..1000].iter().chain(&copy[301_000..]).all(|&b| b == 0), "zeros around it");
     });
 }
+
+/// An `fsync` that writes out a lot of data does not hold up other
+/// connections: with one worker, another client gets 20 answers while it
+/// runs (it has 128 MiB to write out, a getattr nothing).
+#[test]
+fn a_long_fsync_holds_up_no_other_connection() {
+    let data = tempfile::tempdir().unwrap();
+    let server = ServerProc::start(data.path(), "127.0.0.1:0", &["--threads", "1"]);
+    rt().block_on(async {
+        let (a, b, me) = (client(&server.addr).await, client(&server.addr).await, root());
+        let f = a.create(&me, ROOT, b"big", FileType::Regular, 0o644, b"").await.unwrap();
+        let chunk = vec![7u8; 128 << 10];
+        for i in 0..1024u64 {
+            a.write(&me, f.ino, i * (128 << 10), &chunk).await.unwrap();
+        }
+        let mut fsync = std::pin::pin!(a.fsync(&me, f.ino));
+        let mut answered = 0;
+        while answered < 20 {
+            tokio::select! {
+                biased;
+                r = &mut fsync => panic!("the fsync ended ({r:?}) before the other client had 20 answers ({answered})"),
+                r = b.getattr(&me, ROOT) => {
+                    r.unwrap();
+                    answered += 1;
+                }
+            }
+        }
+        fsync.await.unwrap();
+    });
+}

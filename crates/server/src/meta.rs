@@ -1,8 +1,9 @@
 //! Namespace and changelog requests onto the store (`interlock-meta`):
 //! each runs on the connection's task (the namespace's operations take
-//! no lock for long and never wait for the disk; a copy between files,
-//! which may move gigabytes, runs on a blocking thread), and its answer goes
-//! through the acker (`durable`) when it made a change. The files a
+//! no lock for long and never wait for the disk; a copy between files
+//! and an `fsync`, which may take the disk seconds, run on a blocking
+//! thread), and its answer goes through the acker (`durable`) when it
+//! made a change. The files a
 //! session holds open are tracked here, so that its end closes them (an
 //! orphan goes with its last handle).
 //!
@@ -83,14 +84,19 @@ pub(crate) fn end_session(inner: &Inner, sid: u64) {
 
 /// Serves a namespace request; `None` when the answer will be pushed.
 pub(crate) fn request(inner: &Inner, sid: u64, id: u64, cred: &Cred, op: MetaOp) -> Option<Reply> {
-    if matches!(op, MetaOp::CopyRange { .. }) {
-        // Up to 4 GiB of data copied by the disk: on a blocking thread,
-        // not on a worker that serves other connections meanwhile. The
-        // answer goes out as soon as it is done, as a write's does.
+    if matches!(op, MetaOp::CopyRange { .. } | MetaOp::Fsync { .. }) {
+        // The disk's work, which may take seconds (up to 4 GiB copied,
+        // a file's dirty data written out): on a blocking thread, not on
+        // a worker that serves other connections meanwhile.
+        // That thread then waits for (and makes) the records durable
+        // itself: no worker's park would, the workers being idle.
         let (server, cred) = (inner.me.upgrade()?, cred.clone());
         tokio::task::spawn_blocking(move || {
-            let reply = run(&server, sid, &cred, op).map_or_else(|e| Reply::Errno(e.0), |(r, _)| Reply::Meta(r));
-            durable::push(&server.sessions, sid, id, reply);
+            let reply = match run(&server, sid, &cred, op) {
+                Ok((reply, seq)) => server.store.wait(seq).map(|()| Reply::Meta(reply)),
+                Err(e) => Err(e),
+            };
+            durable::push(&server.sessions, sid, id, reply.unwrap_or_else(|e| Reply::Errno(e.0)));
         });
         return None;
     }
