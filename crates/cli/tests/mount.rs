@@ -606,6 +606,32 @@ fn random_file_system_calls_give_what_tmpfs_gives() {
         .unwrap();
 }
 
+/// `SEEK_DATA` and `SEEK_HOLE` through a mount find what tmpfs finds in
+/// a file of whole pages written, a hole between them and one after:
+/// tools that skip holes read only the data.
+#[test]
+fn seek_data_and_hole_find_what_tmpfs_finds() {
+    use nix::unistd::{Whence, lseek};
+    let Some((_data, _server, m)) = one_mount("seek_data_and_hole_find_what_tmpfs_finds") else { return };
+    let shm = tempfile::tempdir_in("/dev/shm").expect("tmpfs at /dev/shm");
+    const MIB: i64 = 1 << 20;
+    let answers = |path: PathBuf| {
+        let mut f = rw(&path);
+        f.write_all(&[1u8; 8192]).unwrap();
+        f.seek(SeekFrom::Start(MIB as u64)).unwrap();
+        f.write_all(&[2u8; 4096]).unwrap();
+        f.set_len(2 * MIB as u64).unwrap();
+        let mut got = Vec::new();
+        for at in [0, 100, 8191, 8192, 9000, MIB - 1, MIB, MIB + 4096, 2 * MIB - 1, 2 * MIB, 3 * MIB] {
+            for whence in [Whence::SeekData, Whence::SeekHole] {
+                got.push((at, format!("{whence:?}"), lseek(&f, at, whence)));
+            }
+        }
+        got
+    };
+    assert_eq!(answers(m.join("sparse")), answers(shm.path().join("sparse")));
+}
+
 /// `df` on a mount shows the server's disk (where the files' data go),
 /// and a file written through the mount takes its space there.
 #[test]

@@ -18,7 +18,7 @@
 use std::time::Duration;
 
 pub use interlock_meta::{
-    Attr, Cred, Fallocate, FileType, Ino, ROOT, RenameFlags, SetAttr, StatFs, TimeSet, XattrMode,
+    Attr, Cred, Fallocate, FileType, Ino, ROOT, RenameFlags, SeekTo, SetAttr, StatFs, TimeSet, XattrMode,
 };
 use interlock_proto::meta::{ChangelogOp, ChangelogReply, MetaOp, MetaReply};
 pub use interlock_proto::meta::{ChangelogRecord, ConsumerInfo, Entry};
@@ -250,6 +250,15 @@ impl Client {
     ) -> Result<(u64, Attr), ClientError> {
         match self.meta(cred, MetaOp::CopyRange { src, src_off, dst, dst_off, len }).await? {
             MetaReply::Copied { bytes, attr } => Ok((bytes, attr)),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Where the next data (or hole) starts at or after `offset`, as
+    /// `lseek(2)`'s `SEEK_DATA` (`SEEK_HOLE`) says; `ENXIO` past the end.
+    pub async fn seek(&self, cred: &Cred, ino: Ino, offset: u64, to: SeekTo) -> Result<u64, ClientError> {
+        match self.meta(cred, MetaOp::Seek { ino, offset, to }).await? {
+            MetaReply::Offset(at) => Ok(at),
             other => Err(unexpected(other)),
         }
     }

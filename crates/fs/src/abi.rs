@@ -53,6 +53,7 @@ pub mod op {
     pub const BATCH_FORGET: u32 = 42;
     pub const FALLOCATE: u32 = 43;
     pub const READDIRPLUS: u32 = 44;
+    pub const LSEEK: u32 = 46;
     pub const COPY_FILE_RANGE: u32 = 47;
     pub const RENAME2: u32 = 45;
 }

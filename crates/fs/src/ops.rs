@@ -11,7 +11,9 @@ use std::sync::Arc;
 use futures::future::try_join_all;
 use std::time::Duration;
 
-use interlock_client::meta::{Attr, Cred, Fallocate, FileType, Ino, ROOT, RenameFlags, SetAttr, TimeSet, XattrMode};
+use interlock_client::meta::{
+    Attr, Cred, Fallocate, FileType, Ino, ROOT, RenameFlags, SeekTo, SetAttr, TimeSet, XattrMode,
+};
 use interlock_client::{Client, ClientError};
 use interlock_proto::meta::{MAX_DATA, MetaOp};
 use tokio::sync::oneshot;
@@ -119,6 +121,7 @@ impl Fs {
             op::STATFS => self.statfs(&cred).await,
             op::RELEASE => self.release(&cred, &mut a).await,
             op::FALLOCATE => self.fallocate(&cred, ino, &mut a).await,
+            op::LSEEK => self.lseek(&cred, ino, &mut a).await,
             op::COPY_FILE_RANGE => self.copy_file_range(&cred, ino, &mut a).await,
             op::FSYNC => self.again(|| self.client.fsync(&cred, ino)).await.map(|()| Vec::new()),
             op::SETXATTR => self.setxattr(&cred, ino, &mut a).await,
@@ -397,6 +400,22 @@ impl Fs {
         let len = len.min(u64::from(u32::MAX) & !0xfff);
         let (bytes, _) = self.again(|| self.client.copy_range(cred, (src, src_off), (dst, dst_off), len)).await?;
         Ok(abi::write_out(bytes as u32))
+    }
+
+    /// `SEEK_DATA` and `SEEK_HOLE` (the kernel serves the other
+    /// `lseek`s itself), from the server's data file: tools that skip
+    /// holes (`qemu-img`, `cp` of a sparse file) read only the data.
+    async fn lseek(&self, cred: &Cred, ino: Ino, a: &mut Args<'_>) -> Answer {
+        let (_fh, offset, whence) = (a.u64()?, a.u64()?, a.u32()? as i32);
+        let to = match whence {
+            libc::SEEK_DATA => SeekTo::Data,
+            libc::SEEK_HOLE => SeekTo::Hole,
+            _ => return Err(libc::EINVAL),
+        };
+        let at = self.again(|| self.client.seek(cred, ino, offset, to)).await?;
+        let mut out = Vec::with_capacity(8);
+        abi::put64(&mut out, at);
+        Ok(out)
     }
 
     async fn statfs(&self, cred: &Cred) -> Answer {

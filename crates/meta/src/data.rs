@@ -25,7 +25,7 @@ use nix::unistd::{Whence, lseek};
 
 use crate::errno::{Errno, Result};
 use crate::namespace::Namespace;
-use crate::types::{Fallocate, Ino};
+use crate::types::{Fallocate, Ino, SeekTo};
 
 pub(crate) struct Data {
     dir: PathBuf,
@@ -189,6 +189,31 @@ impl Data {
             }
         }
         zero_within(&out, to_dst(at), end - at)
+    }
+
+    /// Where the next data (or hole) of a file of `size` bytes starts at
+    /// or after `at`, as its data file's holes say; past the data file's
+    /// end, up to `size`, is a hole. `ENXIO` at or past `size`, and when
+    /// no data follows `at`, as Linux's `lseek` answers. Never a hole
+    /// where a byte reads other than zero: the local file system reports
+    /// only blocks it never wrote (or wrote off) as holes. One `lseek`.
+    pub fn seek(&self, ino: Ino, at: u64, to: SeekTo, size: u64) -> Result<u64> {
+        if at >= size {
+            return Err(Errno::ENXIO);
+        }
+        let Some(f) = self.file(ino)? else {
+            return if to == SeekTo::Data { Err(Errno::ENXIO) } else { Ok(at) };
+        };
+        let whence = if to == SeekTo::Data { Whence::SeekData } else { Whence::SeekHole };
+        match (lseek(&f, offset(at)?, whence), to) {
+            (Ok(p), SeekTo::Data) if (p as u64) < size => Ok(p as u64),
+            (Ok(_), SeekTo::Data) => Err(Errno::ENXIO),
+            (Ok(p), SeekTo::Hole) => Ok((p as u64).min(size)),
+            // Past the data file's end.
+            (Err(nix::errno::Errno::ENXIO), SeekTo::Data) => Err(Errno::ENXIO),
+            (Err(nix::errno::Errno::ENXIO), SeekTo::Hole) => Ok(at),
+            (Err(e), _) => Err(Errno(e as i32)),
+        }
     }
 
     /// The space of the file system holding the data, in blocks of

@@ -25,6 +25,7 @@ impl Errno {
     pub const ENOSPC: Errno = Errno(libc::ENOSPC);
     pub const EIO: Errno = Errno(libc::EIO);
     pub const EBADF: Errno = Errno(libc::EBADF);
+    pub const ENXIO: Errno = Errno(libc::ENXIO);
 }
 
 impl std::fmt::Display for Errno {

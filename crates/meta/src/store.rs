@@ -38,7 +38,7 @@ use crate::log::{Log, Seq};
 use crate::mutation::{Gone, Mutation};
 use crate::namespace::Namespace;
 use crate::record;
-use crate::types::{Attr, Cred, Fallocate, Ino, Nanos, SetAttr, StatFs};
+use crate::types::{Attr, Cred, Fallocate, Ino, Nanos, SeekTo, SetAttr, StatFs};
 
 /// How a store keeps its journal and changelog.
 #[derive(Clone, Debug, Default)]
@@ -194,6 +194,14 @@ impl Store {
     /// [`fsync`](Store::fsync)).
     pub fn fallocate(&self, cred: &Cred, ino: Ino, how: Fallocate, at: (u64, u64), now: Nanos) -> Result<(Attr, Seq)> {
         self.ns.fallocate_with(cred, ino, how, at, now, || self.data.fallocate(ino, how, at.0, at.1))
+    }
+
+    /// `lseek(2)`'s `SEEK_DATA` or `SEEK_HOLE` in regular file `ino`
+    /// (checked as a read is): see `Data::seek`. O(1) expected, plus the
+    /// local file system's extent look-up.
+    pub fn seek(&self, cred: &Cred, ino: Ino, at: u64, to: SeekTo) -> Result<u64> {
+        let size = self.ns.readable(cred, ino)?.size;
+        self.data.seek(ino, at, to, size)
     }
 
     /// `copy_file_range(2)` between regular files (see

@@ -220,6 +220,15 @@ impl Fallocate {
     }
 }
 
+/// What `lseek(2)` looks for past an offset: the next data
+/// (`SEEK_DATA`) or the next hole (`SEEK_HOLE`; the end of the file is
+/// one).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum SeekTo {
+    Data,
+    Hole,
+}
+
 /// One entry of a directory listing. `cookie` resumes the listing after
 /// this entry.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -1,13 +1,14 @@
 //! File data against the kernel: random writes at any offset, truncates
 //! up and down, `fallocate`s (reserving, with and without the size, and
-//! punching holes), `copy_file_range`s (within a file too), reads and
-//! restarts on two files of a store, and the same
+//! punching holes), `copy_file_range`s (within a file too), `SEEK_DATA`
+//! and `SEEK_HOLE` (never skipping data, never a hole that reads other
+//! than zeros), reads and restarts on two files of a store, and the same
 //! on two files in a tmpfs directory, must read back the same bytes at
 //! every step and in the end. And a freed file's data goes.
 
 use std::os::unix::fs::FileExt;
 
-use interlock_meta::{Cred, Fallocate, FileType, Ino, NewInode, ROOT, SetAttr, Store, StoreOptions};
+use interlock_meta::{Cred, Errno, Fallocate, FileType, Ino, NewInode, ROOT, SeekTo, SetAttr, Store, StoreOptions};
 use nix::fcntl::{FallocateFlags, copy_file_range, fallocate};
 use proptest::prelude::*;
 
@@ -20,6 +21,10 @@ enum Op {
     /// `copy_file_range` from one file (offset) to one file (offset):
     /// the same file too, where overlapping ranges are `EINVAL`.
     Copy((usize, u64), (usize, u64), u64),
+    /// `SEEK_DATA` and `SEEK_HOLE` from an offset, checked against what
+    /// the file reads: no data skipped, no hole that reads other than
+    /// zeros.
+    Seek(usize, u64),
     Read(usize, u64, usize),
     Reopen,
 }
@@ -33,6 +38,7 @@ fn op() -> impl Strategy<Value = Op> {
         2 => (0usize..2, prop_oneof![0u64..700_000, Just(0u64)]).prop_map(|(f, s)| Op::Truncate(f, s)),
         2 => (0usize..2, how(), off.clone(), 1u64..300_000).prop_map(|(f, h, o, l)| Op::Fallocate(f, h, o, l)),
         2 => ((0usize..2, off.clone()), (0usize..2, off.clone()), 0u64..300_000).prop_map(|(a, b, l)| Op::Copy(a, b, l)),
+        2 => (0usize..2, off.clone()).prop_map(|(f, o)| Op::Seek(f, o)),
         3 => (0usize..2, off, 1usize..200_000).prop_map(|(f, o, l)| Op::Read(f, o, l)),
         1 => Just(Op::Reopen),
     ]
@@ -105,6 +111,25 @@ proptest! {
                         }
                         (Err(e), Err(k)) => prop_assert_eq!(e.0, k as i32),
                         (ours, theirs) => prop_assert!(false, "copy: ours {:?}, the kernel's {:?}", ours.map(|r| r.0), theirs),
+                    }
+                }
+                Op::Seek(f, off) => {
+                    let size = store.ns().getattr(inos[f]).unwrap().size;
+                    let bytes = store.read(&root, inos[f], 0, size as usize).unwrap();
+                    let zeros = |from: u64, to: u64| bytes[from as usize..to as usize].iter().all(|&b| b == 0);
+                    let first = (off..size).find(|&p| bytes[p as usize] != 0);
+                    match store.seek(&root, inos[f], off, SeekTo::Data) {
+                        Ok(d) => prop_assert!(off <= d && d < size && zeros(off, d), "data at {} from {} of {}", d, off, size),
+                        Err(e) => prop_assert!(e == Errno::ENXIO && first.is_none(), "{:?} from {}: data at {:?}", e, off, first),
+                    }
+                    match store.seek(&root, inos[f], off, SeekTo::Hole) {
+                        Ok(h) => {
+                            let next = store.seek(&root, inos[f], h, SeekTo::Data).unwrap_or(size);
+                            // A hole starts at h: no data there, zeros up to the next.
+                            let hole = h == size || (next > h && zeros(h, next));
+                            prop_assert!(off <= h && h <= size && hole, "hole at {} (to {}) from {}", h, next, off);
+                        }
+                        Err(e) => prop_assert!(e == Errno::ENXIO && off >= size, "{:?} from {} of {}", e, off, size),
                     }
                 }
                 Op::Read(f, off, len) => {

@@ -9,7 +9,7 @@
 //! And the changelog: register, deregister, list, read (with a wait:
 //! follow) and clear, as Lustre's `lfs changelog` does them.
 
-use interlock_meta::{Attr, Fallocate, FileType, Ino, Nanos, RenameFlags, SetAttr, StatFs, XattrMode};
+use interlock_meta::{Attr, Fallocate, FileType, Ino, Nanos, RenameFlags, SeekTo, SetAttr, StatFs, XattrMode};
 use serde::{Deserialize, Serialize};
 
 /// A namespace operation.
@@ -145,6 +145,13 @@ pub enum MetaOp {
         dst_off: u64,
         len: u64,
     },
+    /// `lseek(2)`'s `SEEK_DATA` or `SEEK_HOLE` from `offset` (version 9):
+    /// [`MetaReply::Offset`], or `ENXIO`.
+    Seek {
+        ino: Ino,
+        offset: u64,
+        to: SeekTo,
+    },
     /// Makes the file's data and every change made so far durable.
     Fsync {
         ino: Ino,
@@ -195,6 +202,8 @@ pub enum MetaReply {
     /// `statfs` (version 9: with the server's space).
     StatFs(StatFs),
     Done,
+    /// Where a `Seek` found what it looked for.
+    Offset(u64),
     /// What a `CopyRange` copied (fewer than asked at the source's end),
     /// and the destination's attributes after it.
     Copied {

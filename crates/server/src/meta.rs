@@ -178,6 +178,7 @@ fn run(inner: &Inner, sid: u64, cred: &Cred, op: MetaOp) -> Result<(MetaReply, S
             let (bytes, attr, _) = inner.store.copy_range(cred, (src, src_off), (dst, dst_off), len, now)?;
             (MetaReply::Copied { bytes, attr }, 0)
         }
+        MetaOp::Seek { ino, offset, to } => (MetaReply::Offset(inner.store.seek(cred, ino, offset, to)?), 0),
         MetaOp::Fsync { ino } => done(inner.store.fsync(ino)?),
     })
 }
