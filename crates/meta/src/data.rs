@@ -10,9 +10,11 @@
 //! those, never anything else).
 //!
 //! Costs: a read or write is an `open` and one `pread`/`pwrite`, O(bytes);
-//! a `fallocate` an `open` and one `fallocate`; a copy two `open`s and
-//! `copy_file_range`s, O(bytes) in the kernel, none through user space;
-//! `fsync` is the data file's `fdatasync`.
+//! a `fallocate` an `open` and one `fallocate`; a copy two `open`s, and
+//! `lseek`s and `copy_file_range`s, O(bytes of data) in the kernel, none
+//! through user space; a seek for data or a hole an `open` and one
+//! `lseek`; `fsync` is the data file's `fdatasync`; the space one
+//! `statvfs`.
 
 use std::fs::{File, OpenOptions};
 use std::io::ErrorKind;
@@ -53,7 +55,7 @@ fn zero(f: &File, at: u64, len: u64) -> Result<()> {
             }
             Ok(())
         }
-        Err(e) => Err(Errno(e as i32)),
+        Err(e) => Err(e.into()),
     }
 }
 
@@ -68,7 +70,7 @@ fn copy_range(from: &File, at: u64, to: &File, to_at: u64, len: u64) -> Result<u
             Ok(0) => break,
             Ok(k) => done += k as u64,
             Err(nix::errno::Errno::EINTR) => {}
-            Err(e) => return Err(Errno(e as i32)),
+            Err(e) => return Err(e.into()),
         }
     }
     Ok(done)
@@ -149,7 +151,7 @@ impl Data {
     pub fn fallocate(&self, ino: Ino, how: Fallocate, offset: u64, len: u64) -> Result<()> {
         let f = self.writable(ino)?;
         let flags = FallocateFlags::from_bits_retain(how.mode() as i32);
-        fallocate(&f, flags, self::offset(offset)?, self::offset(len)?).map_err(|e| Errno(e as i32))
+        fallocate(&f, flags, self::offset(offset)?, self::offset(len)?).map_err(Errno::from)
     }
 
     /// `n` bytes of `src`'s data from `src_off` into `dst`'s at `dst_off`,
@@ -172,10 +174,12 @@ impl Data {
             while at < end {
                 // Where the next data starts and ends; ENXIO: none before
                 // the data file's end (which a truncate may move meanwhile).
-                let seek = |at: u64, whence| match lseek(&from, offset(at)?, whence) {
-                    Ok(p) => Ok(Some(p as u64)),
-                    Err(nix::errno::Errno::ENXIO) => Ok(None),
-                    Err(e) => Err(Errno(e as i32)),
+                let seek = |at: u64, whence| -> Result<Option<u64>> {
+                    match lseek(&from, offset(at)?, whence) {
+                        Ok(p) => Ok(Some(p as u64)),
+                        Err(nix::errno::Errno::ENXIO) => Ok(None),
+                        Err(e) => Err(e.into()),
+                    }
                 };
                 let Some(data) = seek(at, Whence::SeekData)?.filter(|&d| d < end) else { break };
                 let Some(hole) = seek(data, Whence::SeekHole)? else { break };
@@ -212,14 +216,14 @@ impl Data {
             // Past the data file's end.
             (Err(nix::errno::Errno::ENXIO), SeekTo::Data) => Err(Errno::ENXIO),
             (Err(nix::errno::Errno::ENXIO), SeekTo::Hole) => Ok(at),
-            (Err(e), _) => Err(Errno(e as i32)),
+            (Err(e), _) => Err(e.into()),
         }
     }
 
     /// The space of the file system holding the data, in blocks of
     /// `block`: (total, free, free to unprivileged users). One `statvfs`.
     pub fn space(&self, block: u32) -> Result<(u64, u64, u64)> {
-        let v = statvfs(&self.dir).map_err(|e| Errno(e as i32))?;
+        let v = statvfs(&self.dir).map_err(Errno::from)?;
         let unit = |n: u64| (u128::from(n) * u128::from(v.fragment_size()) / u128::from(block)) as u64;
         Ok((unit(v.blocks()), unit(v.blocks_free()), unit(v.blocks_available())))
     }

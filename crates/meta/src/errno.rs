@@ -5,6 +5,13 @@
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Errno(pub i32);
 
+/// A failed system call's errno (nix's), as the file system returns it.
+impl From<nix::errno::Errno> for Errno {
+    fn from(e: nix::errno::Errno) -> Errno {
+        Errno(e as i32)
+    }
+}
+
 impl Errno {
     pub const EPERM: Errno = Errno(libc::EPERM);
     pub const ENOENT: Errno = Errno(libc::ENOENT);
