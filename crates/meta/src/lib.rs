@@ -52,7 +52,7 @@ pub use errno::{Errno, Result};
 pub use log::{Log, Seq};
 pub use mutation::{Gone, Mutation};
 pub use namespace::{FIRST_COOKIE, Namespace};
-pub use ops::NewInode;
+pub use ops::{COPY_MAX, NewInode};
 pub use record::{FLAG_LAST, project};
 pub use store::{Opened, Store, StoreOptions};
 pub use types::*;

@@ -3,7 +3,9 @@
 
 mod common;
 
-use interlock_meta::{Cred, Errno, Fallocate, FileType, Namespace, NewInode, ROOT, RenameFlags, SetAttr, XattrMode};
+use interlock_meta::{
+    COPY_MAX, Cred, Errno, Fallocate, FileType, Namespace, NewInode, ROOT, RenameFlags, SetAttr, XattrMode,
+};
 
 fn user() -> Cred {
     Cred { uid: 1000, gid: 1000, groups: vec![] }
@@ -239,4 +241,7 @@ fn copy_range_is_checked_as_a_read_and_a_write() {
     assert_eq!(copied(&root, (src, 900), (dst, 50), 500), (Ok((100, 150, true)), Some(100)));
     assert_eq!(copied(&root, (src, 1000), (dst, 0), 500), (Ok((0, 150, false)), None), "nothing to copy");
     assert_eq!(copied(&user(), (src, 1000), (secret, 0), 5), refused(Errno::EACCES), "checked even then");
+    ns.write_with(&root, src, (Some(COPY_MAX * 3), 1), 5, |_| Ok(())).unwrap();
+    let most = Ok((COPY_MAX, COPY_MAX + 100, true));
+    assert_eq!(copied(&root, (src, 0), (dst, 100), COPY_MAX * 2), (most, Some(COPY_MAX)), "at most COPY_MAX a call");
 }

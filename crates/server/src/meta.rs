@@ -1,8 +1,9 @@
 //! Namespace and changelog requests onto the store (`interlock-meta`):
 //! each runs on the connection's task (the namespace's operations take
-//! no lock for long and never wait for the disk; a copy between files
-//! and an `fsync`, which may take the disk seconds, run on a blocking
-//! thread), and its answer goes through the acker (`durable`) when it
+//! no lock for long and never wait for the disk; a copy between files,
+//! an `fsync` and a `fallocate`, which may keep the disk busy for long,
+//! run on a blocking thread), and its answer goes through the acker
+//! (`durable`) when it
 //! made a change. The files a
 //! session holds open are tracked here, so that its end closes them (an
 //! orphan goes with its last handle).
@@ -84,10 +85,11 @@ pub(crate) fn end_session(inner: &Inner, sid: u64) {
 
 /// Serves a namespace request; `None` when the answer will be pushed.
 pub(crate) fn request(inner: &Inner, sid: u64, id: u64, cred: &Cred, op: MetaOp) -> Option<Reply> {
-    if matches!(op, MetaOp::CopyRange { .. } | MetaOp::Fsync { .. }) {
-        // The disk's work, which may take seconds (up to 4 GiB copied,
-        // a file's dirty data written out): on a blocking thread, not on
-        // a worker that serves other connections meanwhile.
+    if matches!(op, MetaOp::CopyRange { .. } | MetaOp::Fsync { .. } | MetaOp::Fallocate { .. }) {
+        // The disk's work, which may take it long (megabytes copied, a
+        // file's dirty data written out, a terabyte's extents reserved):
+        // on a blocking thread, not on a worker that serves other
+        // connections meanwhile.
         // That thread then waits for (and makes) the records durable
         // itself: no worker's park would, the workers being idle.
         let (server, cred) = (inner.me.upgrade()?, cred.clone());
