@@ -389,9 +389,11 @@ impl Fs {
 
     /// `copy_file_range(2)` within the mount: the server copies, so no
     /// byte crosses the network twice (or at all). The kernel has checked
-    /// the flags, the ranges and the files' modes; its answer counts in
-    /// 32 bits, so one call copies under 4 GiB and the caller goes on
-    /// (`cp` does). Repeated after a server restart as a write is.
+    /// the flags, the ranges and the files' modes. The server copies at
+    /// most `COPY_MAX` (8 MiB) a call, and the caller goes on from a
+    /// short copy (`cp` does); the answer's count is 32 bits, so the
+    /// request asks for under 4 GiB. Repeated after a server restart as a
+    /// write is.
     async fn copy_file_range(&self, cred: &Cred, src: Ino, a: &mut Args<'_>) -> Answer {
         self.writable()?;
         let (_fh_in, src_off, dst, _fh_out, dst_off, len) =
