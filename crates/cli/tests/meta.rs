@@ -245,7 +245,7 @@ fn changes_survive_kill_9(mode: &[&str]) {
 
 #[test]
 fn changelog_commands_and_status() {
-    let (_data, server) = long_lease_server();
+    let (data, server) = long_lease_server();
     let addr = server.addr.clone();
     let (code, out, err) = cli(&addr, &["changelog", "register", "--name", "audit"]);
     assert_eq!((code, out.as_str()), (0, "cl1\n"), "{err}");
@@ -283,6 +283,11 @@ fn changelog_commands_and_status() {
     assert_eq!(s["consumers"][0]["id"], "cl1");
     assert_eq!(s["consumers"][0]["behind"], 0);
     assert!(s["inodes"].as_u64().unwrap() >= 2);
+    let disk = nix::sys::statvfs::statvfs(data.path()).unwrap();
+    assert_eq!(s["disk_bytes"].as_u64(), Some(disk.blocks() * disk.fragment_size()), "the data directory's disk");
+    assert!(s["disk_available_bytes"].as_u64().unwrap() <= s["disk_bytes"].as_u64().unwrap());
+    let (_, out, _) = cli(&addr, &["status"]);
+    assert!(out.contains("GiB available of"), "{out}");
 
     // --follow prints a record made after it started.
     let mut follower = Command::new(BIN)

@@ -173,6 +173,9 @@ fn metrics_count_what_happened() {
                 let inf = sample(&text, "interlock_request_duration_seconds_bucket{le=\"+Inf\"}");
                 assert_eq!(count, inf, "every request falls in a bucket");
                 assert!(sample(&text, "interlock_sessions") >= 1.0);
+                assert!(sample(&text, "interlock_inodes") >= 1.0, "the root at least");
+                let disk = sample(&text, "interlock_disk_bytes");
+                assert!(disk > 0.0 && sample(&text, "interlock_disk_available_bytes") <= disk, "{text}");
                 break;
             }
             assert!(Instant::now() < deadline, "the killed client's session never expired:\n{text}");

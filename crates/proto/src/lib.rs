@@ -257,6 +257,11 @@ pub struct StatusInfo {
     /// Whether changes are answered only once durable (`fdatasync`);
     /// false in the unsafe mode, `--unsafe-no-fsync` (version 8).
     pub durable: bool,
+    /// The size of the file system that holds the data directory, and
+    /// what of it is free to the server, in bytes (version 9; 0 if it
+    /// could not be read).
+    pub disk_bytes: u64,
+    pub disk_available_bytes: u64,
 }
 
 /// One lock held or wanted, for [`Op::Inspect`].

@@ -363,6 +363,10 @@ impl Inner {
 
     fn status(&self) -> StatusInfo {
         let s = self.space.stats();
+        let disk = self.store.statfs().map_or((0, 0), |d| {
+            let bytes = |blocks: u64| blocks * u64::from(d.block_size);
+            (bytes(d.blocks), bytes(d.available))
+        });
         StatusInfo {
             sessions: self.sessions.len() as u64,
             resources: s.resources as u64,
@@ -380,6 +384,8 @@ impl Inner {
             journal_last: self.store.changelog().journal().durable_end().saturating_sub(1),
             since_checkpoint: self.store.since_checkpoint(),
             durable: !self.config.unsafe_no_fsync,
+            disk_bytes: disk.0,
+            disk_available_bytes: disk.1,
             consumers: self
                 .store
                 .changelog()

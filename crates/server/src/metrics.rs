@@ -135,6 +135,19 @@ fn render(inner: &Inner, m: &Metrics) -> String {
     r.register("resources", "Resources in the lock table", gauge(s.resources));
     r.register("locks", "Locks held", gauge(s.locks));
     r.register("waiters", "Requests queued", gauge(s.waiters));
+    r.register("inodes", "Inodes in the namespace, orphans included", gauge(s.inodes));
+    r.register_with_unit(
+        "disk",
+        "Size of the file system holding the data directory",
+        Unit::Bytes,
+        gauge(s.disk_bytes),
+    );
+    r.register_with_unit(
+        "disk_available",
+        "Space on the data directory's file system free to the server",
+        Unit::Bytes,
+        gauge(s.disk_available_bytes),
+    );
     r.register(
         "recovering_seconds",
         "Seconds left in the recovery window after a restart",

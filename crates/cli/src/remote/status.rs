@@ -80,6 +80,12 @@ fn print_status(s: &StatusInfo, json: bool) {
         );
     }
     println!("inodes      {}", s.inodes);
+    let gib = |b: u64| b as f64 / f64::from(1u32 << 30);
+    println!(
+        "disk        {:.1} GiB available of {:.1} GiB (the data directory's file system)",
+        gib(s.disk_available_bytes),
+        gib(s.disk_bytes)
+    );
     println!(
         "journal     last record {}, {} since the checkpoint (a restart replays them)",
         s.journal_last, s.since_checkpoint
@@ -172,7 +178,7 @@ fn status_json(s: &StatusInfo, rate: f64) -> serde_json::Value {
         "waiters": s.waiters, "requests": s.requests, "uptime_ms": s.uptime_ms,
         "requests_per_sec": rate, "recovering_ms": s.recovering_ms,
         "inodes": s.inodes, "journal_last": s.journal_last, "since_checkpoint": s.since_checkpoint,
-        "durable": s.durable,
+        "durable": s.durable, "disk_bytes": s.disk_bytes, "disk_available_bytes": s.disk_available_bytes,
         "consumers": s.consumers.iter().map(|c| serde_json::json!({
             "id": c.id, "name": c.name, "cleared": c.cleared, "mask": c.mask,
             "behind": s.journal_last.saturating_sub(c.cleared),
