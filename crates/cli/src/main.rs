@@ -63,7 +63,7 @@ enum Command {
     /// failed; 77 not root, or the token was refused.
     Mount(remote::mount::MountArgs),
     /// Live counters of a server: sessions, resources, locks, waiters,
-    /// request rate, inodes, journal, changelog consumers.
+    /// request rate, inodes, journal, changelog consumers, the data disk.
     Status(remote::status::StatusArgs),
     /// End a session at once, as if its lease had run out: its locks are
     /// released and its waits withdrawn (force a dead client out; find its
