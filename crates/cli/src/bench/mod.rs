@@ -59,7 +59,7 @@ pub enum BenchCommand {
     /// Issue 12: through `interlock mount` beside bindfs over tmpfs (the
     /// FUSE floor) and tmpfs: mdtest create/stat/unlink, ctdb ping_pong
     /// with 1 and 2 processes (2 mounts), du on a cold mount, sequential
-    /// write and read. Needs root and /dev/fuse.
+    /// write, read and copy. Needs root and /dev/fuse.
     Mount(mount::Args),
 }
 

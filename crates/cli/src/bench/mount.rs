@@ -3,8 +3,8 @@
 //! passthrough) and tmpfs itself: the mdtest shape (T threads create,
 //! stat and unlink files in one shared directory), ctdb's `ping_pong` (1
 //! process; 2 processes, on two mounts for interlock), `du` over a tree
-//! of files on a cold mount, and sequential write and read of one large
-//! file. Needs root and /dev/fuse; bindfs and ping_pong where installed
+//! of files on a cold mount, and sequential write, read and copy
+//! (`copy_file_range`, as `cp` copies) of one large file. Needs root and /dev/fuse; bindfs and ping_pong where installed
 //! (rows without them are left out, with a note).
 
 use std::path::{Path, PathBuf};
@@ -214,7 +214,7 @@ type Mdtest = Vec<(usize, [f64; 3])>;
 /// A run's mdtest seconds as [`Mdtest`] holds them.
 type MdtestRows<'a> = &'a [(usize, [f64; 3])];
 
-/// mdtest, ping_pong, write and read on `dir` (and `other`, a second
+/// mdtest, ping_pong, write, read and copy on `dir` (and `other`, a second
 /// mount of the same tree, for two-node ping_pong); gives mdtest's
 /// seconds.
 fn suite(
@@ -249,10 +249,11 @@ fn suite(
         let two = ping_pong(pp, &[&file, &second], args.seconds)?;
         report.row(row(variant, "pingpong2", 2, two, args.seconds as f64));
     }
-    let (w, r) = sequential(&dir.join("big"), args.mib)?;
+    let (w, r, c) = sequential(&dir.join("big"), args.mib)?;
     let mb = (args.mib << 20) as f64 / 1e6;
     report.row(row(variant, "write", 1, mb / w, w));
     report.row(row(variant, "read", 1, mb / r, r));
+    report.row(row(variant, "copy", 1, mb / c, c));
     Ok(mdtest)
 }
 
@@ -353,8 +354,8 @@ fn ping_pong(pp: &Path, files: &[&Path], seconds: u64) -> Result<f64, String> {
 }
 
 /// Seconds to write `mib` MiB to `path` in 1 MiB writes (then fsync),
-/// and to read it back.
-fn sequential(path: &Path, mib: u64) -> Result<(f64, f64), String> {
+/// to read it back, and to copy it as `cp` does (then fsync the copy).
+fn sequential(path: &Path, mib: u64) -> Result<(f64, f64, f64), String> {
     use std::io::{Read, Write};
     let chunk = vec![0x5au8; 1 << 20];
     let err = |e: std::io::Error| format!("{}: {e}", path.display());
@@ -378,11 +379,42 @@ fn sequential(path: &Path, mib: u64) -> Result<(f64, f64), String> {
         total += n as u64;
     }
     let r = start.elapsed().as_secs_f64();
-    std::fs::remove_file(path).map_err(err)?;
     if total != mib << 20 {
         return Err(format!("read {total} bytes of {}", mib << 20));
     }
-    Ok((w, r))
+    let copy = path.with_extension("copy");
+    let start = Instant::now();
+    let copied = copy_file(path, &copy).map_err(err)?;
+    let c = start.elapsed().as_secs_f64();
+    std::fs::remove_file(path).map_err(err)?;
+    std::fs::remove_file(&copy).map_err(err)?;
+    if copied != mib << 20 {
+        return Err(format!("copied {copied} bytes of {}", mib << 20));
+    }
+    Ok((w, r, c))
+}
+
+/// Copies `from` to a new file `to` as `cp` does: `copy_file_range` until
+/// it has all (a file system may copy less a call), reading and writing
+/// where the file system has no such copy; then makes the copy durable.
+/// How many bytes.
+fn copy_file(from: &Path, to: &Path) -> std::io::Result<u64> {
+    let (src, dst) = (std::fs::File::open(from)?, std::fs::File::create(to)?);
+    let mut total = 0u64;
+    loop {
+        match nix::fcntl::copy_file_range(&src, None, &dst, None, 1 << 30) {
+            Ok(0) => break,
+            Ok(n) => total += n as u64,
+            Err(nix::errno::Errno::EINTR) => {}
+            Err(nix::errno::Errno::EOPNOTSUPP | nix::errno::Errno::EXDEV | nix::errno::Errno::ENOSYS) => {
+                total += std::io::copy(&mut &src, &mut &dst)?;
+                break;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    dst.sync_all()?;
+    Ok(total)
 }
 
 /// Makes `files` empty files under `top`, 1,000 a directory (as
