@@ -462,11 +462,7 @@ impl Namespace {
     /// attributes. O(1) expected.
     pub fn readable(&self, cred: &Cred, ino: Ino) -> Result<Attr> {
         let i = self.inode(ino)?;
-        regular(&i)?;
-        let o = i.owner();
-        if cred.uid != o.uid {
-            access::check(cred, &o, access::READ)?;
-        }
+        may_use(cred, &i, access::READ)?;
         Ok(i.attr())
     }
 
@@ -526,7 +522,7 @@ impl Namespace {
         let i = self.inode(ino)?;
         let _held = self.stripes.lock(&[], &[Self::ino_lock(ino)]);
         self.inode(ino)?;
-        let o = may_write(cred, &i)?;
+        let o = may_use(cred, &i, WRITE)?;
         // An append takes the size under the inode's lock: appends from
         // any number of clients never overwrite each other.
         let offset = offset.unwrap_or_else(|| i.size.load(Relaxed));
@@ -571,7 +567,7 @@ impl Namespace {
         }
         if n == 0 {
             let i = self.inode(dst)?;
-            may_write(cred, &i)?;
+            may_use(cred, &i, WRITE)?;
             return Ok((0, i.attr(), 0));
         }
         let (a, seq) = self.change_data(cred, dst, (Some(dst_off), n), true, now, |_| put(n))?;
@@ -669,19 +665,20 @@ impl Namespace {
     }
 }
 
-/// Data operations work on regular files only.
-/// The checks of a change to `i`'s data: a regular file the caller may
-/// write (its owner always may: an NFS server lets the owner of a file it
-/// opened write it). Its owner and mode, read once.
-fn may_write(cred: &Cred, i: &Inode) -> Result<Owner> {
+/// The checks of a use of `i`'s data (`want`: read or write): a regular
+/// file the caller may use so (its owner always may, as an NFS server
+/// lets the owner of a file it opened read and write it). Its owner and
+/// mode, read once.
+fn may_use(cred: &Cred, i: &Inode, want: u32) -> Result<Owner> {
     regular(i)?;
     let o = i.owner();
     if cred.uid != o.uid {
-        access::check(cred, &o, WRITE)?;
+        access::check(cred, &o, want)?;
     }
     Ok(o)
 }
 
+/// Data operations work on regular files only.
 fn regular(i: &Inode) -> Result<()> {
     match i.kind {
         FileType::Regular => Ok(()),

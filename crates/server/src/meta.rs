@@ -3,10 +3,9 @@
 //! no lock for long and never wait for the disk; a copy between files,
 //! an `fsync` and a `fallocate`, which may keep the disk busy for long,
 //! run on a blocking thread), and its answer goes through the acker
-//! (`durable`) when it
-//! made a change. The files a
-//! session holds open are tracked here, so that its end closes them (an
-//! orphan goes with its last handle).
+//! (`durable`) when it made a change. The files a session holds open
+//! are tracked here, so that its end closes them (an orphan goes with
+//! its last handle).
 //!
 //! Costs: each request is one namespace operation (see `interlock-meta`:
 //! O(log n) for entry operations, O(log n + k) for a listing of k);
@@ -89,15 +88,13 @@ pub(crate) fn request(inner: &Inner, sid: u64, id: u64, cred: &Cred, op: MetaOp)
         // The disk's work, which may take it long (megabytes copied, a
         // file's dirty data written out, a terabyte's extents reserved):
         // on a blocking thread, not on a worker that serves other
-        // connections meanwhile.
-        // That thread then waits for (and makes) the records durable
-        // itself: no worker's park would, the workers being idle.
+        // connections meanwhile. That thread then waits for (and makes)
+        // the records durable itself: no worker's park would, the
+        // workers being idle.
         let (server, cred) = (inner.me.upgrade()?, cred.clone());
         tokio::task::spawn_blocking(move || {
-            let reply = match run(&server, sid, &cred, op) {
-                Ok((reply, seq)) => server.store.wait(seq).map(|()| Reply::Meta(reply)),
-                Err(e) => Err(e),
-            };
+            let reply = run(&server, sid, &cred, op)
+                .and_then(|(reply, seq)| server.store.wait(seq).map(|()| Reply::Meta(reply)));
             durable::push(&server.sessions, sid, id, reply.unwrap_or_else(|e| Reply::Errno(e.0)));
         });
         return None;
