@@ -654,6 +654,37 @@ fn statfs_on_a_mount_is_the_servers_disk() {
     assert!(ours.1 - after.1 >= 200 << 20, "256 MiB written took the server's space: {ours:?} then {after:?}");
 }
 
+/// `st_blocks` through a mount is what the file's data takes on the
+/// server's disk, as its file system counts it: a sparse file of a GiB
+/// shows its few blocks, not its size (so `du`, `ls -s` and the sparse
+/// detection of `cp` and `tar` see it as on a local file system), and
+/// the count follows a punched hole and a truncation.
+#[test]
+fn st_blocks_on_a_mount_are_what_the_data_takes_on_the_servers_disk() {
+    use nix::fcntl::{FallocateFlags, fallocate};
+    use std::os::unix::fs::MetadataExt;
+    let test = "st_blocks_on_a_mount_are_what_the_data_takes_on_the_servers_disk";
+    let Some((data, _server, m)) = one_mount(test) else { return };
+    let path = m.join("sparse");
+    let mut f = rw(&path);
+    f.write_all(&[7u8; 8192]).unwrap();
+    f.seek(SeekFrom::Start(1 << 30)).unwrap();
+    f.write_all(b"tail").unwrap();
+    f.sync_all().unwrap();
+    let ino = f.metadata().unwrap().ino();
+    let file = data.path().join("meta/data").join(format!("{:02x}", ino & 0xff)).join(format!("{ino:016x}"));
+    let held = || std::fs::metadata(&file).map_or(0, |m| m.blocks());
+    let shown = || std::fs::metadata(&path).unwrap().blocks();
+    wait_for("the mount to show the data file's blocks", || shown() == held());
+    let sparse = held();
+    assert!((16..=64).contains(&sparse), "12 KiB of data in a 1 GiB file take {sparse} blocks");
+    let punch = FallocateFlags::FALLOC_FL_PUNCH_HOLE | FallocateFlags::FALLOC_FL_KEEP_SIZE;
+    fallocate(&f, punch, 0, 8192).unwrap();
+    wait_for("the punched blocks to go", || shown() == held() && held() < sparse);
+    f.set_len(0).unwrap();
+    wait_for("a file cut to nothing to take nothing", || shown() == 0 && held() == 0);
+}
+
 #[test]
 fn a_mount_that_lost_its_locks_fails_with_eio_until_the_file_is_closed() {
     let Some((_data, _server, a, b)) =

@@ -212,7 +212,7 @@ fn split_time(t: i64) -> (u64, u32) {
 pub fn put_attr(out: &mut Vec<u8>, a: &Attr) {
     put64(out, a.ino);
     put64(out, a.size);
-    put64(out, a.size.div_ceil(512));
+    put64(out, a.blocks);
     let (at, an) = split_time(a.atime);
     let (mt, mn) = split_time(a.mtime);
     let (ct, cn) = split_time(a.ctime);
@@ -314,6 +314,7 @@ mod tests {
             gid: 2,
             rdev: 0,
             size: 1000,
+            blocks: 8,
             atime: -1,
             mtime: 1_500_000_000,
             ctime: 0,
@@ -329,6 +330,9 @@ mod tests {
         let e = entry(&attr(), ttl);
         assert_eq!(u64::from_ne_bytes(e[16..24].try_into().unwrap()), 1);
         assert_eq!(u32::from_ne_bytes(e[32..36].try_into().unwrap()), 500_000_000);
+        // fuse_attr from byte 40: ino, size, then blocks as the server
+        // counted them (not the size's).
+        assert_eq!(u64::from_ne_bytes(e[56..64].try_into().unwrap()), 8);
         let mut d = Vec::new();
         assert!(put_dirent(&mut d, 100, 7, 3, dtype(FileType::Directory), b"abc"));
         assert_eq!(d.len(), 32);

@@ -14,12 +14,15 @@
 //! `lseek`s and `copy_file_range`s, O(bytes of data) in the kernel, none
 //! through user space; a seek for data or a hole an `open` and one
 //! `lseek`; `fsync` is the data file's `fdatasync`; the space one
-//! `statvfs`.
+//! `statvfs`. Each change to a file's data returns the blocks its data
+//! file then takes (one `fstat` more), which the namespace shows as
+//! `st_blocks`.
 
 use std::fs::{File, OpenOptions};
 use std::io::ErrorKind;
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering::Relaxed;
 
 use nix::fcntl::{FallocateFlags, copy_file_range, fallocate};
 use nix::sys::statvfs::statvfs;
@@ -84,6 +87,11 @@ fn zero_within(f: &File, at: u64, len: u64) -> Result<()> {
     if at < to { zero(f, at, to - at) } else { Ok(()) }
 }
 
+/// The 512-byte blocks `f` takes on the local file system.
+fn blocks(f: &File) -> Result<u64> {
+    f.metadata().map(|m| m.blocks()).map_err(errno)
+}
+
 /// An I/O error as the errno a file system returns.
 fn errno(e: std::io::Error) -> Errno {
     Errno(e.raw_os_error().unwrap_or(libc::EIO))
@@ -140,18 +148,23 @@ impl Data {
         }
     }
 
-    pub fn write(&self, ino: Ino, offset: u64, bytes: &[u8]) -> Result<()> {
-        self.writable(ino)?.write_all_at(bytes, offset).map_err(errno)
+    /// Writes `bytes` at `offset`; the blocks the data file then takes.
+    pub fn write(&self, ino: Ino, offset: u64, bytes: &[u8]) -> Result<u64> {
+        let f = self.writable(ino)?;
+        f.write_all_at(bytes, offset).map_err(errno)?;
+        blocks(&f)
     }
 
     /// `fallocate(2)` on the data file's range, as `how` says: the space
     /// is the local file system's to reserve, and its errors (`ENOSPC`;
     /// `EOPNOTSUPP` for a mode it lacks) are the caller's. The range is
     /// within [`FILE_SIZE_MAX`](crate::FILE_SIZE_MAX), checked before.
-    pub fn fallocate(&self, ino: Ino, how: Fallocate, offset: u64, len: u64) -> Result<()> {
+    /// The blocks the data file then takes.
+    pub fn fallocate(&self, ino: Ino, how: Fallocate, offset: u64, len: u64) -> Result<u64> {
         let f = self.writable(ino)?;
         let flags = FallocateFlags::from_bits_retain(how.mode() as i32);
-        fallocate(&f, flags, self::offset(offset)?, self::offset(len)?).map_err(Errno::from)
+        fallocate(&f, flags, self::offset(offset)?, self::offset(len)?)?;
+        blocks(&f)
     }
 
     /// `n` bytes of `src`'s data from `src_off` into `dst`'s at `dst_off`,
@@ -163,8 +176,8 @@ impl Data {
     /// reaches (a punched hole, or written zeros where the local file
     /// system has no holes) and stay unallocated: a sparse file copies
     /// sparse. `src` may be `dst` (ranges apart). O(bytes of data and
-    /// extents) in the kernel.
-    pub fn copy(&self, (src, src_off): (Ino, u64), (dst, dst_off): (Ino, u64), n: u64) -> Result<()> {
+    /// extents) in the kernel. The blocks `dst`'s data file then takes.
+    pub fn copy(&self, (src, src_off): (Ino, u64), (dst, dst_off): (Ino, u64), n: u64) -> Result<u64> {
         let out = self.writable(dst)?;
         let end = src_off + n;
         let to_dst = |at: u64| dst_off + (at - src_off);
@@ -192,7 +205,8 @@ impl Data {
                 }
             }
         }
-        zero_within(&out, to_dst(at), end - at)
+        zero_within(&out, to_dst(at), end - at)?;
+        blocks(&out)
     }
 
     /// Where the next data (or hole) of a file of `size` bytes starts at
@@ -228,11 +242,15 @@ impl Data {
         Ok((unit(v.blocks()), unit(v.blocks_free()), unit(v.blocks_available())))
     }
 
-    /// Cuts or extends (sparsely) the data file to `size`, if it has one.
-    pub fn truncate(&self, ino: Ino, size: u64) -> Result<()> {
+    /// Cuts or extends (sparsely) the data file to `size`, if it has one;
+    /// the blocks it then takes.
+    pub fn truncate(&self, ino: Ino, size: u64) -> Result<u64> {
         match OpenOptions::new().write(true).open(self.path(ino)) {
-            Ok(f) => f.set_len(size).map_err(errno),
-            Err(e) if e.kind() == ErrorKind::NotFound => Ok(()),
+            Ok(f) => {
+                f.set_len(size).map_err(errno)?;
+                blocks(&f)
+            }
+            Err(e) if e.kind() == ErrorKind::NotFound => Ok(0),
             Err(e) => Err(errno(e)),
         }
     }
@@ -254,7 +272,8 @@ impl Data {
     }
 
     /// After replay: removes the data of inodes that do not exist, cuts
-    /// data past each file's size. O(data files). Returns (removed, cut).
+    /// data past each file's size, and gives each inode its data file's
+    /// blocks. O(data files). Returns (removed, cut).
     pub fn reconcile(&self, ns: &Namespace) -> std::io::Result<(u64, u64)> {
         let (mut removed, mut cut) = (0, 0);
         for fan in std::fs::read_dir(&self.dir)? {
@@ -263,17 +282,20 @@ impl Data {
                 let Some(ino) = entry.file_name().to_str().and_then(|n| Ino::from_str_radix(n, 16).ok()) else {
                     continue;
                 };
-                match ns.getattr(ino) {
-                    Err(_) => {
-                        std::fs::remove_file(entry.path())?;
-                        removed += 1;
-                    }
-                    Ok(a) if entry.metadata()?.len() > a.size => {
-                        OpenOptions::new().write(true).open(entry.path())?.set_len(a.size)?;
-                        cut += 1;
-                    }
-                    Ok(_) => {}
+                let Ok(i) = ns.inode(ino) else {
+                    std::fs::remove_file(entry.path())?;
+                    removed += 1;
+                    continue;
+                };
+                let mut held = entry.metadata()?;
+                let size = i.size.load(Relaxed);
+                if held.len() > size {
+                    let f = OpenOptions::new().write(true).open(entry.path())?;
+                    f.set_len(size)?;
+                    held = f.metadata()?;
+                    cut += 1;
                 }
+                i.blocks.store(held.blocks(), Relaxed);
             }
         }
         Ok((removed, cut))

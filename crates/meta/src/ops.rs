@@ -364,19 +364,20 @@ impl Namespace {
     /// exclusive, so that the times its creators move forward and a time
     /// set here are logged in the order they are applied.
     pub fn setattr(&self, cred: &Cred, ino: Ino, set: &SetAttr, now: Nanos) -> Result<(Attr, Seq)> {
-        self.setattr_with(cred, ino, set, now, |_| Ok(()))
+        self.setattr_with(cred, ino, set, now, |_| Ok(0))
     }
 
     /// [`setattr`](Namespace::setattr), calling `resize` with a new size
     /// after it is recorded and applied, still under the inode's lock (the
-    /// store truncates the data file there, so no write lands between).
+    /// store truncates the data file there, so no write lands between);
+    /// `resize` returns the blocks the data then takes.
     pub fn setattr_with(
         &self,
         cred: &Cred,
         ino: Ino,
         set: &SetAttr,
         now: Nanos,
-        resize: impl FnOnce(u64) -> Result<()>,
+        resize: impl FnOnce(u64) -> Result<u64>,
     ) -> Result<(Attr, Seq)> {
         let i = self.inode(ino)?;
         let dirs: &[(&Inode, bool)] = if i.is_dir() { &[(&i, true)] } else { &[] };
@@ -452,7 +453,7 @@ impl Namespace {
             Mutation::SetAttr { ino, perm, uid, gid, size: set.size, atime: set.atime.map(resolve), mtime, ctime: now };
         let seq = self.commit(cred, &m)?;
         if let Some(size) = set.size {
-            resize(size)?;
+            i.blocks.store(resize(size)?, Relaxed);
         }
         Ok((i.attr(), seq))
     }
@@ -469,8 +470,9 @@ impl Namespace {
     /// Writes `len` bytes at `offset` (`None`: at the end, an append) of
     /// regular file `ino`: checks (write
     /// permission, the owner always having it; the size limit), then
-    /// `put` writes the data, then the new size (if it grew) and times
-    /// are recorded, all under the inode's lock, so size and data agree.
+    /// `put` writes the data (and returns the blocks it then takes), then
+    /// the new size (if it grew) and times are recorded, all under the
+    /// inode's lock, so size and data agree.
     /// A write by anyone but root clears setuid, and setgid if group
     /// executable, as Linux's `file_remove_privs`. O(1) expected, plus
     /// `put`.
@@ -480,14 +482,15 @@ impl Namespace {
         ino: Ino,
         (offset, len): (Option<u64>, u64),
         now: Nanos,
-        put: impl FnOnce(u64) -> Result<()>,
+        put: impl FnOnce(u64) -> Result<u64>,
     ) -> Result<(Attr, Seq)> {
         self.change_data(cred, ino, (offset, len), true, now, put)
     }
 
     /// `fallocate(2)` of `len` bytes at `offset` of regular file `ino`:
     /// the checks of a write (and `EINVAL` for an empty range), then
-    /// `put` reserves or zeroes the data file's range as `how` says, then
+    /// `put` reserves or zeroes the data file's range as `how` says (and
+    /// returns the blocks the data then takes), then
     /// the new size (if the range grew the file and `how` may grow it)
     /// and the times are recorded, with the privileges a write clears
     /// cleared (Linux's `file_modified`), all under the inode's lock.
@@ -499,7 +502,7 @@ impl Namespace {
         how: Fallocate,
         (offset, len): (u64, u64),
         now: Nanos,
-        put: impl FnOnce() -> Result<()>,
+        put: impl FnOnce() -> Result<u64>,
     ) -> Result<(Attr, Seq)> {
         if len == 0 {
             return Err(Errno::EINVAL);
@@ -509,7 +512,8 @@ impl Namespace {
 
     /// What a write and a `fallocate` share: `put` changes `len` bytes
     /// of the data at `offset` (the end of the file for `None`), which may
-    /// make the file `grow` to the range's end.
+    /// make the file `grow` to the range's end, and returns the blocks
+    /// the data then takes.
     fn change_data(
         &self,
         cred: &Cred,
@@ -517,7 +521,7 @@ impl Namespace {
         (offset, len): (Option<u64>, u64),
         grow: bool,
         now: Nanos,
-        put: impl FnOnce(u64) -> Result<()>,
+        put: impl FnOnce(u64) -> Result<u64>,
     ) -> Result<(Attr, Seq)> {
         let i = self.inode(ino)?;
         let _held = self.stripes.lock(&[], &[Self::ino_lock(ino)]);
@@ -527,7 +531,7 @@ impl Namespace {
         // any number of clients never overwrite each other.
         let offset = offset.unwrap_or_else(|| i.size.load(Relaxed));
         let end = offset.checked_add(len).filter(|&e| e <= FILE_SIZE_MAX).ok_or(Errno::EFBIG)?;
-        put(offset)?;
+        i.blocks.store(put(offset)?, Relaxed);
         let size = (grow && end > i.size.load(Relaxed)).then_some(end);
         let mut perm = None;
         if !cred.is_root() {
@@ -547,7 +551,8 @@ impl Namespace {
     /// source is checked as a read is, the destination
     /// as a write is; two ranges of one file that overlap are `EINVAL`, as
     /// Linux's checks make them (on the count cut to the source's end).
-    /// `put(n)` copies the `n` bytes, then the destination's new size and
+    /// `put(n)` copies the `n` bytes (and returns the blocks the
+    /// destination's data then takes), then the destination's new size and
     /// times are recorded as a write's, under its lock; nothing is
     /// recorded when there is nothing to copy. Returns `n` with the
     /// destination's attributes. O(1) expected, plus `put`.
@@ -558,7 +563,7 @@ impl Namespace {
         (dst, dst_off): (Ino, u64),
         len: u64,
         now: Nanos,
-        put: impl FnOnce(u64) -> Result<()>,
+        put: impl FnOnce(u64) -> Result<u64>,
     ) -> Result<(u64, Attr, Seq)> {
         let size = self.readable(cred, src)?.size;
         let n = len.min(size.saturating_sub(src_off)).min(COPY_MAX);

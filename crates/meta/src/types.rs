@@ -80,6 +80,11 @@ pub struct Attr {
     pub gid: u32,
     pub rdev: u64,
     pub size: u64,
+    /// What its data takes on the server's disk, in 512-byte blocks
+    /// (`st_blocks`): its data file's, as the local file system counted
+    /// them after the last change; 0 for anything else. Below `size`
+    /// over 512 for a sparse file, which is how `du` and `cp` tell one.
+    pub blocks: u64,
     pub atime: Nanos,
     pub mtime: Nanos,
     pub ctime: Nanos,

@@ -6,7 +6,7 @@
 //! on two files in a tmpfs directory, must read back the same bytes at
 //! every step and in the end. And a freed file's data goes.
 
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{FileExt, MetadataExt};
 
 use interlock_meta::{
     COPY_MAX, Cred, Errno, Fallocate, FileType, Ino, NewInode, ROOT, SeekTo, SetAttr, Store, StoreOptions,
@@ -143,6 +143,12 @@ proptest! {
                     store = Store::open(tmp.path(), StoreOptions::default(), 1).unwrap().0;
                 }
             }
+            // st_blocks is what the data file takes on the local file
+            // system, after every change and after a reopen.
+            for &ino in &inos {
+                let held = std::fs::metadata(data_path(tmp.path(), ino)).map_or(0, |m| m.blocks());
+                prop_assert_eq!(store.ns().getattr(ino).unwrap().blocks, held, "blocks of {} after {:?}", ino, op);
+            }
         }
         for f in 0..2 {
             let size = kernel[f].metadata().unwrap().len();
@@ -159,6 +165,11 @@ fn store_with_files() -> (tempfile::TempDir, Store, [Ino; 2]) {
     let new = || NewInode { kind: FileType::Regular, perm: 0o644, rdev: 0 };
     let files = [b"a", b"b"].map(|name| store.ns().create(&Cred::root(), ROOT, name, new(), b"", 2).unwrap().0.ino);
     (tmp, store, files)
+}
+
+/// Where the store in `dir` keeps `ino`'s data (`docs/namespace.md`).
+fn data_path(dir: &std::path::Path, ino: Ino) -> std::path::PathBuf {
+    dir.join("data").join(format!("{:02x}", ino & 0xff)).join(format!("{ino:016x}"))
 }
 
 fn data_files(dir: &std::path::Path) -> usize {
@@ -190,7 +201,6 @@ fn a_freed_files_data_goes() {
 /// the source's data (and reads the same).
 #[test]
 fn a_copy_keeps_the_sources_holes() {
-    use std::os::unix::fs::MetadataExt;
     let (tmp, store, files) = store_with_files();
     let (root, [a, b]) = (Cred::root(), files);
     const FAR: u64 = 64 << 20;
@@ -208,7 +218,7 @@ fn a_copy_keeps_the_sources_holes() {
     let read = |ino, at, len| store.read(&root, ino, at, len).unwrap();
     assert_eq!((read(b, 0, 4), read(b, FAR, 8)), (b"head".to_vec(), b"tail".to_vec()));
     assert_eq!(read(b, FAR / 2 - 10, 8300), vec![0u8; 8300], "b's own data under the source's hole is zeros");
-    let data = |ino: Ino| tmp.path().join("data").join(format!("{:02x}", ino & 0xff)).join(format!("{ino:016x}"));
-    let used = std::fs::metadata(data(b)).unwrap().blocks() * 512;
+    let used = std::fs::metadata(data_path(tmp.path(), b)).unwrap().blocks() * 512;
     assert!(used <= 64 << 10, "the copy of a 64 MiB sparse file takes {used} bytes");
+    assert_eq!(store.ns().getattr(b).unwrap().blocks * 512, used, "and st_blocks says so");
 }

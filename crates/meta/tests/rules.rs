@@ -190,15 +190,16 @@ fn fallocate_is_checked_as_a_write_and_grows_the_file_only_when_asked() {
         let (a, _) = ns
             .fallocate_with(&root, f.ino, how, range, now, || {
                 put += 1;
-                Ok(())
+                Ok(8 * now as u64)
             })
             .unwrap();
-        assert_eq!((a.size, a.mtime, a.ctime, put), (size, now, now, 1), "{how:?} {range:?}");
+        // The blocks are what the data file takes after the change.
+        assert_eq!((a.size, a.blocks, a.mtime, a.ctime, put), (size, 8 * now as u64, now, now, 1), "{how:?} {range:?}");
         assert_eq!(a.perm, 0o4755, "root keeps setuid");
     }
     let all = SetAttr { perm: Some(0o4777), ..SetAttr::default() };
     ns.setattr(&root, f.ino, &all, 20).unwrap();
-    let (a, _) = ns.fallocate_with(&user(), f.ino, reserve, (0, 1), 21, || Ok(())).unwrap();
+    let (a, _) = ns.fallocate_with(&user(), f.ino, reserve, (0, 1), 21, || Ok(0)).unwrap();
     assert_eq!(a.perm, 0o777, "a user's fallocate clears setuid");
 }
 
@@ -214,14 +215,14 @@ fn copy_range_is_checked_as_a_read_and_a_write() {
     let file = |name: &[u8], perm| ns.create(&root, ROOT, name, new(FileType::Regular, perm), b"", 1).unwrap().0.ino;
     let (src, dst, secret) = (file(b"src", 0o644), file(b"dst", 0o644), file(b"secret", 0o600));
     let (d, _) = ns.create(&root, ROOT, b"d", new(FileType::Directory, 0o777), b"", 1).unwrap();
-    ns.write_with(&root, src, (Some(0), 1000), 2, |_| Ok(())).unwrap();
+    ns.write_with(&root, src, (Some(0), 1000), 2, |_| Ok(0)).unwrap();
     let clock = std::cell::Cell::new(10);
     let copied = |cred: &Cred, from, to, len| {
         let (mut put, now) = (None, clock.get() + 1);
         clock.set(now);
         let r = ns.copy_range_with(cred, from, to, len, now, |n| {
             put = Some(n);
-            Ok(())
+            Ok(0)
         });
         // Whether it was recorded: the record sets mtime to the time given.
         (r.map(|(n, a, _)| (n, a.size, a.mtime == now)), put)
@@ -241,7 +242,7 @@ fn copy_range_is_checked_as_a_read_and_a_write() {
     assert_eq!(copied(&root, (src, 900), (dst, 50), 500), (Ok((100, 150, true)), Some(100)));
     assert_eq!(copied(&root, (src, 1000), (dst, 0), 500), (Ok((0, 150, false)), None), "nothing to copy");
     assert_eq!(copied(&user(), (src, 1000), (secret, 0), 5), refused(Errno::EACCES), "checked even then");
-    ns.write_with(&root, src, (Some(COPY_MAX * 3), 1), 5, |_| Ok(())).unwrap();
+    ns.write_with(&root, src, (Some(COPY_MAX * 3), 1), 5, |_| Ok(0)).unwrap();
     let most = Ok((COPY_MAX, COPY_MAX + 100, true));
     assert_eq!(copied(&root, (src, 0), (dst, 100), COPY_MAX * 2), (most, Some(COPY_MAX)), "at most COPY_MAX a call");
 }
