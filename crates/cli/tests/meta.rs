@@ -346,6 +346,15 @@ fn written_copied_and_fsynced_data_survives_kill_9() {
         (f.ino, g.ino)
     });
     server.kill9();
+    // The data out of the page cache (where the kernel can drop it: not
+    // on tmpfs), so the reads below wait for the disk, on the server's
+    // blocking threads.
+    for fan in std::fs::read_dir(data.path().join("meta/data")).unwrap() {
+        for file in std::fs::read_dir(fan.unwrap().path()).unwrap() {
+            let f = std::fs::File::open(file.unwrap().path()).unwrap();
+            nix::fcntl::posix_fadvise(&f, 0, 0, nix::fcntl::PosixFadviseAdvice::POSIX_FADV_DONTNEED).unwrap();
+        }
+    }
     let server = ServerProc::start(data.path(), "127.0.0.1:0", &[]);
     rt().block_on(async {
         let c = client(&server.addr).await;

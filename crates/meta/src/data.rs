@@ -9,7 +9,9 @@
 //! crash between a record and the data file's change leaves one of
 //! those, never anything else).
 //!
-//! Costs: a read or write is an `open` and one `pread`/`pwrite`, O(bytes);
+//! Costs: a read or write is an `open` and one `preadv2`/`pwrite`,
+//! O(bytes) (a read from the cache only, `RWF_NOWAIT`, fails fast
+//! instead of waiting for the disk);
 //! a `fallocate` an `open` and one `fallocate`; a copy two `open`s, and
 //! `lseek`s and `copy_file_range`s, O(bytes of data) in the kernel, none
 //! through user space; a seek for data or a hole an `open` and one
@@ -20,6 +22,7 @@
 
 use std::fs::{File, OpenOptions};
 use std::io::ErrorKind;
+use std::io::IoSliceMut;
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering::Relaxed;
@@ -27,10 +30,11 @@ use std::sync::atomic::Ordering::Relaxed;
 use nix::fcntl::{FallocateFlags, copy_file_range, fallocate};
 use nix::sys::statvfs::statvfs;
 use nix::unistd::{Whence, lseek};
+use rustix::io::{ReadWriteFlags, preadv2};
 
 use crate::errno::{Errno, Result};
 use crate::namespace::Namespace;
-use crate::types::{Fallocate, Ino, SeekTo};
+use crate::types::{Fallocate, Ino, ReadFrom, SeekTo};
 
 pub(crate) struct Data {
     dir: PathBuf,
@@ -117,21 +121,28 @@ impl Data {
     }
 
     /// `len` bytes from `offset` of a file of `size` bytes: fewer at its
-    /// end, zeros where no data was written.
-    pub fn read(&self, ino: Ino, offset: u64, len: usize, size: u64) -> Result<Vec<u8>> {
+    /// end, zeros where no data was written. With `from` [`ReadFrom::Cache`],
+    /// `None` if any of them is not in the page cache (`RWF_NOWAIT`):
+    /// the read would wait for the disk.
+    pub fn read(&self, ino: Ino, offset: u64, len: usize, size: u64, from: ReadFrom) -> Result<Option<Vec<u8>>> {
         let len = size.saturating_sub(offset).min(len as u64) as usize;
         let mut buf = vec![0u8; len];
-        let Some(f) = self.file(ino)? else { return Ok(buf) };
+        let Some(f) = self.file(ino)? else { return Ok(Some(buf)) };
+        let flags = match from {
+            ReadFrom::Cache => ReadWriteFlags::NOWAIT,
+            ReadFrom::Disk => ReadWriteFlags::empty(),
+        };
         let mut done = 0;
         while done < len {
-            match f.read_at(&mut buf[done..], offset + done as u64) {
+            match preadv2(&f, &mut [IoSliceMut::new(&mut buf[done..])], offset + done as u64, flags) {
                 Ok(0) => break, // past the data file's end: zeros
                 Ok(n) => done += n,
-                Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                Err(e) => return Err(errno(e)),
+                Err(rustix::io::Errno::INTR) => {}
+                Err(rustix::io::Errno::AGAIN) if from == ReadFrom::Cache => return Ok(None),
+                Err(e) => return Err(Errno(e.raw_os_error())),
             }
         }
-        Ok(buf)
+        Ok(Some(buf))
     }
 
     /// The data file, made (empty) if the file has none yet, to write.

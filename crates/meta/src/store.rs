@@ -38,7 +38,7 @@ use crate::log::{Log, Seq};
 use crate::mutation::{Gone, Mutation};
 use crate::namespace::Namespace;
 use crate::record;
-use crate::types::{Attr, Cred, Fallocate, Ino, Nanos, SeekTo, SetAttr, StatFs};
+use crate::types::{Attr, Cred, Fallocate, Ino, Nanos, ReadFrom, SeekTo, SetAttr, StatFs};
 
 /// How a store keeps its journal and changelog.
 #[derive(Clone, Debug, Default)]
@@ -172,10 +172,11 @@ impl Store {
         self.changelog.journal().wait_durable(seq).map_err(|_| Errno::EIO)
     }
 
-    /// `len` bytes of regular file `ino` from `offset` (fewer at its end).
-    pub fn read(&self, cred: &Cred, ino: Ino, offset: u64, len: usize) -> Result<Vec<u8>> {
+    /// `len` bytes of regular file `ino` from `offset` (fewer at its end);
+    /// `None` if `from` is the cache and they are not all in it.
+    pub fn read(&self, cred: &Cred, ino: Ino, (offset, len): (u64, usize), from: ReadFrom) -> Result<Option<Vec<u8>>> {
         let a = self.ns.readable(cred, ino)?;
-        self.data.read(ino, offset, len, a.size)
+        self.data.read(ino, offset, len, a.size, from)
     }
 
     /// Writes `bytes` at `offset` of regular file `ino` (see

@@ -233,6 +233,17 @@ pub enum SeekTo {
     Hole,
 }
 
+/// Where a read may take a file's bytes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReadFrom {
+    /// The page cache only: a read that would wait for the disk is not
+    /// made (a server's worker, which serves other connections, tries
+    /// this first and hands the rest to a thread that may wait).
+    Cache,
+    /// The disk if need be.
+    Disk,
+}
+
 /// One entry of a directory listing. `cookie` resumes the listing after
 /// this entry.
 #[derive(Clone, Debug, PartialEq, Eq)]

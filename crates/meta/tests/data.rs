@@ -9,7 +9,7 @@
 use std::os::unix::fs::{FileExt, MetadataExt};
 
 use interlock_meta::{
-    COPY_MAX, Cred, Errno, Fallocate, FileType, Ino, NewInode, ROOT, SeekTo, SetAttr, Store, StoreOptions,
+    COPY_MAX, Cred, Errno, Fallocate, FileType, Ino, NewInode, ROOT, ReadFrom, SeekTo, SetAttr, Store, StoreOptions,
 };
 use nix::fcntl::{FallocateFlags, copy_file_range, fallocate};
 use proptest::prelude::*;
@@ -117,7 +117,7 @@ proptest! {
                 }
                 Op::Seek(f, off) => {
                     let size = store.ns().getattr(inos[f]).unwrap().size;
-                    let bytes = store.read(&root, inos[f], 0, size as usize).unwrap();
+                    let bytes = read(&store, inos[f], 0, size as usize);
                     let zeros = |from: u64, to: u64| bytes[from as usize..to as usize].iter().all(|&b| b == 0);
                     let first = (off..size).find(|&p| bytes[p as usize] != 0);
                     match store.seek(&root, inos[f], off, SeekTo::Data) {
@@ -135,8 +135,11 @@ proptest! {
                     }
                 }
                 Op::Read(f, off, len) => {
-                    let ours = store.read(&root, inos[f], off, len).unwrap();
-                    prop_assert!(ours == kernel_read(&kernel[f], off, len), "read {} bytes at {} of f{}", len, off, f);
+                    let want = kernel_read(&kernel[f], off, len);
+                    prop_assert!(read(&store, inos[f], off, len) == want, "read {} bytes at {} of f{}", len, off, f);
+                    // From the page cache: the same bytes, or none at all.
+                    let cached = store.read(&root, inos[f], (off, len), ReadFrom::Cache).unwrap();
+                    prop_assert!(cached.is_none_or(|c| c == want), "cached read of {} bytes at {} of f{}", len, off, f);
                 }
                 Op::Reopen => {
                     drop(store);
@@ -153,9 +156,14 @@ proptest! {
         for f in 0..2 {
             let size = kernel[f].metadata().unwrap().len();
             prop_assert_eq!(store.ns().getattr(inos[f]).unwrap().size, size);
-            prop_assert!(store.read(&root, inos[f], 0, size as usize + 10).unwrap() == kernel_read(&kernel[f], 0, size as usize + 10), "f{} in the end", f);
+            prop_assert!(read(&store, inos[f], 0, size as usize + 10) == kernel_read(&kernel[f], 0, size as usize + 10), "f{} in the end", f);
         }
     }
+}
+
+/// `len` bytes of `ino` from `at`, as root, from the disk if need be.
+fn read(store: &Store, ino: Ino, at: u64, len: usize) -> Vec<u8> {
+    store.read(&Cred::root(), ino, (at, len), ReadFrom::Disk).unwrap().expect("a read from the disk has its bytes")
 }
 
 /// A store in a fresh directory with two empty regular files, `a` and `b`.
@@ -215,10 +223,40 @@ fn a_copy_keeps_the_sources_holes() {
         done += n;
         assert_eq!(attr.size, done.max(FAR / 2 + 8192));
     }
-    let read = |ino, at, len| store.read(&root, ino, at, len).unwrap();
+    let read = |ino, at, len| read(&store, ino, at, len);
     assert_eq!((read(b, 0, 4), read(b, FAR, 8)), (b"head".to_vec(), b"tail".to_vec()));
     assert_eq!(read(b, FAR / 2 - 10, 8300), vec![0u8; 8300], "b's own data under the source's hole is zeros");
     let used = std::fs::metadata(data_path(tmp.path(), b)).unwrap().blocks() * 512;
     assert!(used <= 64 << 10, "the copy of a 64 MiB sparse file takes {used} bytes");
     assert_eq!(store.ns().getattr(b).unwrap().blocks * 512, used, "and st_blocks says so");
+}
+
+/// A read from the page cache only gives nothing when the file's data is
+/// not there (a server's worker then hands the read to a thread that may
+/// wait for the disk), and the bytes once a read from the disk has
+/// brought them in. The store is on the project's disk: tmpfs pages
+/// cannot be dropped.
+#[test]
+fn a_read_from_the_cache_gives_nothing_until_the_data_is_in_it() {
+    use nix::fcntl::{PosixFadviseAdvice, posix_fadvise};
+    let tmp = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let (store, _) = Store::open(tmp.path(), StoreOptions::default(), 1).unwrap();
+    let root = Cred::root();
+    let new = || NewInode { kind: FileType::Regular, perm: 0o644, rdev: 0 };
+    let ino = store.ns().create(&root, ROOT, b"f", new(), b"", 2).unwrap().0.ino;
+    let bytes: Vec<u8> = (0..1u32 << 20).map(|i| (i % 251) as u8).collect();
+    store.write(&root, ino, Some(0), &bytes, 3).unwrap();
+    store.fsync(ino).unwrap();
+    let cached = || store.read(&root, ino, (4096, 65536), ReadFrom::Cache).unwrap();
+    assert_eq!(cached().as_deref(), Some(&bytes[4096..69632]), "just written: in the cache");
+    // Clean once synced, so the kernel drops them.
+    let file = std::fs::File::open(data_path(tmp.path(), ino)).unwrap();
+    posix_fadvise(&file, 0, 0, PosixFadviseAdvice::POSIX_FADV_DONTNEED).unwrap();
+    assert_eq!(cached(), None, "dropped from the cache: the read would wait for the disk");
+    assert_eq!(read(&store, ino, 4096, 65536), bytes[4096..69632], "from the disk");
+    assert_eq!(cached().as_deref(), Some(&bytes[4096..69632]), "and in the cache again");
+    // A file with no data file yet reads as zeros from anywhere.
+    let empty = store.ns().create(&root, ROOT, b"e", new(), b"", 4).unwrap().0.ino;
+    store.setattr(&root, empty, &SetAttr { size: Some(100), ..SetAttr::default() }, 5).unwrap();
+    assert_eq!(store.read(&root, empty, (0, 100), ReadFrom::Cache).unwrap(), Some(vec![0; 100]));
 }
