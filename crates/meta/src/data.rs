@@ -121,13 +121,13 @@ impl Data {
     }
 
     /// `len` bytes from `offset` of a file of `size` bytes: fewer at its
-    /// end, zeros where no data was written. With `from` [`ReadFrom::Cache`],
-    /// `None` if any of them is not in the page cache (`RWF_NOWAIT`):
-    /// the read would wait for the disk.
-    pub fn read(&self, ino: Ino, offset: u64, len: usize, size: u64, from: ReadFrom) -> Result<Option<Vec<u8>>> {
+    /// end, zeros where no data was written. With `from`
+    /// [`ReadFrom::Cache`], `EAGAIN` if any of them is not in the page
+    /// cache (`RWF_NOWAIT`): the read would wait for the disk.
+    pub fn read(&self, ino: Ino, offset: u64, len: usize, size: u64, from: ReadFrom) -> Result<Vec<u8>> {
         let len = size.saturating_sub(offset).min(len as u64) as usize;
         let mut buf = vec![0u8; len];
-        let Some(f) = self.file(ino)? else { return Ok(Some(buf)) };
+        let Some(f) = self.file(ino)? else { return Ok(buf) };
         let flags = match from {
             ReadFrom::Cache => ReadWriteFlags::NOWAIT,
             ReadFrom::Disk => ReadWriteFlags::empty(),
@@ -138,11 +138,10 @@ impl Data {
                 Ok(0) => break, // past the data file's end: zeros
                 Ok(n) => done += n,
                 Err(rustix::io::Errno::INTR) => {}
-                Err(rustix::io::Errno::AGAIN) if from == ReadFrom::Cache => return Ok(None),
                 Err(e) => return Err(Errno(e.raw_os_error())),
             }
         }
-        Ok(Some(buf))
+        Ok(buf)
     }
 
     /// The data file, made (empty) if the file has none yet, to write.

@@ -33,6 +33,8 @@ impl Errno {
     pub const EIO: Errno = Errno(libc::EIO);
     pub const EBADF: Errno = Errno(libc::EBADF);
     pub const ENXIO: Errno = Errno(libc::ENXIO);
+    /// A read from the page cache only would wait for the disk.
+    pub const EAGAIN: Errno = Errno(libc::EAGAIN);
 }
 
 impl std::fmt::Display for Errno {

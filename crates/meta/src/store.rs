@@ -173,8 +173,8 @@ impl Store {
     }
 
     /// `len` bytes of regular file `ino` from `offset` (fewer at its end);
-    /// `None` if `from` is the cache and they are not all in it.
-    pub fn read(&self, cred: &Cred, ino: Ino, (offset, len): (u64, usize), from: ReadFrom) -> Result<Option<Vec<u8>>> {
+    /// `EAGAIN` if `from` is the cache and they are not all in it.
+    pub fn read(&self, cred: &Cred, ino: Ino, (offset, len): (u64, usize), from: ReadFrom) -> Result<Vec<u8>> {
         let a = self.ns.readable(cred, ino)?;
         self.data.read(ino, offset, len, a.size, from)
     }

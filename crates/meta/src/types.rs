@@ -237,8 +237,9 @@ pub enum SeekTo {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ReadFrom {
     /// The page cache only: a read that would wait for the disk is not
-    /// made (a server's worker, which serves other connections, tries
-    /// this first and hands the rest to a thread that may wait).
+    /// made, and fails with `EAGAIN` (a server's worker, which serves
+    /// other connections, tries this first and hands the rest to a
+    /// thread that may wait).
     Cache,
     /// The disk if need be.
     Disk,

@@ -92,8 +92,8 @@ pub(crate) fn request(inner: &Inner, sid: u64, id: u64, cred: &Cred, op: MetaOp)
         // wait for the disk (milliseconds on a spinning disk, more under
         // load) is not.
         &MetaOp::Read { ino, offset, size } => match inner.store.read(cred, ino, (offset, read_len(size)), Cache) {
-            Ok(Some(bytes)) => return Some(Reply::Meta(MetaReply::Bytes(bytes))),
-            Ok(None) => true,
+            Ok(bytes) => return Some(Reply::Meta(MetaReply::Bytes(bytes))),
+            Err(Errno::EAGAIN) => true,
             Err(e) => return Some(Reply::Errno(e.0)),
         },
         _ => false,
@@ -168,8 +168,7 @@ fn run(inner: &Inner, sid: u64, cred: &Cred, op: MetaOp) -> Result<(MetaReply, S
             done(ns.release(cred, ino)?)
         }
         MetaOp::Read { ino, offset, size } => {
-            let bytes = inner.store.read(cred, ino, (offset, read_len(size)), Disk)?;
-            (MetaReply::Bytes(bytes.expect("a read from the disk has its bytes")), 0)
+            (MetaReply::Bytes(inner.store.read(cred, ino, (offset, read_len(size)), Disk)?), 0)
         }
         MetaOp::Write { ino, offset, append, data } => {
             if data.len() > MAX_DATA {
