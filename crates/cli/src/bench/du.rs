@@ -3,12 +3,14 @@
 //! directory, through a server (50 creators on their own connections;
 //! progress on stderr), then walks it as `du -s` does, through one
 //! client: each directory listed with its entries' attributes
-//! (readdirplus), a page per round trip, sizes summed. The walk is what
-//! is timed.
+//! (readdirplus), a page per round trip, the space its files and
+//! directories take on the server's disk summed as `du` sums it
+//! (`st_blocks`, a file of many names counted once). The walk is what is
+//! timed.
 
 use std::time::Instant;
 
-use interlock_client::meta::{Cred, FileType, Ino, ROOT};
+use interlock_client::meta::{Cred, Entry, FileType, Ino, ROOT};
 use interlock_client::{Client, ClientOptions};
 use serde_json::{Map, Value, json};
 
@@ -125,31 +127,91 @@ pub(super) async fn build(
     Ok((top_name, top.ino))
 }
 
-/// `du -s`: every file under `top` and the bytes of their sizes.
+/// `du -s`: the files under `top`, and the bytes that they and the
+/// directories under it take (`top` itself not counted).
 async fn walk(c: &Client, top: Ino) -> Result<(u64, u64), String> {
     let root = Cred::root();
-    let (mut files, mut bytes) = (0u64, 0u64);
+    let mut usage = Usage::default();
     let mut todo = vec![top];
     while let Some(dir) = todo.pop() {
         let mut cookie = 0;
         loop {
             let (page, end) = c.readdir(&root, dir, cookie, 4096, true).await.map_err(|e| e.to_string())?;
-            for e in &page {
-                match (e.kind, &e.attr) {
-                    (FileType::Directory, _) => todo.push(e.ino),
-                    (_, Some(a)) => {
-                        files += 1;
-                        bytes += a.size;
-                    }
-                    // Removed while it was listed.
-                    (_, None) => {}
-                }
-            }
+            // The listing holds no `.` or `..` (the mount adds those).
+            todo.extend(page.iter().filter_map(|e| usage.add(e)));
             match page.last() {
                 Some(last) if !end => cookie = last.cookie,
                 _ => break,
             }
         }
     }
-    Ok((files, bytes))
+    Ok((usage.files, usage.bytes))
+}
+
+/// What `du` sums: 512-byte blocks (`st_blocks`) of every file and
+/// directory, an inode of several names once (as GNU `du` does), and the
+/// files counted beside. O(1) expected per entry.
+#[derive(Default)]
+struct Usage {
+    files: u64,
+    bytes: u64,
+    /// Files of more than one name already counted.
+    linked: std::collections::HashSet<Ino>,
+}
+
+impl Usage {
+    /// Counts an entry of a listing with its attributes; a directory
+    /// comes back, to be walked. An entry removed while it was listed
+    /// (no attributes) counts for nothing.
+    fn add(&mut self, e: &Entry) -> Option<Ino> {
+        let dir = e.kind == FileType::Directory;
+        if let Some(a) = &e.attr
+            && (dir || a.nlink < 2 || self.linked.insert(e.ino))
+        {
+            self.bytes += a.blocks * 512;
+            self.files += u64::from(!dir);
+        }
+        dir.then_some(e.ino)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use interlock_client::meta::Attr;
+
+    fn entry(ino: Ino, kind: FileType, nlink: u32, blocks: u64, listed: bool) -> Entry {
+        let attr = Attr {
+            ino,
+            kind,
+            perm: 0o644,
+            nlink,
+            uid: 0,
+            gid: 0,
+            rdev: 0,
+            // A sparse file: du goes by blocks, not by size.
+            size: 1 << 30,
+            blocks,
+            atime: 0,
+            mtime: 0,
+            ctime: 0,
+        };
+        Entry { name: format!("e{ino}").into_bytes(), ino, kind, cookie: ino, attr: listed.then_some(attr) }
+    }
+
+    #[test]
+    fn usage_sums_blocks_counts_a_linked_file_once_and_returns_directories() {
+        let mut u = Usage::default();
+        let page = [
+            entry(2, FileType::Regular, 1, 8, true),
+            entry(3, FileType::Regular, 2, 16, true),
+            entry(3, FileType::Regular, 2, 16, true),
+            entry(4, FileType::Directory, 2, 0, true),
+            entry(5, FileType::Regular, 1, 64, false),
+            entry(6, FileType::Symlink, 1, 0, true),
+        ];
+        let dirs: Vec<Ino> = page.iter().filter_map(|e| u.add(e)).collect();
+        assert_eq!(dirs, [4]);
+        assert_eq!((u.files, u.bytes), (3, (8 + 16) * 512));
+    }
 }
