@@ -122,7 +122,38 @@ fn an_open_file_outlives_its_name_until_released_or_its_session_ends() {
             } else {
                 holder.release(&root(), f.ino).await.unwrap();
             }
-            assert_eq!(errno(b.getattr(&root(), f.ino).await), libc::ENOENT, "freed (session ended: {by_bye})");
+            assert_eq!(errno(b.getattr(&root(), f.ino).await), libc::ESTALE, "freed (session ended: {by_bye})");
+        }
+    });
+}
+
+/// A request that names by number an inode that is gone fails with
+/// `ESTALE` (what makes a mount's kernel look the path up again, as with
+/// NFS); a name that is not there is `ENOENT`, and so is linking an open
+/// file whose last name went (its inode is still there), as on Linux.
+#[test]
+fn a_gone_inode_is_estale_and_a_missing_name_enoent() {
+    let (_data, server) = long_lease_server();
+    rt().block_on(async {
+        let c = client(&server.addr).await;
+        let d = c.create(&root(), ROOT, b"d", FileType::Directory, 0o755, b"").await.unwrap();
+        let f = c.create(&root(), d.ino, b"f", FileType::Regular, 0o644, b"").await.unwrap();
+        assert_eq!(errno(c.lookup(&root(), d.ino, b"missing").await), libc::ENOENT, "a missing name");
+        c.open(&root(), f.ino).await.unwrap();
+        c.unlink(&root(), d.ino, b"f").await.unwrap();
+        assert_eq!(errno(c.link(&root(), f.ino, d.ino, b"g").await), libc::ENOENT, "an orphan linked");
+        c.release(&root(), f.ino).await.unwrap();
+        c.rmdir(&root(), ROOT, b"d").await.unwrap();
+        let gone = [
+            ("getattr", errno(c.getattr(&root(), f.ino).await)),
+            ("open", errno(c.open(&root(), f.ino).await)),
+            ("lookup in", errno(c.lookup(&root(), d.ino, b"f").await)),
+            ("create in", errno(c.create(&root(), d.ino, b"x", FileType::Regular, 0o644, b"").await)),
+            ("unlink in", errno(c.unlink(&root(), d.ino, b"x").await)),
+            ("link into", errno(c.link(&root(), ROOT, d.ino, b"x").await)),
+        ];
+        for (what, e) in gone {
+            assert_eq!(e, libc::ESTALE, "{what} a gone inode");
         }
     });
 }
@@ -146,7 +177,7 @@ fn create_open_holds_the_new_file_open() {
             } else {
                 a.release(&root(), f.ino).await.unwrap();
             }
-            assert_eq!(errno(b.getattr(&root(), f.ino).await), libc::ENOENT, "freed (session ended: {by_bye})");
+            assert_eq!(errno(b.getattr(&root(), f.ino).await), libc::ESTALE, "freed (session ended: {by_bye})");
         }
     });
 }
@@ -196,11 +227,11 @@ fn a_file_unlinked_while_open_outlives_a_server_restart() {
         status_until(&watcher, "the recovery to end", |s| s.recovering_ms == 0).await;
         assert_eq!(c.read(&root(), f.ino, 0, 100).await.unwrap(), b"still here");
         c.release(&root(), f.ino).await.unwrap();
-        assert_eq!(errno(c.getattr(&root(), f.ino).await), libc::ENOENT, "freed at its last release");
+        assert_eq!(errno(c.getattr(&root(), f.ino).await), libc::ESTALE, "freed at its last release");
         c.release(&root(), g.ino).await.unwrap();
         assert_eq!(c.getattr(&root(), g.ino).await.unwrap().nlink, 0, "one handle left: still an orphan");
         c.release(&root(), g.ino).await.unwrap();
-        assert_eq!(errno(c.getattr(&root(), g.ino).await), libc::ENOENT, "freed at its last release");
+        assert_eq!(errno(c.getattr(&root(), g.ino).await), libc::ESTALE, "freed at its last release");
     });
 }
 

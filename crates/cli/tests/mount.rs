@@ -43,9 +43,14 @@ struct Mount {
 
 impl Mount {
     fn new(addr: &str) -> Mount {
+        Mount::with_options(addr, "rw")
+    }
+
+    /// With mount options (`-o`).
+    fn with_options(addr: &str, options: &str) -> Mount {
         let dir = tempfile::tempdir().unwrap();
         let child = Command::new(BIN)
-            .args(["mount", "--server", addr])
+            .args(["mount", "--server", addr, "-o", options])
             .arg(dir.path())
             .env("INTERLOCK_LOG", "warn")
             .stdout(Stdio::null())
@@ -238,6 +243,19 @@ fn ping_pong() -> Option<PathBuf> {
     None
 }
 
+/// A program from `/usr/bin` that a test drives, which `scripts/test`
+/// installs where it runs the mount tests (there, its absence fails the
+/// test; elsewhere the test says loudly that it skipped).
+fn tool(name: &str, package: &str) -> Option<PathBuf> {
+    let p = Path::new("/usr/bin").join(name);
+    if p.exists() {
+        return Some(p);
+    }
+    assert!(std::env::var_os("INTERLOCK_REQUIRE_FUSE").is_none(), "{} not found", p.display());
+    eprintln!("SKIPPED the {name} test: no {name} (Debian package {package})");
+    None
+}
+
 #[test]
 fn ping_pong_rw_sees_every_increment_across_two_mounts() {
     let Some(pp) = ping_pong() else { return };
@@ -272,6 +290,63 @@ fn ping_pong_rw_sees_every_increment_across_two_mounts() {
         assert!(seen[first_two..=last_two].iter().all(|&v| v == "2"), "a lost write:\n{text}");
         assert!(seen.len() - last_two <= 2, "at most the final stop after the last 2:\n{text}");
     }
+}
+
+/// SQLite in its rollback-journal mode on two mounts at once: three
+/// writers, two on one mount and one on the other, each committing its
+/// own rows one transaction at a time. Every transaction takes the
+/// database's fcntl locks across the mounts and makes and removes the
+/// same journal file that the others make and remove; every row must be
+/// there once and the database whole. Before the server answered
+/// `ESTALE` for a gone inode (see
+/// `a_name_another_mount_removed_or_made_again_opens_what_the_server_has_now`),
+/// the writer on the second mount failed with "unable to open database
+/// file" in every run.
+#[test]
+fn sqlite_on_two_mounts_commits_every_transaction() {
+    let Some((_data, server, a)) = one_mount("sqlite_on_two_mounts_commits_every_transaction") else { return };
+    // b's kernel keeps names and attributes for ten minutes, so that it
+    // meets the journal the other mount removed (with the default second
+    // it may or may not).
+    let b = Mount::with_options(&server.addr, "entry_timeout=600,attr_timeout=600");
+    let Some(sqlite) = tool("sqlite3", "sqlite3") else { return };
+    let sql = |db: &Path, script: String| {
+        let mut child = Command::new(&sqlite)
+            .arg("-bail")
+            .arg(db)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stdin = child.stdin.take().unwrap();
+        std::thread::spawn(move || stdin.write_all(script.as_bytes()));
+        child
+    };
+    let done = |child: Child| {
+        let out = child.wait_with_output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "sqlite3 failed: {text}");
+        text
+    };
+    done(sql(&a.join("db"), "create table t(who text, i int);\n".into()));
+    const ROWS: usize = 300;
+    let writers: Vec<Child> = ["a1", "b1", "a2"]
+        .iter()
+        .map(|who| {
+            let mut script = String::from(".timeout 60000\n");
+            for i in 0..ROWS {
+                script += &format!("begin immediate; insert into t values('{who}', {i}); commit;\n");
+            }
+            sql(&if who.starts_with('a') { a.join("db") } else { b.join("db") }, script)
+        })
+        .collect();
+    for w in writers {
+        done(w);
+    }
+    let check =
+        done(sql(&b.join("db"), "select count(*), count(distinct who || i) from t; pragma integrity_check;\n".into()));
+    assert_eq!(check.trim(), format!("{0}|{0}\nok", 3 * ROWS));
 }
 
 #[test]
@@ -323,6 +398,45 @@ fn tar_and_git_work_on_the_mount() {
     git(&["commit", "-q", "-a", "-m", "second"]);
     assert_eq!(git(&["log", "--format=%s"]), "second\nfirst\n");
     git(&["fsck", "--strict"]);
+}
+
+/// A name another mount removed, or removed and made again, while this
+/// mount's kernel still holds the old inode under it (for its entry
+/// timeout, here ten minutes): opening it, with `O_CREAT` or without,
+/// and making a file in a directory made again, find what the server
+/// has now, as NFS's client does; never `ENOENT` for the inode that went.
+/// SQLite on two mounts, each making and removing the same journal in
+/// turn, failed with "unable to open database file" (`open(O_CREAT)`
+/// answered `ENOENT`) before the server said `ESTALE` for an inode that
+/// is gone, which makes the kernel look the path up again.
+#[test]
+fn a_name_another_mount_removed_or_made_again_opens_what_the_server_has_now() {
+    let Some((_data, server, a)) = one_mount("a_name_another_mount_removed_or_made_again") else { return };
+    let b = Mount::with_options(&server.addr, "entry_timeout=600,attr_timeout=600");
+    std::fs::write(a.join("j"), b"old").unwrap();
+    std::fs::create_dir(a.join("d")).unwrap();
+    // b's kernel caches both names and their inodes.
+    assert_eq!(std::fs::read(b.join("j")).unwrap(), b"old");
+    assert!(std::fs::read_dir(b.join("d")).unwrap().next().is_none());
+
+    std::fs::remove_file(a.join("j")).unwrap();
+    std::fs::write(a.join("j"), b"new").unwrap();
+    assert_eq!(std::fs::read(b.join("j")).unwrap(), b"new", "a name made again");
+
+    std::fs::remove_file(a.join("j")).unwrap();
+    let mut f = rw(&b.join("j"));
+    f.write_all(b"b's").unwrap();
+    drop(f);
+    assert_eq!(std::fs::read(a.join("j")).unwrap(), b"b's", "O_CREAT over a name that went");
+
+    std::fs::remove_file(a.join("j")).unwrap();
+    let gone = std::fs::File::open(b.join("j")).map(drop).map_err(|e| e.raw_os_error());
+    assert_eq!(gone, Err(Some(libc::ENOENT)), "a name that went, opened without O_CREAT");
+
+    std::fs::remove_dir(a.join("d")).unwrap();
+    std::fs::create_dir(a.join("d")).unwrap();
+    std::fs::write(b.join("d/x"), b"x").unwrap();
+    assert_eq!(std::fs::read(a.join("d/x")).unwrap(), b"x", "a file made in a directory made again");
 }
 
 #[test]

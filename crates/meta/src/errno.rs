@@ -35,6 +35,9 @@ impl Errno {
     pub const ENXIO: Errno = Errno(libc::ENXIO);
     /// A read from the page cache only would wait for the disk.
     pub const EAGAIN: Errno = Errno(libc::EAGAIN);
+    /// An inode a request named by number is gone (the server's answer;
+    /// see `interlock_proto::meta::MetaOp::inodes`).
+    pub const ESTALE: Errno = Errno(libc::ESTALE);
 }
 
 impl std::fmt::Display for Errno {

@@ -168,6 +168,46 @@ pub enum MetaOp {
     },
 }
 
+impl MetaOp {
+    /// The inodes the request names by number (a directory it works in,
+    /// the inode it works on): at most two. When one of them no longer
+    /// exists, the request fails with `ESTALE`, as an NFS server answers
+    /// a stale handle, and not `ENOENT`: a mount whose kernel still
+    /// holds the old inode under a name (another mount removed it, or
+    /// removed it and made it again) then looks the path up afresh and
+    /// retries, where `ENOENT` would fail an `open(O_CREAT)` of a name
+    /// that may be made.
+    pub fn inodes(&self) -> [Option<Ino>; 2] {
+        use MetaOp::*;
+        match *self {
+            Link { ino, parent, .. } => [Some(ino), Some(parent)],
+            Rename { parent, new_parent, .. } => [Some(parent), Some(new_parent)],
+            CopyRange { src, dst, .. } => [Some(src), Some(dst)],
+            Lookup { parent, .. }
+            | Create { parent, .. }
+            | Unlink { parent, .. }
+            | Rmdir { parent, .. }
+            | CreateOpen { parent, .. } => [Some(parent), None],
+            Getattr { ino }
+            | Setattr { ino, .. }
+            | Readlink { ino }
+            | Readdir { ino, .. }
+            | Getxattr { ino, .. }
+            | Setxattr { ino, .. }
+            | Listxattr { ino }
+            | Removexattr { ino, .. }
+            | Open { ino, .. }
+            | Release { ino, .. }
+            | Read { ino, .. }
+            | Write { ino, .. }
+            | Fallocate { ino, .. }
+            | Seek { ino, .. }
+            | Fsync { ino } => [Some(ino), None],
+            Statfs => [None, None],
+        }
+    }
+}
+
 /// The most data one `Read` or `Write` carries: a frame with room to
 /// spare.
 pub const MAX_DATA: usize = 128 << 10;

@@ -86,6 +86,7 @@ pub(crate) fn end_session(inner: &Inner, sid: u64) {
 
 /// Serves a namespace request; `None` when the answer will be pushed.
 pub(crate) fn request(inner: &Inner, sid: u64, id: u64, cred: &Cred, op: MetaOp) -> Option<Reply> {
+    let named = op.inodes();
     let offload = match &op {
         MetaOp::CopyRange { .. } | MetaOp::Fsync { .. } | MetaOp::Fallocate { .. } => true,
         // A read the page cache holds is served here; one that would
@@ -94,7 +95,7 @@ pub(crate) fn request(inner: &Inner, sid: u64, id: u64, cred: &Cred, op: MetaOp)
         &MetaOp::Read { ino, offset, size } => match inner.store.read(cred, ino, (offset, read_len(size)), Cache) {
             Ok(bytes) => return Some(Reply::Meta(MetaReply::Bytes(bytes))),
             Err(Errno::EAGAIN) => true,
-            Err(e) => return Some(Reply::Errno(e.0)),
+            Err(e) => return Some(Reply::Errno(stale_or(inner, e, named).0)),
         },
         _ => false,
     };
@@ -121,7 +122,25 @@ pub(crate) fn request(inner: &Inner, sid: u64, id: u64, cred: &Cred, op: MetaOp)
     }
 }
 
+/// Runs `op`; an `ENOENT` because an inode it names is gone is `ESTALE`
+/// (see `MetaOp::inodes`).
 fn run(inner: &Inner, sid: u64, cred: &Cred, op: MetaOp) -> Result<(MetaReply, Seq), Errno> {
+    let named = op.inodes();
+    perform(inner, sid, cred, op).map_err(|e| stale_or(inner, e, named))
+}
+
+/// `e`, or `ESTALE` if it is `ENOENT` and one of the inodes `named` no
+/// longer exists. O(1) expected, and only on the way out of a failure.
+fn stale_or(inner: &Inner, e: Errno, named: [Option<Ino>; 2]) -> Errno {
+    let ns = inner.store.ns();
+    if e == Errno::ENOENT && named.into_iter().flatten().any(|ino| ns.getattr(ino).is_err()) {
+        Errno::ESTALE
+    } else {
+        e
+    }
+}
+
+fn perform(inner: &Inner, sid: u64, cred: &Cred, op: MetaOp) -> Result<(MetaReply, Seq), Errno> {
     let ns = inner.store.ns();
     let now = now();
     let attr = |(a, s)| (MetaReply::Attr(a), s);
