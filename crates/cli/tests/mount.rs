@@ -405,6 +405,8 @@ fn tar_and_git_work_on_the_mount() {
 /// timeout, here ten minutes): opening it, with `O_CREAT` or without,
 /// and making a file in a directory made again, find what the server
 /// has now, as NFS's client does; never `ENOENT` for the inode that went.
+/// And a directory open here that the other mount removes lists as
+/// empty, as on one machine.
 /// SQLite on two mounts, each making and removing the same journal in
 /// turn, failed with "unable to open database file" (`open(O_CREAT)`
 /// answered `ENOENT`) before the server said `ESTALE` for an inode that
@@ -437,6 +439,18 @@ fn a_name_another_mount_removed_or_made_again_opens_what_the_server_has_now() {
     std::fs::create_dir(a.join("d")).unwrap();
     std::fs::write(b.join("d/x"), b"x").unwrap();
     assert_eq!(std::fs::read(a.join("d/x")).unwrap(), b"x", "a file made in a directory made again");
+
+    // A directory open on b that a removes lists as empty, as a removed
+    // directory does on one machine (the C library's readdir ends).
+    std::fs::create_dir(a.join("e")).unwrap();
+    let held = std::fs::File::open(b.join("e")).unwrap();
+    std::fs::remove_dir(a.join("e")).unwrap();
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&held);
+    let listed = std::fs::read_dir(format!("/proc/self/fd/{fd}"))
+        .unwrap()
+        .map(|e| e.map(|e| e.file_name()))
+        .collect::<Result<Vec<_>, _>>();
+    assert_eq!(listed.map_err(|e| e.raw_os_error()), Ok(vec![]), "an open directory removed elsewhere");
 }
 
 #[test]

@@ -49,6 +49,16 @@ fn call<T>(r: Result<T, ClientError>) -> Result<T, i32> {
     r.map_err(|e| errno(&e))
 }
 
+/// A listing of a directory that is gone (the server says `ESTALE`:
+/// another mount removed it while it was open here) fails as Linux's
+/// `getdents` does on a removed directory, with `ENOENT`, which `readdir`
+/// in the C library takes for the end of the listing: an open directory
+/// removed anywhere lists as empty, as on one machine. (On this mount
+/// the kernel knows the directory is dead and asks nothing.)
+fn removed_dir(e: i32) -> i32 {
+    if e == libc::ESTALE { libc::ENOENT } else { e }
+}
+
 /// Entries asked of the server per listing call: the kernel's buffer holds
 /// a page (about 25 entries with attributes); the rest waits in the
 /// directory handle for the next call, so a listing costs a round trip
@@ -135,8 +145,8 @@ impl Fs {
                 Vec::new()
             }),
             op::FSYNCDIR | op::DESTROY => Ok(Vec::new()),
-            op::READDIR => self.readdir(&cred, ino, &mut a, false).await,
-            op::READDIRPLUS => self.readdir(&cred, ino, &mut a, true).await,
+            op::READDIR => self.readdir(&cred, ino, &mut a, false).await.map_err(removed_dir),
+            op::READDIRPLUS => self.readdir(&cred, ino, &mut a, true).await.map_err(removed_dir),
             op::GETLK => self.getlk(ino, &mut a).await,
             op::SETLK => self.setlk(ino, &mut a, None).await,
             op::SETLKW => self.setlk(ino, &mut a, cancel).await,
