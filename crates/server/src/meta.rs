@@ -86,7 +86,6 @@ pub(crate) fn end_session(inner: &Inner, sid: u64) {
 
 /// Serves a namespace request; `None` when the answer will be pushed.
 pub(crate) fn request(inner: &Inner, sid: u64, id: u64, cred: &Cred, op: MetaOp) -> Option<Reply> {
-    let named = op.inodes();
     let offload = match &op {
         MetaOp::CopyRange { .. } | MetaOp::Fsync { .. } | MetaOp::Fallocate { .. } => true,
         // A read the page cache holds is served here; one that would
@@ -95,7 +94,7 @@ pub(crate) fn request(inner: &Inner, sid: u64, id: u64, cred: &Cred, op: MetaOp)
         &MetaOp::Read { ino, offset, size } => match inner.store.read(cred, ino, (offset, read_len(size)), Cache) {
             Ok(bytes) => return Some(Reply::Meta(MetaReply::Bytes(bytes))),
             Err(Errno::EAGAIN) => true,
-            Err(e) => return Some(Reply::Errno(stale_or(inner, e, named).0)),
+            Err(e) => return Some(Reply::Errno(stale_or(inner, e, [Some(ino), None]).0)),
         },
         _ => false,
     };
@@ -140,6 +139,7 @@ fn stale_or(inner: &Inner, e: Errno, named: [Option<Ino>; 2]) -> Errno {
     }
 }
 
+/// `op` on the store: its answer, and the record it made (0 for none).
 fn perform(inner: &Inner, sid: u64, cred: &Cred, op: MetaOp) -> Result<(MetaReply, Seq), Errno> {
     let ns = inner.store.ns();
     let now = now();
