@@ -453,6 +453,33 @@ fn a_name_another_mount_removed_or_made_again_opens_what_the_server_has_now() {
     assert_eq!(listed.map_err(|e| e.raw_os_error()), Ok(vec![]), "an open directory removed elsewhere");
 }
 
+/// A POSIX ACL is refused with `EOPNOTSUPP`, as on a file system
+/// without ACLs: neither the mount's kernel nor the server would apply
+/// it. Before, `setfacl -m u:nobody:---` succeeded, `getfacl` showed the
+/// entry, and `nobody` still read the file.
+#[test]
+fn a_posix_acl_is_refused_rather_than_stored_and_not_applied() {
+    let Some((_data, _server, m)) = one_mount("a_posix_acl_is_refused_rather_than_stored_and_not_applied") else {
+        return;
+    };
+    std::fs::write(m.join("f"), b"secret").unwrap();
+    // The xattr form of `u::rw-,u:65534:---,g::r--,m::r--,o::r--`:
+    // version 2, then (tag, permissions, id) entries.
+    let mut acl = 2u32.to_le_bytes().to_vec();
+    for (tag, perm, id) in
+        [(1u16, 6u16, u32::MAX), (2, 0, 65534), (4, 4, u32::MAX), (0x10, 4, u32::MAX), (0x20, 4, u32::MAX)]
+    {
+        acl.extend([tag.to_le_bytes().as_slice(), &perm.to_le_bytes(), &id.to_le_bytes()].concat());
+    }
+    let path = std::ffi::CString::new(m.join("f").into_os_string().into_encoded_bytes()).unwrap();
+    // SAFETY: both strings are NUL-terminated and outlive the call, and
+    // the value's pointer and length describe `acl`.
+    let r = unsafe {
+        libc::setxattr(path.as_ptr(), c"system.posix_acl_access".as_ptr(), acl.as_ptr().cast(), acl.len(), 0)
+    };
+    assert_eq!((r, Errno::last_raw()), (-1, libc::EOPNOTSUPP), "an access ACL");
+}
+
 #[test]
 fn a_killed_mount_gives_its_locks_back_and_unmounts_cleanly() {
     if !fuse_ready("a_killed_mount_gives_its_locks_back_and_unmounts_cleanly") {

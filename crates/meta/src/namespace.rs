@@ -233,7 +233,12 @@ pub(crate) fn check_name(name: &[u8]) -> Result<()> {
 /// namespace, as Linux's `xattr_permission`: `user.` by the file's read or
 /// write permission, and only on regular files and directories; `trusted.`
 /// by root only; `security.` by anyone who may write (set) or read; other
-/// prefixes are not supported.
+/// prefixes are not supported, `system.` among them. That one holds POSIX
+/// ACLs (`system.posix_acl_access`, `..._default`), which neither the
+/// mount's kernel nor the server would apply: stored, an ACL that denies
+/// a user would show in `getfacl` while the user still reads the file.
+/// Refused, `setfacl` says "Operation not supported", as on a file system
+/// without ACLs.
 pub(crate) fn xattr_permission(cred: &Cred, i: &Inode, name: &[u8], write: bool) -> Result<()> {
     if name.len() > XATTR_NAME_MAX {
         return Err(Errno::ERANGE);
@@ -260,7 +265,7 @@ pub(crate) fn xattr_permission(cred: &Cred, i: &Inode, name: &[u8], write: bool)
         }
         return access::check(cred, &o, if write { access::WRITE } else { READ });
     }
-    if name.starts_with(b"security.") || name.starts_with(b"system.") {
+    if name.starts_with(b"security.") {
         if write && !access::owns(cred, &o) {
             return Err(Errno::EPERM);
         }

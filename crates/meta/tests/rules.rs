@@ -109,6 +109,18 @@ fn bad_input_gets_its_errno_and_changes_nothing() {
             ns.setxattr(&root, f.ino, b"bogus.v", b"v", XattrMode::Any, 9).map(drop),
             Errno::EOPNOTSUPP,
         ),
+        // A POSIX ACL that nothing would apply is not stored.
+        (
+            "an access ACL",
+            ns.setxattr(&root, f.ino, b"system.posix_acl_access", &[2, 0, 0, 0], XattrMode::Any, 9).map(drop),
+            Errno::EOPNOTSUPP,
+        ),
+        (
+            "a default ACL",
+            ns.setxattr(&root, d.ino, b"system.posix_acl_default", &[2, 0, 0, 0], XattrMode::Any, 9).map(drop),
+            Errno::EOPNOTSUPP,
+        ),
+        ("reading an ACL", ns.getxattr(&root, f.ino, b"system.posix_acl_access").map(drop), Errno::EOPNOTSUPP),
         ("getattr of a removed inode", ns.getattr(gone.ino).map(drop), Errno::ENOENT),
         (
             "setattr of a removed inode",
