@@ -480,6 +480,32 @@ fn a_posix_acl_is_refused_rather_than_stored_and_not_applied() {
     assert_eq!((r, Errno::last_raw()), (-1, libc::EOPNOTSUPP), "an access ACL");
 }
 
+/// A file that root opened keeps root's access through that open after
+/// the process drops to `nobody`, as on Linux, where an open file's
+/// access is checked once, at open (how a daemon keeps writing the log
+/// it opened before it gave up its privileges); a new open by `nobody`
+/// is refused. Before, the mount checked each read and write with the
+/// caller's credentials, and both failed with `EACCES`.
+#[test]
+fn an_open_file_keeps_its_openers_access_after_a_privilege_drop() {
+    let Some((_data, _server, m)) = one_mount("an_open_file_keeps_its_openers_access_after_a_privilege_drop") else {
+        return;
+    };
+    let log = m.join("log");
+    std::fs::write(&log, b"root's\n").unwrap();
+    std::fs::set_permissions(&log, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let nobody = ["--reuid=65534", "--regid=65534", "--clear-groups"];
+    // The shell opens fd 3 (append) and fd 4 (read) as root, then becomes
+    // nobody and uses them.
+    let script =
+        format!("exec 3>>\"$1\" 4<\"$1\"; exec setpriv {} sh -c 'echo nobody >&3 && cat <&4'", nobody.join(" "));
+    let out = Command::new("sh").arg("-c").arg(script).arg("sh").arg(&log).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(out.stdout, b"root's\nnobody\n");
+    let fresh = Command::new("setpriv").args(nobody).arg("cat").arg(&log).output().unwrap();
+    assert!(!fresh.status.success(), "a new open by nobody");
+}
+
 #[test]
 fn a_killed_mount_gives_its_locks_back_and_unmounts_cleanly() {
     if !fuse_ready("a_killed_mount_gives_its_locks_back_and_unmounts_cleanly") {

@@ -321,7 +321,20 @@ impl Fs {
     async fn open(&self, cred: &Cred, ino: Ino) -> Answer {
         self.again(|| self.client.open(cred, ino)).await?;
         self.invalidate(ino);
-        Ok(abi::open_out(self.handles.insert(ino), abi::FOPEN_DIRECT_IO))
+        Ok(abi::open_out(self.handles.insert(ino, cred.clone()), abi::FOPEN_DIRECT_IO))
+    }
+
+    /// Whose permissions a data call through open file `fh` is checked
+    /// with: its opener's, as Linux checks an open file's access once, at
+    /// open. A daemon that opens its log as root and then drops to
+    /// `nobody` keeps writing it (with the caller's, it got `EACCES`).
+    /// The server checks them against the file's mode now, so a file
+    /// made unreadable to a user who is neither its owner nor root after
+    /// they opened it fails their reads, as on NFS. The caller's for a
+    /// handle this mount does not know (the kernel always sends one it
+    /// gave).
+    fn opener(&self, fh: u64, caller: &Cred) -> Cred {
+        self.handles.get(fh).map_or_else(|| caller.clone(), |h| h.cred.clone())
     }
 
     /// `FUSE_CREATE`: create and open. If another mount made the name
@@ -340,12 +353,14 @@ impl Fs {
             r => call(r)?,
         };
         let mut out = self.entry(&attr);
-        out.extend_from_slice(&abi::open_out(self.handles.insert(attr.ino), abi::FOPEN_DIRECT_IO));
+        out.extend_from_slice(&abi::open_out(self.handles.insert(attr.ino, cred.clone()), abi::FOPEN_DIRECT_IO));
         Ok(out)
     }
 
     async fn read(&self, cred: &Cred, ino: Ino, a: &mut Args<'_>) -> Answer {
-        let (_fh, offset, size) = (a.u64()?, a.u64()?, a.u32()? as usize);
+        let (fh, offset, size) = (a.u64()?, a.u64()?, a.u32()? as usize);
+        let opener = self.opener(fh, cred);
+        let cred = &opener;
         let parts = (0..size.div_ceil(MAX_DATA)).map(|i| {
             let at = offset + (i * MAX_DATA) as u64;
             let len = (size - i * MAX_DATA).min(MAX_DATA) as u32;
@@ -365,7 +380,9 @@ impl Fs {
 
     async fn write(&self, cred: &Cred, ino: Ino, a: &mut Args<'_>) -> Answer {
         self.writable()?;
-        let (_fh, offset, size) = (a.u64()?, a.u64()?, a.u32()? as usize);
+        let (fh, offset, size) = (a.u64()?, a.u64()?, a.u32()? as usize);
+        let opener = self.opener(fh, cred);
+        let cred = &opener;
         a.skip(12)?;
         let flags = a.u32()? as i32;
         a.skip(4)?;
@@ -392,8 +409,9 @@ impl Fs {
     /// reserved or zeroed twice is the same.
     async fn fallocate(&self, cred: &Cred, ino: Ino, a: &mut Args<'_>) -> Answer {
         self.writable()?;
-        let (_fh, offset, len, mode) = (a.u64()?, a.u64()?, a.u64()?, a.u32()?);
+        let (fh, offset, len, mode) = (a.u64()?, a.u64()?, a.u64()?, a.u32()?);
         let how = Fallocate::from_mode(mode).map_err(|e| e.0)?;
+        let cred = &self.opener(fh, cred);
         self.again(|| self.client.fallocate(cred, ino, how, offset, len)).await.map(|_| Vec::new())
     }
 
@@ -406,8 +424,8 @@ impl Fs {
     /// write is.
     async fn copy_file_range(&self, cred: &Cred, src: Ino, a: &mut Args<'_>) -> Answer {
         self.writable()?;
-        let (_fh_in, src_off, dst, _fh_out, dst_off, len) =
-            (a.u64()?, a.u64()?, a.u64()?, a.u64()?, a.u64()?, a.u64()?);
+        let (_fh_in, src_off, dst, fh_out, dst_off, len) = (a.u64()?, a.u64()?, a.u64()?, a.u64()?, a.u64()?, a.u64()?);
+        let cred = &self.opener(fh_out, cred);
         self.lost.check(dst)?;
         let len = len.min(u64::from(u32::MAX) & !0xfff);
         let (bytes, _) = self.again(|| self.client.copy_range(cred, (src, src_off), (dst, dst_off), len)).await?;
@@ -418,7 +436,8 @@ impl Fs {
     /// `lseek`s itself), from the server's data file: tools that skip
     /// holes (`qemu-img`, `cp` of a sparse file) read only the data.
     async fn lseek(&self, cred: &Cred, ino: Ino, a: &mut Args<'_>) -> Answer {
-        let (_fh, offset, whence) = (a.u64()?, a.u64()?, a.u32()? as i32);
+        let (fh, offset, whence) = (a.u64()?, a.u64()?, a.u32()? as i32);
+        let cred = &self.opener(fh, cred);
         let to = match whence {
             libc::SEEK_DATA => SeekTo::Data,
             libc::SEEK_HOLE => SeekTo::Hole,
