@@ -484,8 +484,8 @@ fn a_posix_acl_is_refused_rather_than_stored_and_not_applied() {
 /// the process drops to `nobody`, as on Linux, where an open file's
 /// access is checked once, at open (how a daemon keeps writing the log
 /// it opened before it gave up its privileges); a new open by `nobody`
-/// is refused. Before, the mount checked each read and write with the
-/// caller's credentials, and both failed with `EACCES`.
+/// is refused. Before, the mount checked each read, write and listing
+/// with the caller's credentials, and each failed with `EACCES`.
 #[test]
 fn an_open_file_keeps_its_openers_access_after_a_privilege_drop() {
     let Some((_data, _server, m)) = one_mount("an_open_file_keeps_its_openers_access_after_a_privilege_drop") else {
@@ -504,6 +504,21 @@ fn an_open_file_keeps_its_openers_access_after_a_privilege_drop() {
     assert_eq!(out.stdout, b"root's\nnobody\n");
     let fresh = Command::new("setpriv").args(nobody).arg("cat").arg(&log).output().unwrap();
     assert!(!fresh.status.success(), "a new open by nobody");
+
+    // A directory too: listed through the open made before the drop
+    // (Python's `listdir` of a descriptor; no shell tool lists one
+    // without opening it again by name).
+    let Some(python) = tool("python3", "python3") else { return };
+    std::fs::create_dir(m.join("private")).unwrap();
+    std::fs::write(m.join("private/a"), b"").unwrap();
+    std::fs::set_permissions(m.join("private"), std::fs::Permissions::from_mode(0o700)).unwrap();
+    let list = "import os, sys\n\
+                fd = os.open(sys.argv[1], os.O_RDONLY | os.O_DIRECTORY)\n\
+                os.setgid(65534); os.setgroups([]); os.setuid(65534)\n\
+                print(sorted(os.listdir(fd)))";
+    let out = Command::new(python).args(["-c", list]).arg(m.join("private")).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "['a']");
 }
 
 #[test]

@@ -66,8 +66,10 @@ impl Drop for Listing {
 #[derive(Default)]
 pub struct Handles {
     open: Mutex<HashMap<u64, Arc<Handle>>>,
-    /// Open directories and where each one's listing stands.
-    dirs: Mutex<HashMap<u64, Option<Listing>>>,
+    /// Open directories: who opened each (its listings are checked with
+    /// these credentials, as a file's data calls are) and where its
+    /// listing stands.
+    dirs: Mutex<HashMap<u64, (Cred, Option<Listing>)>>,
     next: AtomicU64,
 }
 
@@ -98,11 +100,16 @@ impl Handles {
         self.open.lock().values().any(|h| h.ino == ino)
     }
 
-    /// A new directory handle. O(1).
-    pub fn open_dir(&self) -> u64 {
+    /// A new directory handle, opened by `cred`. O(1).
+    pub fn open_dir(&self, cred: Cred) -> u64 {
         let fh = self.next.fetch_add(1, Relaxed) + 1;
-        self.dirs.lock().insert(fh, None);
+        self.dirs.lock().insert(fh, (cred, None));
         fh
+    }
+
+    /// Who opened directory handle `fh`, if it is open. O(1).
+    pub fn dir_opener(&self, fh: u64) -> Option<Cred> {
+        self.dirs.lock().get(&fh).map(|(cred, _)| cred.clone())
     }
 
     pub fn close_dir(&self, fh: u64) {
@@ -113,13 +120,13 @@ impl Handles {
     /// `after` (a listing that seeks elsewhere starts afresh). O(1).
     pub fn take_listing(&self, fh: u64, after: u64, plus: bool) -> Option<Listing> {
         let mut dirs = self.dirs.lock();
-        let slot = dirs.get_mut(&fh)?;
+        let (_, slot) = dirs.get_mut(&fh)?;
         slot.take().filter(|l| l.after == after && l.plus == plus)
     }
 
     /// Keeps a listing for the handle's next call (unless it was closed).
     pub fn keep_listing(&self, fh: u64, listing: Listing) {
-        if let Some(slot) = self.dirs.lock().get_mut(&fh) {
+        if let Some((_, slot)) = self.dirs.lock().get_mut(&fh) {
             *slot = Some(listing);
         }
     }

@@ -104,11 +104,17 @@ impl Fs {
         {
             return Some(Err(e));
         }
-        // Lock calls, flush and directory handles send no credentials.
+        // Lock calls, flush and directory handles but their opening send
+        // no credentials; a listing uses its opener's.
         let cred = match h.opcode {
-            op::FLUSH | op::OPENDIR | op::RELEASEDIR | op::FSYNCDIR | op::GETLK | op::SETLK | op::SETLKW => {
-                Cred { uid: h.uid, gid: h.gid, groups: Vec::new() }
-            }
+            op::FLUSH
+            | op::RELEASEDIR
+            | op::FSYNCDIR
+            | op::READDIR
+            | op::READDIRPLUS
+            | op::GETLK
+            | op::SETLK
+            | op::SETLKW => Cred { uid: h.uid, gid: h.gid, groups: Vec::new() },
             _ => crate::creds::of(&h),
         };
         let mut a = Args::new(body);
@@ -139,7 +145,7 @@ impl Fs {
             op::LISTXATTR => self.listxattr(&cred, ino, &mut a).await,
             op::REMOVEXATTR => self.removexattr(&cred, ino, &mut a).await,
             op::FLUSH => self.flush(ino, &mut a).await,
-            op::OPENDIR => Ok(abi::open_out(self.handles.open_dir(), 0)),
+            op::OPENDIR => Ok(abi::open_out(self.handles.open_dir(cred.clone()), 0)),
             op::RELEASEDIR => a.u64().map_err(i32::from).map(|fh| {
                 self.handles.close_dir(fh);
                 Vec::new()
@@ -542,6 +548,9 @@ impl Fs {
     /// lookup per file.
     async fn readdir(&self, cred: &Cred, ino: Ino, a: &mut Args<'_>, plus: bool) -> Answer {
         let (fh, mut cookie, size) = (a.u64()?, a.u64()?, a.u32()? as usize);
+        // Its opener's credentials, as for a file's data (`opener`).
+        let opener = self.handles.dir_opener(fh).unwrap_or_else(|| cred.clone());
+        let cred = &opener;
         let mut out = Vec::with_capacity(size);
         let dir = abi::dtype(FileType::Directory);
         let put = |out: &mut Vec<u8>, entry: Option<&Attr>, ino, cookie, kind, name: &[u8]| {
