@@ -169,26 +169,24 @@ pub enum MetaOp {
 }
 
 impl MetaOp {
-    /// The inodes the request names by number (a directory it works in,
-    /// the inode it works on): at most two. When one of them no longer
-    /// exists, the request fails with `ESTALE`, as an NFS server answers
-    /// a stale handle, and not `ENOENT`: a mount whose kernel still
-    /// holds the old inode under a name (another mount removed it, or
-    /// removed it and made it again) then looks the path up afresh and
-    /// retries, where `ENOENT` would fail an `open(O_CREAT)` of a name
-    /// that may be made.
+    /// The inodes the request works on, named by number: at most two, and
+    /// never the directory a name is looked up, made or removed in. When
+    /// one of them no longer exists, the request fails with `ESTALE`, as
+    /// an NFS server answers a stale handle, and not `ENOENT`: a mount
+    /// whose kernel still holds the old inode under a name (another mount
+    /// removed it, or removed it and made it again) then looks the path up
+    /// afresh and retries, where `ENOENT` would fail an `open(O_CREAT)` of
+    /// a name that may be made. A directory that is gone stays `ENOENT`
+    /// for the names in it: a call relative to a directory descriptor
+    /// (`unlinkat`, `openat`) cannot be retried from further up, and two
+    /// mounts' `rm -rf` of one tree, racing, must meet `ENOENT`, which
+    /// `rm -f` passes over.
     pub fn inodes(&self) -> [Option<Ino>; 2] {
         use MetaOp::*;
         match *self {
-            Link { ino, parent, .. } => [Some(ino), Some(parent)],
-            Rename { parent, new_parent, .. } => [Some(parent), Some(new_parent)],
             CopyRange { src, dst, .. } => [Some(src), Some(dst)],
-            Lookup { parent, .. }
-            | Create { parent, .. }
-            | Unlink { parent, .. }
-            | Rmdir { parent, .. }
-            | CreateOpen { parent, .. } => [Some(parent), None],
-            Getattr { ino }
+            Link { ino, .. }
+            | Getattr { ino }
             | Setattr { ino, .. }
             | Readlink { ino }
             | Readdir { ino, .. }
@@ -203,7 +201,13 @@ impl MetaOp {
             | Fallocate { ino, .. }
             | Seek { ino, .. }
             | Fsync { ino } => [Some(ino), None],
-            Statfs => [None, None],
+            Lookup { .. }
+            | Create { .. }
+            | CreateOpen { .. }
+            | Unlink { .. }
+            | Rmdir { .. }
+            | Rename { .. }
+            | Statfs => [None, None],
         }
     }
 }
