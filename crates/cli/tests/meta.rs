@@ -129,9 +129,9 @@ fn an_open_file_outlives_its_name_until_released_or_its_session_ends() {
 
 /// A request on an inode that is gone, named by number, fails with
 /// `ESTALE` (what makes a mount's kernel look the path up again, as with
-/// NFS); a name that is not there is `ENOENT`, and so is every name in a
-/// directory that is gone and linking an open file whose last name went
-/// (its inode is still there), as on Linux.
+/// NFS); a name that is not there is `ENOENT`, and so are a directory
+/// that is gone, every name in it, and linking an open file whose last
+/// name went (its inode is still there), as on Linux.
 #[test]
 fn a_gone_inode_is_estale_and_a_missing_name_enoent() {
     let (_data, server) = long_lease_server();
@@ -149,6 +149,7 @@ fn a_gone_inode_is_estale_and_a_missing_name_enoent() {
             ("getattr of", errno(c.getattr(&root(), f.ino).await), libc::ESTALE),
             ("open of", errno(c.open(&root(), f.ino).await), libc::ESTALE),
             ("link of", errno(c.link(&root(), f.ino, ROOT, b"x").await), libc::ESTALE),
+            ("getattr of a directory", errno(c.getattr(&root(), d.ino).await), libc::ENOENT),
             ("lookup in", errno(c.lookup(&root(), d.ino, b"f").await), libc::ENOENT),
             ("create in", errno(c.create(&root(), d.ino, b"x", FileType::Regular, 0o644, b"").await), libc::ENOENT),
             ("unlink in", errno(c.unlink(&root(), d.ino, b"x").await), libc::ENOENT),

@@ -140,6 +140,9 @@ impl Namespace {
                 i.changed(*time);
             }
             Mutation::Forget { ino } => {
+                if self.inode(*ino).is_ok_and(|i| i.is_dir()) {
+                    self.freed_dirs.lock().add(*ino);
+                }
                 let _ = self.inodes.remove_sync(ino);
             }
         }
@@ -191,6 +194,9 @@ impl Namespace {
             Gone::Linked => {}
             Gone::Freed => {
                 let _ = self.inodes.remove_sync(&victim.ino);
+                if victim.is_dir() {
+                    self.freed_dirs.lock().add(victim.ino);
+                }
             }
             Gone::Orphaned => {
                 victim.nlink.store(0, Relaxed);

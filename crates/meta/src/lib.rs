@@ -35,6 +35,7 @@ mod checkpoint;
 mod data;
 mod entries;
 mod errno;
+mod freed;
 pub mod fsck;
 mod inode;
 mod locks;

@@ -18,6 +18,7 @@ use parking_lot::Mutex;
 use crate::access::{self, EXEC, READ};
 use crate::entries::{Entries, Key, Name};
 use crate::errno::{Errno, Result};
+use crate::freed::FreedDirs;
 use crate::inode::{Inode, Meta};
 use crate::locks::Stripes;
 use crate::log::Log;
@@ -37,6 +38,8 @@ pub struct Namespace {
     pub(crate) stripes: Stripes,
     /// Held by directory renames across directories (see `locks`).
     pub(crate) rename_lock: Mutex<()>,
+    /// The directories freed most recently (see `freed`).
+    pub(crate) freed_dirs: Mutex<FreedDirs>,
     /// Where changes are recorded before they are applied (see `log`).
     pub(crate) log: Option<Arc<dyn Log>>,
     /// Names hash with this seed, chosen when the namespace is made and
@@ -64,6 +67,7 @@ impl Namespace {
             next_ino: AtomicU64::new(ROOT + 1),
             stripes: Stripes::default(),
             rename_lock: Mutex::new(()),
+            freed_dirs: Mutex::default(),
             log: None,
             seed,
         }
@@ -102,6 +106,14 @@ impl Namespace {
         }
         access::check(cred, &dir.owner(), EXEC)?;
         Ok(dir)
+    }
+
+    /// Whether `ino` is a directory freed recently (among the last
+    /// `freed::KEPT`): a request on it is answered as Linux answers for a
+    /// removed directory (`ENOENT`), not as for a removed file. O(1)
+    /// expected.
+    pub fn freed_dir(&self, ino: Ino) -> bool {
+        self.freed_dirs.lock().contains(ino)
     }
 
     /// What `name` in `parent` names, without checks.

@@ -177,10 +177,11 @@ impl MetaOp {
     /// removed it, or removed it and made it again) then looks the path up
     /// afresh and retries, where `ENOENT` would fail an `open(O_CREAT)` of
     /// a name that may be made. A directory that is gone stays `ENOENT`
-    /// for the names in it: a call relative to a directory descriptor
-    /// (`unlinkat`, `openat`) cannot be retried from further up, and two
-    /// mounts' `rm -rf` of one tree, racing, must meet `ENOENT`, which
-    /// `rm -f` passes over.
+    /// for the names in it, and for itself while the server remembers it
+    /// (`interlock_meta`'s `freed_dir`): a call relative to a directory
+    /// descriptor (`unlinkat`, `openat`) cannot be retried from further
+    /// up, and two mounts' `rm -rf` of one tree, racing, must meet
+    /// `ENOENT`, which `rm -f` passes over.
     pub fn inodes(&self) -> [Option<Ino>; 2] {
         use MetaOp::*;
         match *self {

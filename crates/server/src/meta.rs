@@ -129,10 +129,12 @@ fn run(inner: &Inner, sid: u64, cred: &Cred, op: MetaOp) -> Result<(MetaReply, S
 }
 
 /// `e`, or `ESTALE` if it is `ENOENT` and one of the inodes `named` no
-/// longer exists. O(1) expected, and only on the way out of a failure.
+/// longer exists and was not a directory (a removed directory is
+/// `ENOENT`, as on Linux: see `interlock_meta`'s `freed_dir`). O(1)
+/// expected, and only on the way out of a failure.
 fn stale_or(inner: &Inner, e: Errno, named: [Option<Ino>; 2]) -> Errno {
     let ns = inner.store.ns();
-    if e == Errno::ENOENT && named.into_iter().flatten().any(|ino| ns.getattr(ino).is_err()) {
+    if e == Errno::ENOENT && named.into_iter().flatten().any(|ino| ns.getattr(ino).is_err() && !ns.freed_dir(ino)) {
         Errno::ESTALE
     } else {
         e
