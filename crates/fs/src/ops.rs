@@ -49,12 +49,13 @@ fn call<T>(r: Result<T, ClientError>) -> Result<T, i32> {
     r.map_err(|e| errno(&e))
 }
 
-/// A listing of a directory that is gone (the server says `ESTALE`:
-/// another mount removed it while it was open here) fails as Linux's
-/// `getdents` does on a removed directory, with `ENOENT`, which `readdir`
-/// in the C library takes for the end of the listing: an open directory
-/// removed anywhere lists as empty, as on one machine. (On this mount
-/// the kernel knows the directory is dead and asks nothing.)
+/// A listing of a directory that is gone (another mount removed it while
+/// it was open here) fails as Linux's `getdents` does on a removed
+/// directory, with `ENOENT`, which `readdir` in the C library takes for
+/// the end of the listing: an open directory removed anywhere lists as
+/// empty, as on one machine. The server says `ENOENT` itself for the
+/// directories it remembers removing, `ESTALE` for older ones. (On this
+/// mount the kernel knows the directory is dead and asks nothing.)
 fn removed_dir(e: i32) -> i32 {
     if e == libc::ESTALE { libc::ENOENT } else { e }
 }

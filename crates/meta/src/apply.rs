@@ -193,10 +193,12 @@ impl Namespace {
         match gone {
             Gone::Linked => {}
             Gone::Freed => {
-                let _ = self.inodes.remove_sync(&victim.ino);
+                // Known as a freed directory before it is gone: a request
+                // in between gets `ENOENT`, never `ESTALE`.
                 if victim.is_dir() {
                     self.freed_dirs.lock().add(victim.ino);
                 }
+                let _ = self.inodes.remove_sync(&victim.ino);
             }
             Gone::Orphaned => {
                 victim.nlink.store(0, Relaxed);
