@@ -150,6 +150,7 @@ fn a_gone_inode_is_estale_and_a_missing_name_enoent() {
             ("open of", errno(c.open(&root(), f.ino).await), libc::ESTALE),
             ("link of", errno(c.link(&root(), f.ino, ROOT, b"x").await), libc::ESTALE),
             ("getattr of a directory", errno(c.getattr(&root(), d.ino).await), libc::ENOENT),
+            ("listing of a directory", errno(c.readdir(&root(), d.ino, 0, 10, true).await), libc::ENOENT),
             ("lookup in", errno(c.lookup(&root(), d.ino, b"f").await), libc::ENOENT),
             ("create in", errno(c.create(&root(), d.ino, b"x", FileType::Regular, 0o644, b"").await), libc::ENOENT),
             ("unlink in", errno(c.unlink(&root(), d.ino, b"x").await), libc::ENOENT),

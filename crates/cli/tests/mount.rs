@@ -235,23 +235,22 @@ fn two_mounts_appending_under_a_lock_lose_nothing() {
 /// ctdb's ping_pong, if the test command installed it.
 fn ping_pong() -> Option<PathBuf> {
     let p = std::env::var_os("INTERLOCK_PING_PONG").map(PathBuf::from).unwrap_or("/usr/bin/ping_pong".into());
-    if p.exists() {
-        return Some(p);
-    }
-    assert!(std::env::var_os("INTERLOCK_REQUIRE_FUSE").is_none(), "ping_pong not found at {}", p.display());
-    eprintln!("SKIPPED ping_pong test: no ping_pong (Debian package ctdb)");
-    None
+    found(p, "ping_pong", "ctdb")
 }
 
-/// A program from `/usr/bin` that a test drives, which `scripts/test`
-/// installs where it runs the mount tests (there, its absence fails the
-/// test; elsewhere the test says loudly that it skipped).
+/// A program from `/usr/bin` that a test drives.
 fn tool(name: &str, package: &str) -> Option<PathBuf> {
-    let p = Path::new("/usr/bin").join(name);
-    if p.exists() {
-        return Some(p);
+    found(Path::new("/usr/bin").join(name), name, package)
+}
+
+/// `path`, a program that `scripts/test` installs where it runs the mount
+/// tests: there, its absence fails the test; elsewhere the test says
+/// loudly that it skipped.
+fn found(path: PathBuf, name: &str, package: &str) -> Option<PathBuf> {
+    if path.exists() {
+        return Some(path);
     }
-    assert!(std::env::var_os("INTERLOCK_REQUIRE_FUSE").is_none(), "{} not found", p.display());
+    assert!(std::env::var_os("INTERLOCK_REQUIRE_FUSE").is_none(), "{name} not found at {}", path.display());
     eprintln!("SKIPPED the {name} test: no {name} (Debian package {package})");
     None
 }

@@ -19,7 +19,7 @@ pub struct Handle {
     pub ino: Ino,
     /// Who opened it: the data calls made through it are checked with
     /// these credentials, as Linux checks an open file's access once, at
-    /// open (see `Fs::opener`).
+    /// open (see `ops::as_opener`).
     pub cred: Cred,
     /// (kind, kernel owner) of every lock taken through this handle.
     pub lockers: Mutex<HashSet<(Kind, u64)>>,

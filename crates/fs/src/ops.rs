@@ -19,7 +19,7 @@ use interlock_proto::meta::{MAX_DATA, MetaOp};
 use tokio::sync::oneshot;
 
 use crate::abi::{self, Args, InHeader, Malformed, Ttl, fattr, op};
-use crate::handles::{Handles, Listing};
+use crate::handles::{Handle, Handles, Listing};
 use crate::locks::{Lost, Owners, errno};
 
 /// A reply's body, or the errno to fail with.
@@ -49,15 +49,16 @@ fn call<T>(r: Result<T, ClientError>) -> Result<T, i32> {
     r.map_err(|e| errno(&e))
 }
 
-/// A listing of a directory that is gone (another mount removed it while
-/// it was open here) fails as Linux's `getdents` does on a removed
-/// directory, with `ENOENT`, which `readdir` in the C library takes for
-/// the end of the listing: an open directory removed anywhere lists as
-/// empty, as on one machine. The server says `ENOENT` itself for the
-/// directories it remembers removing, `ESTALE` for older ones. (On this
-/// mount the kernel knows the directory is dead and asks nothing.)
-fn removed_dir(e: i32) -> i32 {
-    if e == libc::ESTALE { libc::ENOENT } else { e }
+/// Whose permissions a data call through open file `handle` is checked
+/// with: its opener's, as Linux checks an open file's access once, at
+/// open. A daemon that opens its log as root and then drops to `nobody`
+/// keeps writing it (with the caller's, it got `EACCES`). The server
+/// checks them against the file's mode now, so a file made unreadable to
+/// a user who is neither its owner nor root after they opened it fails
+/// their reads, as on NFS. The caller's for a handle this mount does not
+/// know (the kernel always sends one it gave).
+fn as_opener<'a>(handle: &'a Option<Arc<Handle>>, caller: &'a Cred) -> &'a Cred {
+    handle.as_ref().map_or(caller, |h| &h.cred)
 }
 
 /// Entries asked of the server per listing call: the kernel's buffer holds
@@ -152,8 +153,8 @@ impl Fs {
                 Vec::new()
             }),
             op::FSYNCDIR | op::DESTROY => Ok(Vec::new()),
-            op::READDIR => self.readdir(&cred, ino, &mut a, false).await.map_err(removed_dir),
-            op::READDIRPLUS => self.readdir(&cred, ino, &mut a, true).await.map_err(removed_dir),
+            op::READDIR => self.readdir(&cred, ino, &mut a, false).await,
+            op::READDIRPLUS => self.readdir(&cred, ino, &mut a, true).await,
             op::GETLK => self.getlk(ino, &mut a).await,
             op::SETLK => self.setlk(ino, &mut a, None).await,
             op::SETLKW => self.setlk(ino, &mut a, cancel).await,
@@ -331,19 +332,6 @@ impl Fs {
         Ok(abi::open_out(self.handles.insert(ino, cred.clone()), abi::FOPEN_DIRECT_IO))
     }
 
-    /// Whose permissions a data call through open file `fh` is checked
-    /// with: its opener's, as Linux checks an open file's access once, at
-    /// open. A daemon that opens its log as root and then drops to
-    /// `nobody` keeps writing it (with the caller's, it got `EACCES`).
-    /// The server checks them against the file's mode now, so a file
-    /// made unreadable to a user who is neither its owner nor root after
-    /// they opened it fails their reads, as on NFS. The caller's for a
-    /// handle this mount does not know (the kernel always sends one it
-    /// gave).
-    fn opener(&self, fh: u64, caller: &Cred) -> Cred {
-        self.handles.get(fh).map_or_else(|| caller.clone(), |h| h.cred.clone())
-    }
-
     /// `FUSE_CREATE`: create and open. If another mount made the name
     /// first, and the caller did not ask for `O_EXCL`, the existing file
     /// is opened, as a local `open(O_CREAT)` would.
@@ -366,8 +354,8 @@ impl Fs {
 
     async fn read(&self, cred: &Cred, ino: Ino, a: &mut Args<'_>) -> Answer {
         let (fh, offset, size) = (a.u64()?, a.u64()?, a.u32()? as usize);
-        let opener = self.opener(fh, cred);
-        let cred = &opener;
+        let handle = self.handles.get(fh);
+        let cred = as_opener(&handle, cred);
         let parts = (0..size.div_ceil(MAX_DATA)).map(|i| {
             let at = offset + (i * MAX_DATA) as u64;
             let len = (size - i * MAX_DATA).min(MAX_DATA) as u32;
@@ -388,8 +376,8 @@ impl Fs {
     async fn write(&self, cred: &Cred, ino: Ino, a: &mut Args<'_>) -> Answer {
         self.writable()?;
         let (fh, offset, size) = (a.u64()?, a.u64()?, a.u32()? as usize);
-        let opener = self.opener(fh, cred);
-        let cred = &opener;
+        let handle = self.handles.get(fh);
+        let cred = as_opener(&handle, cred);
         a.skip(12)?;
         let flags = a.u32()? as i32;
         a.skip(4)?;
@@ -418,7 +406,8 @@ impl Fs {
         self.writable()?;
         let (fh, offset, len, mode) = (a.u64()?, a.u64()?, a.u64()?, a.u32()?);
         let how = Fallocate::from_mode(mode).map_err(|e| e.0)?;
-        let cred = &self.opener(fh, cred);
+        let handle = self.handles.get(fh);
+        let cred = as_opener(&handle, cred);
         self.again(|| self.client.fallocate(cred, ino, how, offset, len)).await.map(|_| Vec::new())
     }
 
@@ -432,7 +421,8 @@ impl Fs {
     async fn copy_file_range(&self, cred: &Cred, src: Ino, a: &mut Args<'_>) -> Answer {
         self.writable()?;
         let (_fh_in, src_off, dst, fh_out, dst_off, len) = (a.u64()?, a.u64()?, a.u64()?, a.u64()?, a.u64()?, a.u64()?);
-        let cred = &self.opener(fh_out, cred);
+        let handle = self.handles.get(fh_out);
+        let cred = as_opener(&handle, cred);
         self.lost.check(dst)?;
         let len = len.min(u64::from(u32::MAX) & !0xfff);
         let (bytes, _) = self.again(|| self.client.copy_range(cred, (src, src_off), (dst, dst_off), len)).await?;
@@ -444,7 +434,8 @@ impl Fs {
     /// holes (`qemu-img`, `cp` of a sparse file) read only the data.
     async fn lseek(&self, cred: &Cred, ino: Ino, a: &mut Args<'_>) -> Answer {
         let (fh, offset, whence) = (a.u64()?, a.u64()?, a.u32()? as i32);
-        let cred = &self.opener(fh, cred);
+        let handle = self.handles.get(fh);
+        let cred = as_opener(&handle, cred);
         let to = match whence {
             libc::SEEK_DATA => SeekTo::Data,
             libc::SEEK_HOLE => SeekTo::Hole,
@@ -549,7 +540,7 @@ impl Fs {
     /// lookup per file.
     async fn readdir(&self, cred: &Cred, ino: Ino, a: &mut Args<'_>, plus: bool) -> Answer {
         let (fh, mut cookie, size) = (a.u64()?, a.u64()?, a.u32()? as usize);
-        // Its opener's credentials, as for a file's data (`opener`).
+        // Its opener's credentials, as for a file's data (`as_opener`).
         let opener = self.handles.dir_opener(fh).unwrap_or_else(|| cred.clone());
         let cred = &opener;
         let mut out = Vec::with_capacity(size);

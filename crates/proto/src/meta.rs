@@ -190,7 +190,6 @@ impl MetaOp {
             | Getattr { ino }
             | Setattr { ino, .. }
             | Readlink { ino }
-            | Readdir { ino, .. }
             | Getxattr { ino, .. }
             | Setxattr { ino, .. }
             | Listxattr { ino }
@@ -202,7 +201,11 @@ impl MetaOp {
             | Fallocate { ino, .. }
             | Seek { ino, .. }
             | Fsync { ino } => [Some(ino), None],
-            Lookup { .. }
+            // A listing names a directory: one that is gone is `ENOENT`,
+            // as Linux's `getdents` answers on a removed directory (which
+            // the C library's `readdir` takes for the end of the listing).
+            Readdir { .. }
+            | Lookup { .. }
             | Create { .. }
             | CreateOpen { .. }
             | Unlink { .. }
