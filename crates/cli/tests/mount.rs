@@ -15,7 +15,7 @@ mod common;
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::fd::AsFd;
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -442,6 +442,40 @@ fn a_name_another_mount_removed_or_made_again_opens_what_the_server_has_now() {
         .map(|e| e.map(|e| e.file_name()))
         .collect::<Result<Vec<_>, _>>();
     assert_eq!(listed.map_err(|e| e.raw_os_error()), Ok(vec![]), "an open directory removed elsewhere");
+}
+
+/// A directory removed while it is a shell's working directory, or open
+/// on another mount, is still there for `fstat`, with no links, and
+/// lists as empty: `ls -la` in it prints what it prints on tmpfs. Before,
+/// `ls` failed ("cannot open directory '.'") because its `fstat` of the
+/// directory was `ENOENT`.
+#[test]
+fn a_removed_directory_still_held_stats_with_no_links_and_lists_empty() {
+    let Some((_data, server, a)) = one_mount("a_removed_directory_still_held_stats_with_no_links") else { return };
+    let shm = tempfile::tempdir_in("/dev/shm").expect("tmpfs at /dev/shm");
+    let in_removed = |base: &Path| {
+        let out = Command::new("sh")
+            .args(["-c", "mkdir d && cd d && rmdir ../d && ls -la && stat -c '%h %F' ."])
+            .current_dir(base)
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let tmpfs = in_removed(shm.path());
+    assert_eq!(tmpfs.0, Some(0), "the oracle: {tmpfs:?}");
+    assert_eq!(in_removed(a.path()), tmpfs, "ls and stat in a removed working directory");
+
+    // Removed by another mount: b asks the server each time.
+    let b = Mount::with_options(&server.addr, "attr_timeout=0");
+    std::fs::create_dir(a.join("e")).unwrap();
+    let held = std::fs::File::open(b.join("e")).unwrap();
+    std::fs::remove_dir(a.join("e")).unwrap();
+    let meta = held.metadata().map_err(|e| e.raw_os_error());
+    assert_eq!(meta.map(|m| (m.is_dir(), m.nlink())), Ok((true, 0)), "fstat of a directory removed elsewhere");
 }
 
 /// Two mounts removing one tree at once (`rm -rf` on each): both

@@ -140,8 +140,8 @@ impl Namespace {
                 i.changed(*time);
             }
             Mutation::Forget { ino } => {
-                if self.inode(*ino).is_ok_and(|i| i.is_dir()) {
-                    self.freed_dirs.lock().add(*ino);
+                if let Some(i) = self.inode(*ino).ok().filter(|i| i.is_dir()) {
+                    self.freed_dirs.lock().add(i.attr());
                 }
                 let _ = self.inodes.remove_sync(ino);
             }
@@ -196,7 +196,7 @@ impl Namespace {
                 // Known as a freed directory before it is gone: a request
                 // in between gets `ENOENT`, never `ESTALE`.
                 if victim.is_dir() {
-                    self.freed_dirs.lock().add(victim.ino);
+                    self.freed_dirs.lock().add(victim.attr());
                 }
                 let _ = self.inodes.remove_sync(&victim.ino);
             }

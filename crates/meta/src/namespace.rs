@@ -113,7 +113,14 @@ impl Namespace {
     /// removed directory (`ENOENT`), not as for a removed file. O(1)
     /// expected.
     pub fn freed_dir(&self, ino: Ino) -> bool {
-        self.freed_dirs.lock().contains(ino)
+        self.freed_dirs.lock().get(ino).is_some()
+    }
+
+    /// `getattr`, or for a directory freed recently its last attributes
+    /// (no links), as Linux's `fstat` of a removed directory answers
+    /// while a descriptor or a working directory holds it. O(1) expected.
+    pub fn stat(&self, ino: Ino) -> Result<Attr> {
+        self.getattr(ino).or_else(|e| self.freed_dirs.lock().get(ino).ok_or(e))
     }
 
     /// What `name` in `parent` names, without checks.

@@ -149,7 +149,7 @@ fn perform(inner: &Inner, sid: u64, cred: &Cred, op: MetaOp) -> Result<(MetaRepl
     let done = |s| (MetaReply::Done, s);
     Ok(match op {
         MetaOp::Lookup { parent, name } => (MetaReply::Attr(ns.lookup(cred, parent, &name)?), 0),
-        MetaOp::Getattr { ino } => (MetaReply::Attr(ns.getattr(ino)?), 0),
+        MetaOp::Getattr { ino } => (MetaReply::Attr(ns.stat(ino)?), 0),
         MetaOp::Setattr { ino, set } => attr(inner.store.setattr(cred, ino, &set, now)?),
         MetaOp::Create { parent, name, kind, perm, rdev, target } => {
             if kind == FileType::Symlink && target.is_empty() {
