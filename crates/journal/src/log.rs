@@ -37,6 +37,12 @@
 //!   period. One
 //!   writer at a time, whichever thread it is, behind the writer's lock; a
 //!   caller that finds it held waits, then syncs what is left itself.
+//! - Written, not synced ([`Journal::write_out`]): the same gather and
+//!   write on the caller's thread, without the `fdatasync`; the records
+//!   are then in the files' page cache, which a crash of this process
+//!   does not lose (a crash of the machine may). The next sync covers
+//!   them; the backstop also syncs records left written and unsynced for
+//!   a whole period.
 //! - Read: O(log s + SPARSE_EVERY + r) for r records from s segments.
 
 use std::fs::File;
@@ -135,6 +141,10 @@ struct Shared {
     /// Every index below this is durable (written, and synced unless in
     /// unsafe mode).
     durable_end: AtomicU64,
+    /// Every index below this is in the segments' files, synced or not
+    /// ([`Journal::write_out`]): a crash of the process loses none of
+    /// them, only a crash of the machine may. Never below `durable_end`.
+    written_end: AtomicU64,
     /// The highest end any waiter needs durable ([`Journal::want`]): while
     /// it is above `durable_end`, the flusher syncs without lingering.
     wanted: AtomicU64,
@@ -244,9 +254,10 @@ impl Journal {
             options,
             base: next,
             durable_end: AtomicU64::new(next),
+            written_end: AtomicU64::new(next),
             wanted: AtomicU64::new(next),
             state: Mutex::new(State { segments }),
-            writer: Mutex::new(Writer { file, pos: 0, group: Vec::new() }),
+            writer: Mutex::new(Writer { file, pos: 0, group: Vec::new(), unsynced: false }),
             gathered: AtomicU64::new(0),
             failure: Mutex::new(None),
             durable_waiters: Mutex::new(Vec::new()),
@@ -367,6 +378,44 @@ impl Journal {
     /// changes nothing it would not.
     pub fn sync_wanted(&self) {
         sync_waited(&self.shared)
+    }
+
+    /// Writes every record below `end` into the segments' files, on the
+    /// calling thread, without syncing them (but for a segment that
+    /// fills: it is synced before the next is begun): a crash of this
+    /// process then loses none of them, only a crash of the machine may,
+    /// until they are durable. What a server answers a `write(2)` after,
+    /// as a local file system answers it once its page cache has the
+    /// data. The records become durable with the next sync (a waiter's,
+    /// or the flusher's within two [`backstop_max`](Options::backstop_max)
+    /// periods). Waits for a writer at work (its `fdatasync`, if it is
+    /// syncing). O(1) when they are written; else one `write` per group.
+    pub fn write_out(&self, end: u64) -> Result<(), Error> {
+        let s = &*self.shared;
+        let mut spins = 0;
+        while s.written_end.load(Ordering::SeqCst) < end {
+            if s.failed.load(Ordering::SeqCst) {
+                return Err(s.failure());
+            }
+            let mut w = s.writer.lock();
+            match flush(s, &mut w, false, Durably::No) {
+                Flushed::Failed => return Err(s.failure()),
+                Flushed::Wrote => {}
+                // A record before `end` is still being copied into its
+                // slot by its appender: a moment's wait.
+                Flushed::Nothing => {
+                    drop(w);
+                    backoff(&mut spins);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The index after the last record in the segments' files (see
+    /// [`write_out`](Journal::write_out)).
+    pub fn written_end(&self) -> u64 {
+        self.shared.written_end.load(Ordering::Acquire)
     }
 
     /// As [`wait_for`](Journal::wait_for), without hastening the sync: for
@@ -629,9 +678,14 @@ impl Tail {
         self.file.write_all_at(bytes, at).map_err(|e| Error::io(path, e))
     }
 
-    /// Makes what was written durable (`fdatasync`).
-    fn sync(&self, path: &Path) -> Result<(), Error> {
-        self.file.sync_data().map_err(|e| Error::io(path, e))
+    /// Makes what was written durable (`fdatasync`, unless in the unsafe
+    /// mode), if anything written is not yet (`unsynced`, then cleared).
+    fn sync_written(&self, s: &Shared, unsynced: &mut bool, path: &Path) -> Result<(), Error> {
+        if *unsynced && s.options.fsync {
+            self.file.sync_data().map_err(|e| Error::io(path, e))?;
+        }
+        *unsynced = false;
+        Ok(())
     }
 
     /// Cuts the zeros after the records off a segment that will not be
@@ -648,11 +702,23 @@ impl Tail {
 }
 
 /// The segments' writer: the file being written, the ring position of the
-/// next record to gather, and the group's buffer (kept between groups).
+/// next record to gather, the group's buffer (kept between groups), and
+/// whether the file holds records written but not yet synced.
 struct Writer {
     file: Tail,
     pos: u64,
     group: Vec<u8>,
+    unsynced: bool,
+}
+
+/// Whether a [`flush`] makes what it writes durable.
+#[derive(Clone, Copy, PartialEq)]
+enum Durably {
+    /// Written and synced (with what earlier flushes wrote unsynced), the
+    /// durable watermark advanced, the durable hook called.
+    Yes,
+    /// Written only ([`Journal::write_out`]).
+    No,
 }
 
 /// What [`flush`] did.
@@ -673,7 +739,7 @@ fn flusher(s: &Shared) {
     }
     loop {
         let mut w = s.writer.lock();
-        match flush(s, &mut w, true) {
+        match flush(s, &mut w, true, Durably::Yes) {
             Flushed::Failed => return,
             Flushed::Wrote => {}
             Flushed::Nothing => {
@@ -690,10 +756,11 @@ fn flusher(s: &Shared) {
 
 /// Gathers the published records into one group (while nobody waits for
 /// them and `linger` allows, for as long as appenders keep adding), writes
-/// and syncs it, advances the watermark and calls the durable hook. O(1)
+/// it, and if `sync` says so syncs it (and whatever was written unsynced
+/// before it), advances the watermark and calls the durable hook. O(1)
 /// per record plus a copy, one `write` and one `fdatasync`.
-fn flush(s: &Shared, w: &mut Writer, may_linger: bool) -> Flushed {
-    let Writer { file, pos, group } = w;
+fn flush(s: &Shared, w: &mut Writer, may_linger: bool, durably: Durably) -> Flushed {
+    let Writer { file, pos, group, unsynced } = w;
     group.clear();
     let durable_before = s.durable_end.load(Ordering::Relaxed).saturating_sub(1);
     let first = s.base + *pos;
@@ -705,16 +772,26 @@ fn flush(s: &Shared, w: &mut Writer, may_linger: bool) -> Flushed {
         }
     }
     s.gathered.store(*pos, Ordering::Release);
-    if group.is_empty() {
+    let end = s.base + *pos;
+    let done = if !group.is_empty() {
+        write_group(s, file, unsynced, group, first, end, durably)
+    } else if durably == Durably::Yes && *unsynced {
+        // Nothing new, but records written unsynced to make durable.
+        let path = s.state.lock().segments.last().expect("a current segment").path.clone();
+        file.sync_written(s, unsynced, &path)
+    } else {
         return Flushed::Nothing;
-    }
-    if let Err(e) = write_group(s, file, group, first, s.base + *pos) {
+    };
+    if let Err(e) = done {
         s.fail(e.to_string());
         s.tell(true);
         return Flushed::Failed;
     }
-    s.advance(s.base + *pos);
-    s.tell(false);
+    s.written_end.store(end, Ordering::SeqCst);
+    if durably == Durably::Yes {
+        s.advance(end);
+        s.tell(false);
+    }
     Flushed::Wrote
 }
 
@@ -733,7 +810,7 @@ fn sync_waited(s: &Shared) {
             return;
         }
         let mut w = s.writer.lock();
-        match flush(s, &mut w, false) {
+        match flush(s, &mut w, false, Durably::Yes) {
             Flushed::Failed => return,
             Flushed::Wrote => tries = 0,
             // A record before the wanted one is still being copied into
@@ -751,13 +828,16 @@ fn sync_waited(s: &Shared) {
 
 /// The flusher when callers sync ([`Options::callers_sync`]): each
 /// period it writes the records that sat unwritten for a whole period,
-/// and once appends stop for a period it sleeps until the next append
-/// wakes it (so an idle journal costs no wake-ups). The period is
-/// [`Options::backstop`] while it finds such records, and doubles up to
-/// [`Options::backstop_max`] while it finds the callers writing them.
+/// and syncs those written unsynced ([`Journal::write_out`]) that no sync
+/// covered for a whole period; once appends stop for a period and all is
+/// durable it sleeps until the next append wakes it (so an idle journal
+/// costs no wake-ups). The period is [`Options::backstop`] while it finds
+/// such records, and doubles up to [`Options::backstop_max`] while it
+/// finds the callers writing and syncing them.
 fn backstop(s: &Shared) {
-    // The writer's position and the ring's reserved count at the last look.
-    let mut seen: Option<(u64, u64)> = None;
+    // The writer's position, the ring's reserved count and the durable
+    // watermark at the last look.
+    let mut seen: Option<(u64, u64, u64)> = None;
     let mut pace = Pace::new(s.options.backstop, s.options.backstop_max);
     loop {
         if s.failed.load(Ordering::SeqCst) {
@@ -767,8 +847,8 @@ fn backstop(s: &Shared) {
         if s.shutdown.load(Ordering::SeqCst) {
             // Everything appended before the journal was dropped.
             let mut w = s.writer.lock();
-            while w.pos < reserved {
-                match flush(s, &mut w, false) {
+            while w.pos < reserved || w.unsynced {
+                match flush(s, &mut w, false, Durably::Yes) {
                     Flushed::Failed => return,
                     Flushed::Wrote => {}
                     Flushed::Nothing => std::thread::yield_now(),
@@ -777,22 +857,25 @@ fn backstop(s: &Shared) {
             return w.file.trim(s.state.lock().segments.last().expect("a current segment"));
         }
         let pos = s.gathered.load(Ordering::Acquire);
-        if pos < reserved && seen.is_some_and(|(p, _)| p == pos) {
+        let durable = s.durable_end.load(Ordering::SeqCst);
+        let lagging = s.written_end.load(Ordering::SeqCst) > durable;
+        let unwritten = pos < reserved && seen.is_some_and(|(p, _, _)| p == pos);
+        if unwritten || (lagging && seen.is_some_and(|(_, _, d)| d == durable)) {
             // One group, then back to sleep: what callers want meanwhile,
             // they write themselves.
-            if flush(s, &mut s.writer.lock(), false) == Flushed::Failed {
+            if flush(s, &mut s.writer.lock(), false, Durably::Yes) == Flushed::Failed {
                 return;
             }
             pace.reset();
-        } else if pos == reserved && seen.is_some_and(|(_, r)| r == reserved) {
+        } else if pos == reserved && !lagging && seen.is_some_and(|(_, r, _)| r == reserved) {
             idle(s, pos);
             seen = None;
             pace.reset();
             continue;
-        } else if seen.is_some_and(|(p, _)| p != pos) {
+        } else if seen.is_some_and(|(p, _, d)| p != pos || d != durable) {
             pace.kept_up();
         }
-        seen = Some((pos, reserved));
+        seen = Some((pos, reserved, durable));
         std::thread::park_timeout(pace.period);
     }
 }
@@ -885,14 +968,29 @@ fn idle(s: &Shared, pos: u64) {
 }
 
 /// Writes one group (records `first..end`) to the segments: as much as
-/// fits in the current one, then, after that part is synced, into a new
-/// segment (so a segment that is not the last is always wholly durable).
-fn write_group(s: &Shared, file: &mut Tail, group: &[u8], first: u64, end: u64) -> Result<(), Error> {
+/// fits in the current one, then, after that segment is synced, into a
+/// new segment (so a segment that is not the last is always wholly
+/// durable). The last part is synced if `sync` says so; `unsynced` says
+/// whether the current file holds records not yet synced.
+fn write_group(
+    s: &Shared,
+    file: &mut Tail,
+    unsynced: &mut bool,
+    group: &[u8],
+    first: u64,
+    end: u64,
+    durably: Durably,
+) -> Result<(), Error> {
     let (mut off, mut index) = (0usize, first);
     while index < end {
         let mut state = s.state.lock();
         let cur = state.segments.last().expect("a current segment");
         if cur.len >= s.options.segment_bytes && cur.end > cur.first {
+            let path = cur.path.clone();
+            drop(state);
+            file.sync_written(s, unsynced, &path)?;
+            state = s.state.lock();
+            let cur = state.segments.last().expect("a current segment");
             file.trim(cur);
             let (f, seg) = segment::create(&s.dir, index, s.options.fsync)?;
             *file = Tail { file: f, size: seg.len };
@@ -910,8 +1008,9 @@ fn write_group(s: &Shared, file: &mut Tail, group: &[u8], first: u64, end: u64) 
             cut += frame::RECORD_HEADER + len;
         }
         file.write_at(&path, &group[off..cut], base)?;
-        if s.options.fsync {
-            file.sync(&path)?;
+        *unsynced = true;
+        if durably == Durably::Yes {
+            file.sync_written(s, unsynced, &path)?;
         }
         let mut state = s.state.lock();
         let cur = state.segments.last_mut().expect("a current segment");

@@ -78,6 +78,47 @@ fn a_record_nobody_takes_after_the_callers_kept_up_is_written() {
     assert!(j.watch_for(i + 1, Some(PATIENCE)).unwrap() > i, "the lengthened backstop never wrote the record");
 }
 
+/// `write_out` puts records in the files without syncing them: another
+/// reader of the directory finds them at once, the durable watermark has
+/// not moved, and the backstop (here, the drop's last flush) makes them
+/// durable later.
+#[test]
+fn written_out_records_are_in_the_files_before_any_sync() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let (j, _) = Journal::open(dir.path(), callers_alone()).unwrap();
+        let before = j.durable_end();
+        let mut last = 0;
+        for k in 0..100u32 {
+            last = j.append(&k.to_le_bytes()).unwrap();
+        }
+        j.write_out(last + 1).unwrap();
+        assert!(j.written_end() > last);
+        assert_eq!(j.durable_end(), before, "written, not synced");
+        assert_eq!(read_all(dir.path()).len(), 100, "in the files");
+        // Written out again: nothing to do.
+        j.write_out(last + 1).unwrap();
+    }
+    assert_eq!(read_all(dir.path()).len(), 100);
+}
+
+/// Records written out and not synced become durable by the backstop,
+/// and a waiter for one syncs it without waiting for the backstop.
+#[test]
+fn written_out_records_become_durable_by_the_backstop_or_a_waiter() {
+    let dir = tempfile::tempdir().unwrap();
+    let (j, _) = Journal::open(dir.path(), callers()).unwrap();
+    let i = j.append(b"written out").unwrap();
+    j.write_out(i + 1).unwrap();
+    assert!(j.watch_for(i + 1, Some(PATIENCE)).unwrap() > i, "the backstop never synced a written record");
+
+    let dir = tempfile::tempdir().unwrap();
+    let (j, _) = Journal::open(dir.path(), callers_alone()).unwrap();
+    let i = j.append(b"written out, then waited for").unwrap();
+    j.write_out(i + 1).unwrap();
+    assert!(j.wait_for(i + 1, Some(PATIENCE)).unwrap() > i, "a waiter left a written record unsynced");
+}
+
 /// With no backstop to write them first, only the drop's last flush can.
 #[test]
 fn a_dropped_journal_has_written_everything_appended() {

@@ -172,6 +172,21 @@ impl Store {
         self.changelog.journal().wait_durable(seq).map_err(|_| Errno::EIO)
     }
 
+    /// Returns once the record at `seq` is in the journal's files,
+    /// synced or not: a change to a file's data returns then, as
+    /// `write(2)` returns once the page cache has the data. Its data is
+    /// in the data file's page cache by then, so a crash of the server's
+    /// process loses neither (recovery would cut data past a size whose
+    /// record was lost); a crash of the machine may lose both, until an
+    /// `fsync`. One `write` of the journal's pending records, on the
+    /// calling thread, unless another change's call wrote it already.
+    fn written(&self, seq: Seq) -> Result<()> {
+        if seq == 0 {
+            return Ok(());
+        }
+        self.changelog.journal().write_out(seq + 1).map_err(|_| Errno::EIO)
+    }
+
     /// `len` bytes of regular file `ino` from `offset` (fewer at its end);
     /// `EAGAIN` if `from` is the cache and they are not all in it.
     pub fn read(&self, cred: &Cred, ino: Ino, (offset, len): (u64, usize), from: ReadFrom) -> Result<Vec<u8>> {
@@ -181,20 +196,26 @@ impl Store {
 
     /// Writes `bytes` at `offset` of regular file `ino` (see
     /// [`Namespace::write_with`]); the data reaches the disk at
-    /// [`fsync`](Store::fsync), the size and times with the record.
+    /// [`fsync`](Store::fsync), the size and times with the record, which
+    /// is in the journal's files when this returns (see `written`).
     /// `offset` `None` appends: the write goes at the end of the file, as
     /// the file is under the inode's lock.
     pub fn write(&self, cred: &Cred, ino: Ino, offset: Option<u64>, bytes: &[u8], now: Nanos) -> Result<(Attr, Seq)> {
-        self.ns.write_with(cred, ino, (offset, bytes.len() as u64), now, |at| self.data.write(ino, at, bytes))
+        let (a, seq) =
+            self.ns.write_with(cred, ino, (offset, bytes.len() as u64), now, |at| self.data.write(ino, at, bytes))?;
+        self.written(seq)?;
+        Ok((a, seq))
     }
 
     /// `fallocate(2)` on regular file `ino` (see
     /// [`Namespace::fallocate_with`]): the data file's range reserved or
     /// zeroed as `how` says, then the size and times, which reach the
-    /// disk with the record, as a write's do (durable at
-    /// [`fsync`](Store::fsync)).
+    /// disk with the record, as a write's do (in the journal's files on
+    /// return, durable at [`fsync`](Store::fsync)).
     pub fn fallocate(&self, cred: &Cred, ino: Ino, how: Fallocate, at: (u64, u64), now: Nanos) -> Result<(Attr, Seq)> {
-        self.ns.fallocate_with(cred, ino, how, at, now, || self.data.fallocate(ino, how, at.0, at.1))
+        let (a, seq) = self.ns.fallocate_with(cred, ino, how, at, now, || self.data.fallocate(ino, how, at.0, at.1))?;
+        self.written(seq)?;
+        Ok((a, seq))
     }
 
     /// `lseek(2)`'s `SEEK_DATA` or `SEEK_HOLE` in regular file `ino`
@@ -207,8 +228,9 @@ impl Store {
 
     /// `copy_file_range(2)` between regular files (see
     /// [`Namespace::copy_range_with`]): the bytes copied by the local file
-    /// system, then the destination's size and times, durable at
-    /// [`fsync`](Store::fsync) as a write's are. Returns how many bytes.
+    /// system, then the destination's size and times, in the journal's
+    /// files on return and durable at [`fsync`](Store::fsync), as a
+    /// write's are. Returns how many bytes.
     pub fn copy_range(
         &self,
         cred: &Cred,
@@ -217,7 +239,9 @@ impl Store {
         len: u64,
         now: Nanos,
     ) -> Result<(u64, Attr, Seq)> {
-        self.ns.copy_range_with(cred, src, dst, len, now, |n| self.data.copy(src, dst, n))
+        let (n, attr, seq) = self.ns.copy_range_with(cred, src, dst, len, now, |n| self.data.copy(src, dst, n))?;
+        self.written(seq)?;
+        Ok((n, attr, seq))
     }
 
     /// [`Namespace::setattr`], with the data file cut or extended to a

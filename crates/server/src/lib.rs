@@ -126,6 +126,9 @@ impl Server {
             inodes = store.ns().inode_count(),
             replayed = opened.replayed,
             created = opened.created,
+            torn_bytes = opened.torn_bytes.unwrap_or(0),
+            data_removed = opened.data_removed,
+            data_cut = opened.data_cut,
             "namespace opened"
         );
         if !opened.dangling.is_empty() {

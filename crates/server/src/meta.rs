@@ -195,15 +195,17 @@ fn perform(inner: &Inner, sid: u64, cred: &Cred, op: MetaOp) -> Result<(MetaRepl
             if data.len() > MAX_DATA {
                 return Err(Errno::EINVAL);
             }
-            // Answered at once, as write(2) returns before its data is
-            // on disk: the record, like the data, is durable by the next
-            // fsync (which waits for every record so far).
+            // Answered once its record is in the journal's file (the
+            // store's `write`), not once synced, as write(2) returns
+            // before its data is on disk: the record, like the data, is
+            // durable by the next fsync (which waits for every record so
+            // far), and a crash of this process loses neither.
             let (a, _durable_at) = inner.store.write(cred, ino, (!append).then_some(offset), &data, now)?;
             (MetaReply::Attr(a), 0)
         }
         MetaOp::Fallocate { ino, how, offset, len } => {
-            // Answered at once, as a write is (and as fallocate(2) on a
-            // local file system returns before a sync).
+            // Answered as a write is (and as fallocate(2) on a local
+            // file system returns before a sync).
             (MetaReply::Attr(inner.store.fallocate(cred, ino, how, (offset, len), now)?.0), 0)
         }
         MetaOp::CopyRange { src, src_off, dst, dst_off, len } => {
