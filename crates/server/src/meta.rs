@@ -209,7 +209,8 @@ fn perform(inner: &Inner, sid: u64, cred: &Cred, op: MetaOp) -> Result<(MetaRepl
             (MetaReply::Attr(inner.store.fallocate(cred, ino, how, (offset, len), now)?.0), 0)
         }
         MetaOp::CopyRange { src, src_off, dst, dst_off, len } => {
-            // Answered once done, not once durable, as a write is.
+            // Answered as a write is: once its record is in the
+            // journal's file, not once durable.
             let (bytes, attr, _) = inner.store.copy_range(cred, (src, src_off), (dst, dst_off), len, now)?;
             (MetaReply::Copied { bytes, attr }, 0)
         }
