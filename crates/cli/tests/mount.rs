@@ -935,6 +935,14 @@ fn st_blocks_on_a_mount_are_what_the_data_takes_on_the_servers_disk() {
     wait_for("a file cut to nothing to take nothing", || shown() == 0 && held() == 0);
 }
 
+/// A mount whose lease ran out (its process stopped past it) while a
+/// program held a lock there: once it runs again, every write of that
+/// program fails with `EIO`, the first one too, and nothing it wrote
+/// after the loss reaches the file that another mount now holds. Until
+/// session 26 a write that the program made while the mount was stopped
+/// (queued in its kernel) went out in the mount's new session before the
+/// mount learned of the loss, and overwrote what the lock's new holder
+/// had written; the test then waited for `EIO` past such writes.
 #[test]
 fn a_mount_that_lost_its_locks_fails_with_eio_until_the_file_is_closed() {
     let Some((_data, _server, a, b)) =
@@ -942,20 +950,29 @@ fn a_mount_that_lost_its_locks_fails_with_eio_until_the_file_is_closed() {
     else {
         return;
     };
-    let mut fa = rw(&a.join("f"));
+    use std::os::unix::fs::FileExt;
+    let fa = rw(&a.join("f"));
     flock(&fa, FlockArg::LockExclusive).unwrap();
+    fa.write_all_at(b"a's..", 0).unwrap();
     let fb = rw(&b.join("f"));
     // Stop a's mount process past its lease (2 s): the server ends its
-    // session and b gets the lock.
+    // session and b gets the lock. A write a's program makes meanwhile
+    // waits in a's kernel.
     let pid = nix::unistd::Pid::from_raw(a.child.id() as i32);
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    let stale = std::thread::spawn(move || {
+        let r = fa.write_all_at(b"STALE", 0).map_err(|e| e.raw_os_error());
+        (fa, r)
+    });
     wait_for("a's lease to run out", || flock(&fb, FlockArg::LockExclusiveNonblock).is_ok());
+    fb.write_all_at(b"b's!!", 0).unwrap();
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).unwrap();
     // a learns it lost the lock: the file fails rather than act as locked.
-    wait_for("a's writes to fail with EIO", || {
-        fa.write_all(b"x").err().and_then(|e| e.raw_os_error()) == Some(libc::EIO)
-    });
+    let (mut fa, r) = stale.join().unwrap();
+    assert_eq!(r, Err(Some(libc::EIO)), "the write made while a's lease ran out");
+    assert_eq!(fa.write_all(b"x").map_err(|e| e.raw_os_error()), Err(Some(libc::EIO)), "a later write");
     assert_eq!(flock(&fa, FlockArg::LockExclusiveNonblock), Err(Errno::EIO));
+    assert_eq!(std::fs::read(b.join("f")).unwrap(), b"b's!!", "what the lock's holder wrote");
     // Once every open of it here is closed (the kernel's release comes
     // after close returns), the file works again, and the lock is b's.
     drop(fa);

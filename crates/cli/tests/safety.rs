@@ -11,7 +11,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::*;
-use interlock_client::LockSpec;
+use interlock_client::{ClientError, LockSpec};
 use interlock_core::{Mode, Range};
 use interlock_proto::{ClientMsg, Kind, ServerMsg};
 
@@ -168,7 +168,10 @@ fn status_locks(addr: &str) -> u64 {
 
 /// Item 2, in the library: a client whose lease ran out reports each lost
 /// lock, does not reclaim it, and a grant that arrives for the old session
-/// is not taken for a held lock.
+/// is not taken for a held lock. A request fenced to the old session
+/// (`Client::within`: what acts under a lock) is never sent in the new
+/// one, and the new session counts as settled only with its losses
+/// reported.
 #[test]
 fn the_client_reports_lost_locks_and_never_reclaims_them() {
     let data = tempfile::tempdir().unwrap();
@@ -187,6 +190,7 @@ fn the_client_reports_lost_locks_and_never_reclaims_them() {
         a.lock(&posix).await.unwrap();
         let dlm = a.lock(&spec("d", 2)).await.unwrap();
         let mut lost = a.lost_locks();
+        let before = a.settled();
         relay.freeze();
         // The server ends the silent session, and another client takes
         // both locks.
@@ -206,6 +210,10 @@ fn the_client_reports_lost_locks_and_never_reclaims_them() {
         let st = b.status().await.unwrap();
         assert_eq!(st.locks, 2);
         assert_eq!(a.try_lock(&posix).await.unwrap(), None, "A's local table forgot the lost lock");
+        let now = a.settled();
+        assert!(now > before, "a new session");
+        assert!(matches!(a.within(before).status().await, Err(ClientError::ConnectionLost)), "fenced to the old one");
+        a.within(now).status().await.unwrap();
     });
 }
 

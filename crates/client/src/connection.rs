@@ -192,6 +192,9 @@ pub(crate) fn settle(inner: &Arc<Inner>, w: &Welcomed, now: Instant) -> Option<S
         drop(t);
         lose_all(inner);
     }
+    // Only now: a fenced request (`Client::within`) of the new session
+    // was fenced after its sender saw this session's losses.
+    inner.settled.store(inner.generation.load(Ordering::SeqCst), Ordering::SeqCst);
     Some(settled)
 }
 

@@ -277,6 +277,10 @@ struct Inner {
     /// Counts sessions: a grant answered in one session and recorded in a
     /// later one was lost between (changed under the tables' lock).
     generation: AtomicU64,
+    /// The generation whose lost locks are all in `losses` (it trails
+    /// `generation` while a new session's losses are being reported): see
+    /// [`Client::settled`].
+    settled: AtomicU64,
     losses: Losses,
     /// Bytes of the session's stream from the server taken in so far.
     received: AtomicU64,
@@ -300,9 +304,15 @@ impl Inner {
     /// unseen. A blocking request is kept in `waits`, to be sent again
     /// after a reconnect; any other is handed back. A release leaves the
     /// files to open again in a new session as it is sent (see `opens`).
-    fn submit(&self, id: u64, op: Op, wait: bool) -> Result<Submitted, ClientError> {
+    /// With a `fence`, only in that session (see [`Client::within`]).
+    fn submit(&self, id: u64, op: Op, wait: bool, fence: Option<u64>) -> Result<Submitted, ClientError> {
         let (reply_tx, reply_rx) = oneshot::channel();
         let mut t = self.tables.lock();
+        // The generation changes under the tables' lock: a fenced request
+        // is listed in its session or not sent at all.
+        if fence.is_some_and(|g| g != self.generation.load(Ordering::Relaxed)) {
+            return Err(ClientError::ConnectionLost);
+        }
         self.outbox.send(&ClientMsgRef::Request { id, op: &op })?;
         t.pending.insert(id, reply_tx);
         if let Op::Meta { op: interlock_proto::meta::MetaOp::Release { ino }, .. } = &op {
@@ -360,6 +370,9 @@ struct Submitted {
 pub struct Client {
     inner: Arc<Inner>,
     _last: Arc<LastHandle>,
+    /// Requests through this clone go out only in this session (see
+    /// [`Client::within`]).
+    fence: Option<u64>,
 }
 
 /// Dropped with the last [`Client`] clone.
@@ -386,6 +399,7 @@ impl Client {
             boot: AtomicU64::new(0),
             lease: Mutex::new(Lease::new(Duration::ZERO, Instant::now())),
             generation: AtomicU64::new(0),
+            settled: AtomicU64::new(0),
             losses: Losses::default(),
             received: AtomicU64::new(0),
             lease_ms: AtomicU64::new(0),
@@ -397,7 +411,7 @@ impl Client {
         });
         let welcomed = connection::handshake(&inner).await?;
         *inner.lease.lock() = Lease::new(welcomed.lease, welcomed.sent);
-        let client = Client { inner: inner.clone(), _last: Arc::new(LastHandle(inner)) };
+        let client = Client { inner: inner.clone(), _last: Arc::new(LastHandle(inner)), fence: None };
         client.start(welcomed.conn);
         Ok(client)
     }
@@ -405,6 +419,28 @@ impl Client {
     /// The session id the server gave this client.
     pub fn session(&self) -> u64 {
         self.inner.session.load(Ordering::Relaxed)
+    }
+
+    /// Counts this client's sessions, up to the one whose lost locks are
+    /// all reported ([`Client::lost_since`]): a caller that reads this,
+    /// then the losses, and finds a lock still held, sends what relies on
+    /// it through [`Client::within`] this count, so that it never goes
+    /// out in a later session, where the lock may be lost and not yet
+    /// reported.
+    pub fn settled(&self) -> u64 {
+        self.inner.settled.load(Ordering::SeqCst)
+    }
+
+    /// A clone whose requests go out only in session `settled` (a
+    /// [`Client::settled`] count): in any later one they fail with
+    /// [`ClientError::ConnectionLost`], unsent, as requests in flight when
+    /// a session ends do. What a program writes under a lock must not
+    /// reach the server after the lease that held the lock ran out and
+    /// another holder took it: a write queued while the client was
+    /// stopped past its lease would otherwise go out in the new session
+    /// before anyone learned of the loss.
+    pub fn within(&self, settled: u64) -> Client {
+        Client { fence: Some(settled), ..self.clone() }
     }
 
     /// Counts the locks this client has lost so far (see [`LostLock`]):
@@ -476,7 +512,7 @@ impl Client {
                 let received = inner.received.load(Ordering::Relaxed);
                 let id = inner.next_id.fetch_add(1, Ordering::Relaxed);
                 let sent_at = Instant::now();
-                let Ok(sent) = inner.submit(id, Op::Renew { received }, false) else { continue };
+                let Ok(sent) = inner.submit(id, Op::Renew { received }, false, None) else { continue };
                 let generation = sent.generation;
                 drop(inner);
                 if let Ok(Ok(Reply::Done)) = tokio::time::timeout(every, sent.reply_rx).await
@@ -496,7 +532,7 @@ impl Client {
     /// A request's reply, and the session (generation) it came in.
     async fn request_in(&self, op: Op) -> Result<(Reply, u64), ClientError> {
         let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
-        let sent = self.inner.submit(id, op, false)?;
+        let sent = self.inner.submit(id, op, false, self.fence)?;
         match sent.reply_rx.await.map_err(|_| ClientError::ConnectionLost)? {
             Reply::Error(e) => Err(ClientError::Server(e)),
             Reply::Recovering { left_ms } => Err(ClientError::Recovering(Duration::from_millis(left_ms))),
@@ -562,7 +598,7 @@ impl Client {
         }
         let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
         let op = Op::Lock { target: spec.target(), mode: spec.mode as u8, wait, reclaim: false };
-        let sent = self.inner.submit(id, op, wait)?;
+        let sent = self.inner.submit(id, op, wait, self.fence)?;
         let mut guard = WaitGuard {
             inner: &self.inner,
             id,
@@ -741,7 +777,7 @@ impl Client {
         let handle = self.handle_of(handle);
         let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
         let op = Op::DlmConvert { resource: resource.to_vec(), owner, handle, mode: mode as u8, wait, lvb: None };
-        let sent = self.inner.submit(id, op, wait)?;
+        let sent = self.inner.submit(id, op, wait, self.fence)?;
         let reply = sent.reply_rx.await.map_err(|_| ClientError::ConnectionLost);
         let reply = match (reply, sent.grant_rx) {
             (Ok(Reply::Queued), Some(grant_rx)) => {

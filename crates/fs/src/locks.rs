@@ -21,7 +21,7 @@ use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
 
 use foldhash::{HashMap, HashSet};
 use interlock_client::meta::Ino;
-use interlock_client::{ClientError, LockSpec};
+use interlock_client::{Client, ClientError, LockSpec};
 use interlock_core::{Mode, Range};
 use interlock_proto::Kind;
 use parking_lot::Mutex;
@@ -47,21 +47,40 @@ pub fn ino_of(resource: &[u8]) -> Option<Ino> {
 /// them fail with `EIO` rather than act as if the locks were held, until
 /// every open of the file here is closed.
 #[derive(Default)]
-pub struct Lost(Mutex<HashSet<Ino>>);
+pub struct Lost {
+    inos: Mutex<HashSet<Ino>>,
+    /// How many of the client's lost locks have been looked at.
+    seen: Mutex<usize>,
+}
 
 impl Lost {
-    pub fn add(&self, ino: Ino) {
-        self.0.lock().insert(ino);
+    /// Marks the files of the locks `client` lost since the last look:
+    /// before a call that may act under a lock (so that it never goes
+    /// out unchecked in a session that lost them), and whenever the
+    /// client reports losses. O(1) when there are none.
+    pub fn note(&self, client: &Client) {
+        let mut seen = self.seen.lock();
+        let lost = client.lost_since(*seen);
+        *seen += lost.len();
+        for l in lost {
+            if let Some(ino) = ino_of(&l.resource) {
+                tracing::warn!(
+                    ino,
+                    "a lock on this file was lost: its reads, writes and locks fail with EIO until it is closed"
+                );
+                self.inos.lock().insert(ino);
+            }
+        }
     }
 
     pub fn check(&self, ino: Ino) -> Result<(), i32> {
-        if self.0.lock().contains(&ino) { Err(libc::EIO) } else { Ok(()) }
+        if self.inos.lock().contains(&ino) { Err(libc::EIO) } else { Ok(()) }
     }
 
     /// Forgets `ino` once `closed` says no open of it is left (asked only
     /// of a lost inode: it scans the open files).
     pub fn clear_if(&self, ino: Ino, closed: impl FnOnce() -> bool) {
-        let mut lost = self.0.lock();
+        let mut lost = self.inos.lock();
         if lost.contains(&ino) && closed() {
             lost.remove(&ino);
         }

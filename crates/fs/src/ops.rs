@@ -49,6 +49,17 @@ fn call<T>(r: Result<T, ClientError>) -> Result<T, i32> {
     r.map_err(|e| errno(&e))
 }
 
+/// Whether a call that ended so is to be made again, after a pause: its
+/// session ended (the server restarted, or the lease ran out) and there
+/// is time left.
+async fn repeats<T>(r: &Result<T, ClientError>, until: tokio::time::Instant) -> bool {
+    let again = matches!(r, Err(ClientError::ConnectionLost)) && tokio::time::Instant::now() < until;
+    if again {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    again
+}
+
 /// Whose permissions a data call through open file `handle` is checked
 /// with: its opener's, as Linux checks an open file's access once, at
 /// open. A daemon that opens its log as root and then drops to `nobody`
@@ -141,7 +152,10 @@ impl Fs {
             op::FALLOCATE => self.fallocate(&cred, ino, &mut a).await,
             op::LSEEK => self.lseek(&cred, ino, &mut a).await,
             op::COPY_FILE_RANGE => self.copy_file_range(&cred, ino, &mut a).await,
-            op::FSYNC => self.again(|| self.client.fsync(&cred, ino)).await.map(|()| Vec::new()),
+            op::FSYNC => {
+                let cred = &cred;
+                self.on_file(ino, true, |c| async move { c.fsync(cred, ino).await }).await.map(|()| Vec::new())
+            }
             op::SETXATTR => self.setxattr(&cred, ino, &mut a).await,
             op::GETXATTR => self.getxattr(&cred, ino, &mut a).await,
             op::LISTXATTR => self.listxattr(&cred, ino, &mut a).await,
@@ -175,11 +189,36 @@ impl Fs {
     ) -> Result<T, i32> {
         let until = tokio::time::Instant::now() + RETRY_FOR;
         loop {
-            match f().await {
-                Err(ClientError::ConnectionLost) if tokio::time::Instant::now() < until => {
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-                r => return call(r),
+            let r = f().await;
+            if !repeats(&r, until).await {
+                return call(r);
+            }
+        }
+    }
+
+    /// Runs a call on file `ino` that may act under this mount's locks on
+    /// it (a read, a write, a truncation, …) in a session in which the
+    /// mount has seen every lost lock reported and none of the file's
+    /// (else `EIO`: see [`Lost`]): it goes out in that session or not at
+    /// all (`Client::within`). Repeated as [`again`](Fs::again) repeats
+    /// if `repeat`, after the same check. Without the fence, a write
+    /// that a program made while this mount was stopped past its lease
+    /// went out in the new session before the mount learned of the loss,
+    /// over what the lock's new holder had written.
+    pub(crate) async fn on_file<T, F: Future<Output = Result<T, ClientError>>>(
+        &self,
+        ino: Ino,
+        repeat: bool,
+        f: impl Fn(Client) -> F,
+    ) -> Result<T, i32> {
+        let until = tokio::time::Instant::now() + RETRY_FOR;
+        loop {
+            let settled = self.client.settled();
+            self.lost.note(&self.client);
+            self.lost.check(ino)?;
+            let r = f(self.client.within(settled)).await;
+            if !repeat || !repeats(&r, until).await {
+                return call(r);
             }
         }
     }
@@ -188,19 +227,8 @@ impl Fs {
     /// the client reports them, until the client is gone.
     pub(crate) async fn watch_losses(&self) {
         let mut changed = self.client.lost_locks();
-        let mut seen = 0;
         while changed.changed().await.is_ok() {
-            let lost = self.client.lost_since(seen);
-            seen += lost.len();
-            for l in lost {
-                if let Some(ino) = crate::locks::ino_of(&l.resource) {
-                    tracing::warn!(
-                        ino,
-                        "a lock on this file was lost: its reads, writes and locks fail with EIO until it is closed"
-                    );
-                    self.lost.add(ino);
-                }
-            }
+            self.lost.note(&self.client);
         }
     }
 
@@ -246,7 +274,10 @@ impl Fs {
             opened_for_write: has(fattr::FH) && has(fattr::SIZE),
             chown: has(fattr::UID) || has(fattr::GID),
         };
-        self.again(|| self.client.setattr(cred, ino, set.clone())).await.map(|at| abi::attr_out(&at, self.ttl))
+        let set = &set;
+        self.on_file(ino, true, |c| async move { c.setattr(cred, ino, set.clone()).await })
+            .await
+            .map(|at| abi::attr_out(&at, self.ttl))
     }
 
     /// Makes an inode of `kind` with permission bits from `mode`.
@@ -359,7 +390,7 @@ impl Fs {
         let parts = (0..size.div_ceil(MAX_DATA)).map(|i| {
             let at = offset + (i * MAX_DATA) as u64;
             let len = (size - i * MAX_DATA).min(MAX_DATA) as u32;
-            self.again(move || self.client.read(cred, ino, at, len))
+            self.on_file(ino, true, move |c| async move { c.read(cred, ino, at, len).await })
         });
         let parts = try_join_all(parts).await?;
         let mut out = Vec::with_capacity(size);
@@ -385,14 +416,14 @@ impl Fs {
         if flags & libc::O_APPEND != 0 {
             // At the server's end of the file, not at the kernel's idea of
             // it (another mount may have appended since); in order.
-            for c in data.chunks(MAX_DATA) {
-                call(self.client.append(cred, ino, c).await)?;
+            for part in data.chunks(MAX_DATA) {
+                self.on_file(ino, false, |c| async move { c.append(cred, ino, part).await }).await?;
             }
         } else {
-            let parts = data
-                .chunks(MAX_DATA)
-                .enumerate()
-                .map(|(i, c)| self.again(move || self.client.write(cred, ino, offset + (i * MAX_DATA) as u64, c)));
+            let parts = data.chunks(MAX_DATA).enumerate().map(|(i, part)| {
+                let at = offset + (i * MAX_DATA) as u64;
+                self.on_file(ino, true, move |c| async move { c.write(cred, ino, at, part).await })
+            });
             try_join_all(parts).await?;
         }
         Ok(abi::write_out(size as u32))
@@ -408,7 +439,9 @@ impl Fs {
         let how = Fallocate::from_mode(mode).map_err(|e| e.0)?;
         let handle = self.handles.get(fh);
         let cred = as_opener(&handle, cred);
-        self.again(|| self.client.fallocate(cred, ino, how, offset, len)).await.map(|_| Vec::new())
+        self.on_file(ino, true, |c| async move { c.fallocate(cred, ino, how, offset, len).await })
+            .await
+            .map(|_| Vec::new())
     }
 
     /// `copy_file_range(2)` within the mount: the server copies, so no
@@ -423,9 +456,10 @@ impl Fs {
         let (_fh_in, src_off, dst, fh_out, dst_off, len) = (a.u64()?, a.u64()?, a.u64()?, a.u64()?, a.u64()?, a.u64()?);
         let handle = self.handles.get(fh_out);
         let cred = as_opener(&handle, cred);
-        self.lost.check(dst)?;
         let len = len.min(u64::from(u32::MAX) & !0xfff);
-        let (bytes, _) = self.again(|| self.client.copy_range(cred, (src, src_off), (dst, dst_off), len)).await?;
+        let (bytes, _) = self
+            .on_file(dst, true, |c| async move { c.copy_range(cred, (src, src_off), (dst, dst_off), len).await })
+            .await?;
         Ok(abi::write_out(bytes as u32))
     }
 
