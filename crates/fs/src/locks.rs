@@ -55,9 +55,8 @@ pub struct Lost {
 
 impl Lost {
     /// Marks the files of the locks `client` lost since the last look:
-    /// before a call that may act under a lock (so that it never goes
-    /// out unchecked in a session that lost them), and whenever the
-    /// client reports losses. O(1) when there are none.
+    /// whenever the client reports losses, and before each check. O(1)
+    /// when there are none.
     pub fn note(&self, client: &Client) {
         let mut seen = self.seen.lock();
         let lost = client.lost_since(*seen);
@@ -73,7 +72,11 @@ impl Lost {
         }
     }
 
-    pub fn check(&self, ino: Ino) -> Result<(), i32> {
+    /// `EIO` if `ino`'s locks were lost, among every loss `client` has
+    /// reported so far (noted first: a call that may act under a lock
+    /// is never let through on a loss only the client knows of yet).
+    pub fn check(&self, client: &Client, ino: Ino) -> Result<(), i32> {
+        self.note(client);
         if self.inos.lock().contains(&ino) { Err(libc::EIO) } else { Ok(()) }
     }
 

@@ -113,7 +113,7 @@ impl Fs {
                 | op::GETLK
                 | op::SETLK
                 | op::SETLKW
-        ) && let Err(e) = self.lost.check(ino)
+        ) && let Err(e) = self.lost.check(&self.client, ino)
         {
             return Some(Err(e));
         }
@@ -214,8 +214,7 @@ impl Fs {
         let until = tokio::time::Instant::now() + RETRY_FOR;
         loop {
             let settled = self.client.settled();
-            self.lost.note(&self.client);
-            self.lost.check(ino)?;
+            self.lost.check(&self.client, ino)?;
             let r = f(self.client.within(settled)).await;
             if !repeat || !repeats(&r, until).await {
                 return call(r);
