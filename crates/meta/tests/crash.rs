@@ -1,11 +1,13 @@
-//! Crash safety of the namespace: a process running creates, renames
-//! across directories and unlinks from three threads, with checkpoints
-//! going on, is killed with SIGKILL at random moments, again and again on
-//! the same store. After each kill the store must open with no dangling
-//! entry; every acknowledged change must be there; a change not
-//! acknowledged must be wholly there or wholly absent (a file renamed is
-//! under one name, never two or none); and the changelog must hold each
-//! change once, in order, without gaps.
+//! Crash safety of the namespace: a process running creates, writes,
+//! renames across directories and unlinks from three threads, with
+//! checkpoints going on, is killed with SIGKILL at random moments, again
+//! and again on the same store. After each kill the store must open with
+//! no dangling entry; every acknowledged change must be there; a change
+//! not acknowledged must be wholly there or wholly absent (a file renamed
+//! is under one name, never two or none; a write's data all there or
+//! none); and the changelog must hold each change once, in order, without
+//! gaps. A write counts as acknowledged when `Store::write` returns, not
+//! synced: a crash of the process must not lose it.
 //!
 //! The worker is this test binary itself, run again with
 //! `META_CRASH_DIR` set (see `worker`).
@@ -17,7 +19,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use interlock_journal::changelog::{Mask, RecordType};
-use interlock_meta::{Cred, FileType, Ino, NewInode, ROOT, RenameFlags, Store, StoreOptions};
+use interlock_meta::{Cred, FileType, Ino, NewInode, ROOT, ReadFrom, RenameFlags, Store, StoreOptions};
 
 fn file() -> NewInode {
     NewInode { kind: FileType::Regular, perm: 0o644, rdev: 0 }
@@ -30,9 +32,15 @@ fn dirs(store: &Store) -> (Ino, Ino) {
     (a, b)
 }
 
-/// The child: three threads, each making `f.R.T.N` in `a`, renaming it to
-/// `g.R.T.N` in `b`, and unlinking every other one, printing `C|R|U T N`
-/// once each change is durable; a fourth thread checkpoints.
+/// What the workload writes into file `R.T.N`.
+fn data(round: u64, t: u64, n: u64) -> String {
+    format!("data of {round}.{t}.{n}")
+}
+
+/// The child: three threads, each making `f.R.T.N` in `a`, writing
+/// [`data`] into it, renaming it to `g.R.T.N` in `b`, and unlinking every
+/// other one, printing `C|W|R|U T N` once each change is durable (the
+/// write: once it returns); a fourth thread checkpoints.
 #[test]
 fn worker() {
     let Ok(dir) = std::env::var("META_CRASH_DIR") else { return };
@@ -64,9 +72,11 @@ fn worker() {
                 for n in 0.. {
                     let f = format!("f.{round}.{t}.{n}");
                     let g = format!("g.{round}.{t}.{n}");
-                    let (_, s) = ns.create(&root, a, f.as_bytes(), file(), b"", n as i64).unwrap();
+                    let (made, s) = ns.create(&root, a, f.as_bytes(), file(), b"", n as i64).unwrap();
                     store.wait(s).unwrap();
                     say(&out, 'C', t, n);
+                    store.write(&root, made.ino, Some(0), data(round, t, n).as_bytes(), 1).unwrap();
+                    say(&out, 'W', t, n);
                     let s = ns.rename(&root, (a, f.as_bytes()), (b, g.as_bytes()), RenameFlags::default(), 1).unwrap();
                     store.wait(s).unwrap();
                     say(&out, 'R', t, n);
@@ -104,7 +114,7 @@ fn kill_9_under_load_keeps_every_acknowledged_change_once() {
         store.changelog().register(Some("crash"), Mask::ALL, 0).unwrap();
     }
     let rounds: u64 = std::env::var("CRASH_ROUNDS").ok().and_then(|v| v.parse().ok()).unwrap_or(12);
-    // The last acknowledged step of every file: (round, thread, n) -> C|R|U.
+    // The last acknowledged step of every file: (round, thread, n) -> C|W|R|U.
     let mut acked: BTreeMap<(u64, u64, u64), char> = BTreeMap::new();
     let mut seed = 0x2545_F491_4F6C_DD1Du64;
     for round in 0..rounds {
@@ -176,7 +186,7 @@ fn kill_9_under_load_keeps_every_acknowledged_change_once() {
                 let key = (k[0], k[1], k[2]);
                 assert!(seen.insert(key), "round {round}: {key:?} under two names");
                 let ok = match acked.get(&key) {
-                    Some('C') => true,
+                    Some('C' | 'W') => true,
                     Some('R') => place == Place::G,
                     Some(_) => false,
                     // Not acknowledged: only the change in flight when
@@ -184,12 +194,23 @@ fn kill_9_under_load_keeps_every_acknowledged_change_once() {
                     None => place == Place::F && (k[2] == 0 || acked.contains_key(&(k[0], k[1], k[2] - 1))),
                 };
                 assert!(ok, "round {round}: {name} is in {place:?}, last acknowledged {:?}", acked.get(&key));
+                let dir = if place == Place::F { a } else { b };
+                let ino = store.ns().lookup(&root, dir, name.as_bytes()).unwrap().ino;
+                let held = store.read(&root, ino, (0, 100), ReadFrom::Disk).unwrap();
+                let want = data(key.0, key.1, key.2).into_bytes();
+                let written = matches!(acked.get(&key), Some('W' | 'R'));
+                assert!(
+                    held == want || (!written && held.is_empty()),
+                    "round {round}: {name} holds {:?}, its write {}acknowledged",
+                    String::from_utf8_lossy(&held),
+                    if written { "" } else { "not " }
+                );
             }
         }
         for (key, c) in &acked {
             let there = seen.contains(key);
             let expect = match c {
-                'C' => Some(true),
+                'C' | 'W' => Some(true),
                 'R' => None, // the unlink may have happened, unacknowledged
                 _ => Some(false),
             };
@@ -208,17 +229,23 @@ fn kill_9_under_load_keeps_every_acknowledged_change_once() {
     for (next, e) in (entries[0].index..).zip(&entries) {
         assert_eq!(e.index, next, "the changelog has no gaps");
         let name = String::from_utf8(e.record.name.clone()).unwrap();
-        assert!(once.insert((e.record.rtype, name.clone())), "{:?} {name} logged twice", e.record.rtype);
+        // A write's record (MTIME) names no entry: its inode tells it.
+        let target = if name.is_empty() { e.record.target } else { 0 };
+        assert!(
+            once.insert((e.record.rtype, name.clone(), target)),
+            "{:?} {name} {target} logged twice",
+            e.record.rtype
+        );
     }
     for ((r, t, n), c) in &acked {
         let f = format!("f.{r}.{t}.{n}");
         let g = format!("g.{r}.{t}.{n}");
-        assert!(once.contains(&(RecordType::CREAT, f)), "CREAT {r}.{t}.{n} in the changelog");
-        if *c != 'C' {
-            assert!(once.contains(&(RecordType::RENME, g.clone())), "RENME {r}.{t}.{n} in the changelog");
+        assert!(once.contains(&(RecordType::CREAT, f, 0)), "CREAT {r}.{t}.{n} in the changelog");
+        if matches!(c, 'R' | 'U') {
+            assert!(once.contains(&(RecordType::RENME, g.clone(), 0)), "RENME {r}.{t}.{n} in the changelog");
         }
         if *c == 'U' {
-            assert!(once.contains(&(RecordType::UNLNK, g)), "UNLNK {r}.{t}.{n} in the changelog");
+            assert!(once.contains(&(RecordType::UNLNK, g, 0)), "UNLNK {r}.{t}.{n} in the changelog");
         }
     }
 }
