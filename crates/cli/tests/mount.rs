@@ -446,43 +446,68 @@ fn a_name_another_mount_removed_or_made_again_opens_what_the_server_has_now() {
 
 /// `open(O_CREAT)` of a name that another mount makes between this
 /// kernel's look-up (which found nothing) and its create does what it
-/// does on one machine: opens a regular file, fails with `EISDIR` on a
-/// directory, follows a symlink. Before, the open failed with `EIO` when
-/// a directory or symlink was there, or `ENOENT` when it went again (236
-/// and 20 of 6,000 opens in a run of this race; tmpfs gives only
-/// success and `EISDIR`). A name that changes again while the kernel
-/// walks it a second time may still fail with `ESTALE`, as on NFS.
+/// does on one machine: opens a regular file (cut to nothing for
+/// `O_TRUNC`), fails with `EISDIR` on a directory, follows a symlink.
+/// Before, the open failed with `EIO` when a directory or symlink was
+/// there, or `ENOENT` when it went again (236 and 20 of 6,000 opens in a
+/// run of this race; tmpfs gives only success and `EISDIR`), and an
+/// `O_TRUNC` open of a file renamed into place kept its data (the
+/// kernel drops `O_TRUNC` for a file it takes for new). A name that
+/// changes again while the kernel walks it a second time may still fail
+/// with `ESTALE`, as on NFS.
 #[test]
 fn an_open_with_o_creat_racing_another_mount_acts_on_what_is_there() {
     let Some((_data, server, b)) = one_mount("an_open_with_o_creat_racing_another_mount") else { return };
     // Looks every name up each time: each open races b.
     let a = Mount::with_options(&server.addr, "entry_timeout=0,attr_timeout=0");
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let flipper = {
-        let (path, stop) = (b.join("x"), stop.clone());
-        std::thread::spawn(move || {
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                let _ = std::fs::create_dir(&path);
-                let _ = std::fs::remove_dir(&path);
-                let _ = std::os::unix::fs::symlink("target", &path);
-                let _ = std::fs::remove_file(&path);
-            }
-        })
+    let race = |flip: fn(&Path), open: &dyn Fn(&Path) -> std::io::Result<File>| {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flipper = {
+            let (dir, stop) = (b.path().to_path_buf(), stop.clone());
+            std::thread::spawn(move || {
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    flip(&dir);
+                }
+            })
+        };
+        let mut seen = std::collections::BTreeMap::new();
+        for _ in 0..2000 {
+            let r = open(&a.join("x")).map(|f| f.metadata().unwrap().len());
+            *seen.entry(r.map_err(|e| e.raw_os_error())).or_insert(0) += 1;
+            let _ = std::fs::remove_file(a.join("target"));
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        flipper.join().unwrap();
+        seen
     };
-    let mut seen = std::collections::BTreeMap::new();
-    for _ in 0..3000 {
-        let r = OpenOptions::new().write(true).create(true).truncate(false).open(a.join("x"));
-        *seen.entry(r.map(drop).map_err(|e| e.raw_os_error())).or_insert(0) += 1;
-        let _ = std::fs::remove_file(a.join("target"));
-    }
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    flipper.join().unwrap();
+    // A directory, a symlink, nothing, in turn.
+    let seen = race(
+        |dir| {
+            let x = dir.join("x");
+            let _ = std::fs::create_dir(&x);
+            let _ = std::fs::remove_dir(&x);
+            let _ = std::os::unix::fs::symlink("target", &x);
+            let _ = std::fs::remove_file(&x);
+        },
+        &|p| OpenOptions::new().write(true).create(true).truncate(false).open(p),
+    );
     let odd: Vec<_> =
-        seen.iter().filter(|(r, _)| !matches!(r, Ok(()) | Err(Some(libc::EISDIR | libc::ESTALE)))).collect();
+        seen.iter().filter(|(r, _)| !matches!(r, Ok(_) | Err(Some(libc::EISDIR | libc::ESTALE)))).collect();
     assert!(odd.is_empty(), "outcomes of the opens: {seen:?}");
-    let (ok, stale) =
-        (seen.get(&Ok(())).copied().unwrap_or(0), seen.get(&Err(Some(libc::ESTALE))).copied().unwrap_or(0));
+    let ok: usize = seen.iter().filter(|(r, _)| r.is_ok()).map(|(_, n)| n).sum();
+    let stale = seen.get(&Err(Some(libc::ESTALE))).copied().unwrap_or(0);
     assert!(stale * 20 < ok, "ESTALE only where the name changed twice under the kernel: {seen:?}");
+    // A file with data renamed into place, then removed: an O_TRUNC open
+    // that finds it leaves it empty.
+    let seen = race(
+        |dir| {
+            let _ = std::fs::write(dir.join("t"), b"old data");
+            let _ = std::fs::rename(dir.join("t"), dir.join("x"));
+            let _ = std::fs::remove_file(dir.join("x"));
+        },
+        &|p| OpenOptions::new().write(true).create(true).truncate(true).open(p),
+    );
+    assert!(seen.keys().all(|r| matches!(r, Ok(0) | Err(Some(libc::ESTALE)))), "sizes after O_TRUNC opens: {seen:?}");
 }
 
 /// A directory removed while it is a shell's working directory, or open

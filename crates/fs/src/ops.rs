@@ -370,7 +370,7 @@ impl Fs {
         let (flags, mode) = (a.u32()?, a.u32()?);
         a.skip(8)?;
         let name = a.cstr()?;
-        let attr = self.create_or_open(cred, parent, name, mode & 0o7777, flags as i32 & libc::O_EXCL != 0).await?;
+        let attr = self.create_or_open(cred, parent, name, mode & 0o7777, flags as i32).await?;
         let mut out = self.entry(&attr);
         out.extend_from_slice(&abi::open_out(self.handles.insert(attr.ino, cred.clone()), abi::FOPEN_DIRECT_IO));
         Ok(out)
@@ -378,8 +378,9 @@ impl Fs {
 
     /// `open(2)` with `O_CREAT` of a name the kernel found missing: made
     /// and opened, or, without `O_EXCL`, what another made there since:
-    /// a regular file is opened, a directory is `EISDIR` (as Linux
-    /// answers), and anything else (a symlink to follow, a special file
+    /// a regular file is opened (and cut to nothing for `O_TRUNC`, which
+    /// the kernel drops for a file it takes for new), a directory is
+    /// `EISDIR` (as Linux answers), and anything else (a symlink to follow, a special file
     /// the kernel opens itself) is for the kernel's walk to see: `ESTALE`
     /// makes it look the path up again and redo the open (once: a name
     /// that changes again meanwhile leaves the program `ESTALE`, as on
@@ -388,16 +389,26 @@ impl Fs {
     /// tmpfs gives only success or `EISDIR` (session 26: 236 and 20 of
     /// 6,000 opens against a name another mount made a directory, a
     /// symlink and nothing in turn).
-    async fn create_or_open(&self, cred: &Cred, parent: Ino, name: &[u8], perm: u32, excl: bool) -> Result<Attr, i32> {
+    async fn create_or_open(&self, cred: &Cred, parent: Ino, name: &[u8], perm: u32, flags: i32) -> Result<Attr, i32> {
         // A name made and removed again between our tries: a few more.
         for _ in 0..8 {
             match self.client.create_open(cred, parent, name, perm).await {
-                Err(ClientError::Errno(libc::EEXIST)) if !excl => {}
+                Err(ClientError::Errno(libc::EEXIST)) if flags & libc::O_EXCL == 0 => {}
                 r => return call(r),
             }
             match self.again(|| self.client.lookup(cred, parent, name)).await {
                 Ok(attr) if attr.kind == FileType::Regular => {
-                    return self.again(|| self.client.open(cred, attr.ino)).await;
+                    let opened = self.again(|| self.client.open(cred, attr.ino)).await?;
+                    if flags & libc::O_TRUNC == 0 {
+                        return Ok(opened);
+                    }
+                    // Checked as `truncate(2)` is: write permission.
+                    let cut = SetAttr { size: Some(0), ..SetAttr::default() };
+                    let r = self.again(|| self.client.setattr(cred, attr.ino, cut.clone())).await;
+                    if r.is_err() {
+                        let _ = self.client.release(cred, attr.ino).await;
+                    }
+                    return r;
                 }
                 Ok(attr) if attr.kind == FileType::Directory => return Err(libc::EISDIR),
                 Ok(_) => return Err(libc::ESTALE),

@@ -756,7 +756,7 @@ fn flusher(s: &Shared) {
 
 /// Gathers the published records into one group (while nobody waits for
 /// them and `linger` allows, for as long as appenders keep adding), writes
-/// it, and if `sync` says so syncs it (and whatever was written unsynced
+/// it, and if `durably` says so syncs it (and whatever was written unsynced
 /// before it), advances the watermark and calls the durable hook. O(1)
 /// per record plus a copy, one `write` and one `fdatasync`.
 fn flush(s: &Shared, w: &mut Writer, may_linger: bool, durably: Durably) -> Flushed {
