@@ -14,7 +14,11 @@
 //!   a stopped process), or a reclaim is refused, the locks are lost:
 //!   never reclaimed, and reported to the caller ([`Client::lost_locks`],
 //!   [`LostLock`]), who must stop acting under them. Requests that were in
-//!   flight fail with [`ClientError::ConnectionLost`].
+//!   flight fail with [`ClientError::ConnectionLost`]. A request that
+//!   relies on a lock goes through [`Client::within`] the session the
+//!   caller last checked its losses in ([`Client::settled`]): it is never
+//!   sent in a later one, where the lock may be lost before its loss is
+//!   reported.
 //! - Open files ([`Client::open`], [`Client::create_open`]) are opened
 //!   again in every new session, so a file unlinked while open outlives a
 //!   server restart (the server keeps it through its recovery window).
