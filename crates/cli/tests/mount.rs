@@ -510,6 +510,82 @@ fn an_open_with_o_creat_racing_another_mount_acts_on_what_is_there() {
     assert!(seen.keys().all(|r| matches!(r, Ok(0) | Err(Some(libc::ESTALE)))), "sizes after O_TRUNC opens: {seen:?}");
 }
 
+/// Four threads, two on each of two mounts, race random calls on a few
+/// names (files, directories, symlinks, one directory deep): every
+/// failure is one Linux gives for that call in such a race, or `ESTALE`
+/// (a name that changed twice while the kernel walked it, as on NFS).
+/// Never `EIO`, which a racing `open(O_CREAT)` gave before session 26,
+/// nor anything else a local file system cannot say.
+#[test]
+fn racing_calls_from_two_mounts_fail_only_as_linux_can() {
+    let Some((_data, _server, a, b)) = two_mounts("racing_calls_from_two_mounts_fail_only_as_linux_can") else {
+        return;
+    };
+    use libc::{EEXIST, EINVAL, EISDIR, ELOOP, ENOENT, ENOTDIR, ENOTEMPTY, EPERM, ESTALE};
+    const CALLS: [&str; 12] =
+        ["creat", "mkdir", "rmdir", "unlink", "rename", "link", "symlink", "stat", "open", "chmod", "truncate", "list"];
+    // What each call may fail with when others change the names under it
+    // (any path may be gone, cross a file, or loop through the symlinks).
+    let allowed = |call: &str, e: i32| {
+        [ENOENT, ENOTDIR, ELOOP, ESTALE].contains(&e)
+            || match call {
+                "creat" | "truncate" => e == EISDIR,
+                "mkdir" | "symlink" => e == EEXIST,
+                "rmdir" => [ENOTEMPTY, EINVAL].contains(&e),
+                "unlink" => e == EISDIR,
+                "rename" => [EISDIR, ENOTEMPTY, EINVAL, EEXIST].contains(&e),
+                "link" => [EEXIST, EPERM].contains(&e),
+                _ => false,
+            }
+    };
+    std::fs::create_dir(a.join("d")).unwrap();
+    let threads: Vec<_> = [a.path(), b.path(), a.path(), b.path()]
+        .into_iter()
+        .enumerate()
+        .map(|(t, root)| {
+            let root = root.to_path_buf();
+            std::thread::spawn(move || {
+                let mut seed = 0x9E37_79B9_7F4A_7C15u64 ^ (t as u64 + 1);
+                let mut next = move |n: usize| {
+                    seed ^= seed << 13;
+                    seed ^= seed >> 7;
+                    seed ^= seed << 17;
+                    (seed % n as u64) as usize
+                };
+                let mut failed = Vec::new();
+                for _ in 0..3000 {
+                    let names = ["a", "b", "d/a", "d/b", "d"];
+                    let p = root.join(names[next(names.len())]);
+                    let q = root.join(names[next(names.len())]);
+                    let call = CALLS[next(CALLS.len())];
+                    let r = match call {
+                        "creat" => OpenOptions::new().write(true).create(true).truncate(false).open(&p).map(drop),
+                        "open" => File::open(&p).map(drop),
+                        "mkdir" => std::fs::create_dir(&p),
+                        "rmdir" => std::fs::remove_dir(&p),
+                        "unlink" => std::fs::remove_file(&p),
+                        "rename" => std::fs::rename(&p, &q),
+                        "link" => std::fs::hard_link(&p, &q),
+                        "symlink" => std::os::unix::fs::symlink("a", &p),
+                        "stat" => std::fs::metadata(&p).map(drop),
+                        "chmod" => std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)),
+                        "truncate" => OpenOptions::new().write(true).open(&p).and_then(|f| f.set_len(3)),
+                        _ => std::fs::read_dir(&p).map(drop),
+                    };
+                    if let Err(e) = r {
+                        failed.push((call, e.raw_os_error().unwrap_or(0)));
+                    }
+                }
+                failed
+            })
+        })
+        .collect();
+    let failed: Vec<(&str, i32)> = threads.into_iter().flat_map(|t| t.join().unwrap()).collect();
+    let odd: Vec<_> = failed.iter().filter(|&&(call, e)| !allowed(call, e)).collect();
+    assert!(odd.is_empty(), "failures no local file system gives: {odd:?}");
+    assert!(failed.len() > 100, "the calls raced: {} failed", failed.len());
+}
+
 /// A directory removed while it is a shell's working directory, or open
 /// on another mount, is still there for `fstat`, with no links, and
 /// lists as empty: `ls -la` in it prints what it prints on tmpfs. Before,
