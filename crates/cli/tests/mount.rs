@@ -515,21 +515,24 @@ fn an_open_with_o_creat_racing_another_mount_acts_on_what_is_there() {
 /// failure is one Linux gives for that call in such a race, or `ESTALE`
 /// (a name that changed twice while the kernel walked it, as on NFS).
 /// Never `EIO`, which a racing `open(O_CREAT)` gave before session 26,
-/// nor anything else a local file system cannot say.
+/// nor anything else a local file system cannot say; and a read finds
+/// only bytes some write put there, or zeros.
 #[test]
 fn racing_calls_from_two_mounts_fail_only_as_linux_can() {
     let Some((_data, _server, a, b)) = two_mounts("racing_calls_from_two_mounts_fail_only_as_linux_can") else {
         return;
     };
     use libc::{EEXIST, EINVAL, EISDIR, ELOOP, ENOENT, ENOTDIR, ENOTEMPTY, EPERM, ESTALE};
-    const CALLS: [&str; 12] =
-        ["creat", "mkdir", "rmdir", "unlink", "rename", "link", "symlink", "stat", "open", "chmod", "truncate", "list"];
+    const CALLS: [&str; 14] = [
+        "creat", "mkdir", "rmdir", "unlink", "rename", "link", "symlink", "stat", "open", "chmod", "truncate", "list",
+        "write", "read",
+    ];
     // What each call may fail with when others change the names under it
     // (any path may be gone, cross a file, or loop through the symlinks).
     let allowed = |call: &str, e: i32| {
         [ENOENT, ENOTDIR, ELOOP, ESTALE].contains(&e)
             || match call {
-                "creat" | "truncate" => e == EISDIR,
+                "creat" | "truncate" | "write" | "read" => e == EISDIR,
                 "mkdir" | "symlink" => e == EEXIST,
                 "rmdir" => [ENOTEMPTY, EINVAL].contains(&e),
                 "unlink" => e == EISDIR,
@@ -570,6 +573,13 @@ fn racing_calls_from_two_mounts_fail_only_as_linux_can() {
                         "stat" => std::fs::metadata(&p).map(drop),
                         "chmod" => std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)),
                         "truncate" => OpenOptions::new().write(true).open(&p).and_then(|f| f.set_len(3)),
+                        "write" => OpenOptions::new()
+                            .write(true)
+                            .open(&p)
+                            .and_then(|f| std::os::unix::fs::FileExt::write_all_at(&f, b"wwww", next(9000) as u64)),
+                        "read" => std::fs::read(&p).map(|bytes| {
+                            assert!(bytes.iter().all(|&c| c == 0 || c == b'w'), "{p:?} holds bytes nobody wrote")
+                        }),
                         _ => std::fs::read_dir(&p).map(drop),
                     };
                     if let Err(e) = r {
