@@ -102,18 +102,10 @@ impl Fs {
             return None;
         }
         let ino = h.nodeid;
-        if matches!(
-            h.opcode,
-            op::READ
-                | op::WRITE
-                | op::FALLOCATE
-                | op::COPY_FILE_RANGE
-                | op::FSYNC
-                | op::SETATTR
-                | op::GETLK
-                | op::SETLK
-                | op::SETLKW
-        ) && let Err(e) = self.lost.check(&self.client, ino)
+        // Lock calls, and a copy's source, on a file whose locks were lost;
+        // the data calls check their file as they go out (`on_file`).
+        if matches!(h.opcode, op::COPY_FILE_RANGE | op::GETLK | op::SETLK | op::SETLKW)
+            && let Err(e) = self.lost.check(&self.client, ino)
         {
             return Some(Err(e));
         }
