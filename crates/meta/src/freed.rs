@@ -47,6 +47,11 @@ impl FreedDirs {
         }
     }
 
+    /// Whether `ino` is a directory freed among the last [`KEPT`].
+    pub fn contains(&self, ino: Ino) -> bool {
+        self.attrs.contains_key(&ino)
+    }
+
     /// The last attributes of `ino`, if it is a directory freed among
     /// the last [`KEPT`].
     pub fn get(&self, ino: Ino) -> Option<Attr> {
@@ -86,6 +91,7 @@ mod tests {
         }
         f.add(dir(KEPT as Ino + 10, 2));
         assert_eq!(f.get(10), None, "among the first ten: forgotten");
+        assert!(!f.contains(10) && f.contains(11));
         assert_eq!(f.get(11), Some(dir(11, 1)), "the last KEPT");
         assert_eq!(f.get(KEPT as Ino + 10), Some(dir(KEPT as Ino + 10, 2)), "the newest attributes");
         assert_eq!((f.order.len(), f.attrs.len()), (KEPT, KEPT));

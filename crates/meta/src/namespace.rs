@@ -113,7 +113,7 @@ impl Namespace {
     /// removed directory (`ENOENT`), not as for a removed file. O(1)
     /// expected.
     pub fn freed_dir(&self, ino: Ino) -> bool {
-        self.freed_dirs.lock().get(ino).is_some()
+        self.freed_dirs.lock().contains(ino)
     }
 
     /// `getattr`, or for a directory freed recently its last attributes
