@@ -81,7 +81,7 @@ pub(crate) fn deliver(inner: &Inner, resource: &[u8], effects: Vec<Effect>) {
                     held: held as u8,
                     wanted: wanted as u8,
                 };
-                if let Delivered::Kick(wire) = inner.sessions.push(owner::session(owner), msg) {
+                if let Delivered::Kick(wire) = inner.sessions.push(owner::session(owner), [msg]) {
                     wire.kick();
                 }
             }

@@ -371,12 +371,16 @@ impl Sessions {
         st.sessions.get(sid)?.waits.get(id).map(|w| w.since)
     }
 
-    /// Appends to the session's stream.
-    pub fn push(&self, sid: u64, msg: ServerMsg) -> Delivered {
-        match self.state.lock().sessions.get_mut(&sid) {
-            Some(s) => send(s, msg),
-            None => Delivered::Kept,
+    /// Appends messages to session `sid`'s stream, under one hold of the
+    /// table's lock: the caller kicks its wire once for them all.
+    /// O(messages).
+    pub fn push(&self, sid: u64, msgs: impl IntoIterator<Item = ServerMsg>) -> Delivered {
+        let mut st = self.state.lock();
+        let Some(s) = st.sessions.get_mut(&sid) else { return Delivered::Kept };
+        for msg in msgs {
+            s.wire.append(&msg);
         }
+        Delivered::Kick(s.wire.clone())
     }
 }
 

@@ -18,8 +18,11 @@
 //!   scales with no disk and no flusher thread beside it.
 //! - `net`: through a server over loopback (started by the benchmark,
 //!   its journal in `--dir` as the engine's, unless `--server`):
-//!   T creators, each on its own connection, each waiting for its answer
-//!   (durable) before its next request, as `redis-benchmark -c T` does.
+//!   T creators, each waiting for its answer (durable) before its next
+//!   request, each on its own connection as `redis-benchmark -c T` does,
+//!   or (`--connections`) sharing fewer, as the processes of one mount
+//!   share its session: a connection's answers that one sync covers then
+//!   leave in one write.
 //! - `net-nofsync`: `net` with its own server in the unsafe mode
 //!   (`--unsafe-no-fsync`): answers once the record is written, not
 //!   durable. Not a way to run: beside `net` and `redis`, it shows what
@@ -104,6 +107,12 @@ pub struct Args {
     /// cores are left to the server.
     #[arg(long, default_value = "1", value_parser = clap::value_parser!(u32).range(1..))]
     client_threads: u32,
+    /// For `net` and `net-nofsync`: the connections the T creators share,
+    /// dealt out in turn: `each` (one per creator, as `redis-benchmark -c
+    /// T` opens), or a number (1: the shape of T processes on one mount,
+    /// which is one session); several to compare them in the same rounds.
+    #[arg(long, value_delimiter = ',', default_value = "each", value_parser = connections)]
+    connections: Vec<Option<usize>>,
     /// Rounds of every thread count and variant, interleaved (each once
     /// a round, so a noisy spell of a shared machine falls on all of them
     /// alike); each row is then the median of its rounds.
@@ -112,6 +121,17 @@ pub struct Args {
     /// One JSON object per line instead of a table.
     #[arg(long)]
     json: bool,
+}
+
+/// `each` (`None`: one per creator) or a count of at least 1.
+fn connections(s: &str) -> Result<Option<usize>, String> {
+    match s {
+        "each" => Ok(None),
+        _ => match s.parse::<usize>() {
+            Ok(n) if n >= 1 => Ok(Some(n)),
+            _ => Err(format!("{s:?}: expected each or a number of connections from 1")),
+        },
+    }
 }
 
 fn on_off(s: &str) -> Result<bool, String> {
@@ -129,6 +149,7 @@ const COLUMNS: &[(&str, &str)] = &[
     ("files", "files"),
     ("changelog", "changelog"),
     ("ack", "ack"),
+    ("conns", "connections"),
     ("seconds", "seconds"),
     ("ops/s", "ops_per_sec"),
     ("cpu µs/op", "cpu_us_per_op"),
@@ -205,6 +226,12 @@ impl Run {
         Run { variant, fields, took: took.to_vec() }
     }
 
+    /// Driven by `redis-benchmark -c T`: one connection per client.
+    fn on_connections(mut self, t: usize) -> Run {
+        self.fields.push(("connections", json!(t)));
+        self
+    }
+
     /// A row per phase, with what `took` gives for each.
     fn rows(&self, threads: usize, files: u64, took: impl Fn(usize) -> Took, report: &mut Report) {
         for (p, phase) in PHASES.iter().enumerate().take(self.took.len()) {
@@ -247,10 +274,11 @@ fn round(args: &Args, t: usize, files: u64, out: &mut dyn FnMut(Run)) -> Result<
     if args.variant.iter().any(|v| v == "memory") {
         out(Run::new("memory", false, None, &memory(t, files)?));
     }
-    for (variant, no_fsync) in [("net", false), ("net-nofsync", true)] {
-        if !args.variant.iter().any(|v| v == variant) {
-            continue;
-        }
+    let shapes = [("net", false), ("net-nofsync", true)]
+        .into_iter()
+        .filter(|(variant, _)| args.variant.iter().any(|v| v == variant))
+        .flat_map(|shape| args.connections.iter().map(move |c| (shape, c.unwrap_or(t).min(t))));
+    for ((variant, no_fsync), conns) in shapes {
         // Our own server keeps its journal where the engine's goes: the
         // system's temporary directory may be a tmpfs, where an fsync
         // costs nothing.
@@ -270,8 +298,9 @@ fn round(args: &Args, t: usize, files: u64, out: &mut dyn FnMut(Run)) -> Result<
             (None, 1) => Server::OtherThreads,
             _ => Server::None,
         };
-        let (took, durable) = net(&addr, &options, args.client_threads as usize, server, t, files)?;
+        let (took, durable) = net(&addr, &options, args.client_threads as usize, server, (t, conns), files)?;
         let mut run = Run::new(variant, false, Some("each"), &took);
+        run.fields.push(("connections", json!(conns)));
         // As the server measured reports itself, not as asked of it.
         run.fields.push(("durable", json!(durable)));
         // Our own server's workers; unknown for someone else's.
@@ -281,11 +310,11 @@ fn round(args: &Args, t: usize, files: u64, out: &mut dyn FnMut(Run)) -> Result<
     if args.variant.iter().any(|v| v == "redis") && super::redis::installed() {
         for (variant, durable) in [("redis", false), ("redis-aof", true)] {
             let secs = super::redis::run(durable, &args.dir, t, files)?;
-            out(Run::new(variant, false, Some("each"), &secs));
+            out(Run::new(variant, false, Some("each"), &secs).on_connections(t));
         }
     }
     if args.variant.iter().any(|v| v == "floor") && super::redis::installed() {
-        out(Run::new("floor", false, Some("each"), &super::resp_floor::run(&args.dir, t, files)?));
+        out(Run::new("floor", false, Some("each"), &super::resp_floor::run(&args.dir, t, files)?).on_connections(t));
     }
     if args.variant.iter().any(|v| v == "kernel") {
         let shm = tempfile::Builder::new()
@@ -446,16 +475,16 @@ fn follow(store: Arc<Store>, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<R
     })
 }
 
-/// Through a server: T connections, each one creator waiting for each
-/// answer. What create, stat and unlink took (and `server`, what of it
-/// was the server's), and whether the server said it answers changes
-/// only once durable.
+/// Through a server: `threads` creators on `conns` connections (dealt
+/// out in turn), each waiting for each answer. What create, stat and
+/// unlink took (and `server`, what of it was the server's), and whether
+/// the server said it answers changes only once durable.
 fn net(
     addr: &str,
     options: &ClientOptions,
     client_threads: usize,
     server: Server,
-    threads: usize,
+    (threads, conns): (usize, usize),
     files: u64,
 ) -> Result<([Took; 3], bool), String> {
     let rt = match client_threads {
@@ -465,7 +494,7 @@ fn net(
     .map_err(|e| e.to_string())?;
     rt.block_on(async {
         let mut clients = Vec::new();
-        for _ in 0..threads {
+        for _ in 0..conns {
             clients.push(Client::connect(addr, options.clone()).await.map_err(|e| e.to_string())?);
         }
         let durable = clients[0].status().await.map_err(|e| e.to_string())?.durable;
@@ -479,11 +508,9 @@ fn net(
         let mut took = [Took::default(); 3];
         for (p, &phase) in PHASES.iter().enumerate() {
             let span = Span::with_server(server);
-            let tasks: Vec<_> = clients
-                .iter()
-                .enumerate()
-                .map(|(t, c)| {
-                    let (c, root) = (c.clone(), root.clone());
+            let tasks: Vec<_> = (0..threads)
+                .map(|t| {
+                    let (c, root) = (clients[t % conns].clone(), root.clone());
                     tokio::spawn(async move {
                         let mut buf = Vec::with_capacity(24);
                         let mut i = t as u64;
