@@ -89,13 +89,15 @@ impl Acker {
         if ready.is_empty() {
             return;
         }
-        let mut rank = HashMap::default();
-        for x in &ready {
-            let next = rank.len();
-            rank.entry(x.sid).or_insert(next);
+        if ready.iter().any(|x| x.sid != ready[0].sid) {
+            let mut rank = HashMap::default();
+            for x in &ready {
+                let next = rank.len();
+                rank.entry(x.sid).or_insert(next);
+            }
+            // Stable: each session's answers keep their order.
+            ready.sort_by_key(|x| rank[&x.sid]);
         }
-        // Stable: each session's answers keep their order.
-        ready.sort_by_key(|x| rank[&x.sid]);
         let mut ready = ready.into_iter().peekable();
         while let Some(first) = ready.next() {
             let sid = first.sid;
