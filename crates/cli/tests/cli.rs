@@ -110,15 +110,17 @@ fn bench_flocks_runs_the_kernel_beside_us() {
 }
 
 /// The variants that need no disk of their own: one row per variant,
-/// phase and thread count, however many rounds `--repeat` runs.
+/// phase, thread count and (for the server's) connection shape, however
+/// many rounds `--repeat` runs.
 #[test]
 fn bench_mdtest_json_rows_one_per_variant_phase_and_threads_whatever_repeat() {
     let args =
         ["bench", "mdtest", "--variant", "memory,net,net-nofsync", "--threads", "1,2", "--files", "300", "--json"];
-    let (code, out, err) = interlock(&[&args[..], &["--repeat", "3", "--server-threads", "3"]].concat(), "");
+    let shaped = ["--repeat", "3", "--server-threads", "3", "--connections", "each,1"];
+    let (code, out, err) = interlock(&[&args[..], &shaped].concat(), "");
     assert_eq!(code, 0, "{err}");
     let rows: Vec<serde_json::Value> = out.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
-    assert_eq!(rows.len(), 2 * 3 * 3, "2 thread counts x 3 variants x 3 phases: {out}");
+    assert_eq!(rows.len(), 2 * (1 + 2 * 2) * 3, "2 thread counts x (memory + 2 variants x 2 shapes) x 3 phases: {out}");
     for row in &rows {
         assert_eq!(row["scenario"], "mdtest");
         assert_eq!(row["files"], 300);
@@ -133,7 +135,12 @@ fn bench_mdtest_json_rows_one_per_variant_phase_and_threads_whatever_repeat() {
     // server answers before fsync.
     for (variant, durable) in [("net", true), ("net-nofsync", false)] {
         let net: Vec<_> = rows.iter().filter(|r| r["variant"] == variant).collect();
-        assert_eq!(net.len(), 6, "{variant}");
+        assert_eq!(net.len(), 12, "{variant}");
+        // `each`: a connection per creator; 1: all on one.
+        for t in [1, 2] {
+            let conns: Vec<_> = net.iter().filter(|r| r["threads"] == t).map(|r| r["connections"].clone()).collect();
+            assert_eq!(conns, [t, t, t, 1, 1, 1], "{variant}, {t} threads, a row per phase: {net:?}");
+        }
         assert!(net.iter().all(|r| r["ack"] == "each" && r["durable"] == durable), "{variant}: {net:?}");
         // Not the default on 1, 2 or 4+ cores: a setting dropped on its
         // way to the server shows.
@@ -151,6 +158,9 @@ fn bench_mdtest_json_rows_one_per_variant_phase_and_threads_whatever_repeat() {
     let (code, _, err) = interlock(&[&args[..], &["--repeat", "0"]].concat(), "");
     assert_eq!(code, 2);
     assert!(err.contains("--repeat"), "{err}");
+    let (code, _, err) = interlock(&[&args[..], &["--connections", "0"]].concat(), "");
+    assert_eq!(code, 2);
+    assert!(err.contains("--connections") && err.contains("each or a number"), "{err}");
     // The unsafe variant's server is its own: never someone else's.
     let (code, _, err) = interlock(&[&args[..], &["--server", "127.0.0.1:1"]].concat(), "");
     assert_eq!(code, 1);
