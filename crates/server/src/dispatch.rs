@@ -81,7 +81,8 @@ pub(crate) fn deliver(inner: &Inner, resource: &[u8], effects: Vec<Effect>) {
                     held: held as u8,
                     wanted: wanted as u8,
                 };
-                if let Delivered::Kick(wire) = inner.sessions.push(owner::session(owner), [msg]) {
+                if let Some(wire) = inner.sessions.wire(owner::session(owner)) {
+                    wire.append(&msg);
                     wire.kick();
                 }
             }

@@ -23,7 +23,7 @@ use interlock_meta::Seq;
 use interlock_proto::{Reply, ServerMsg};
 use parking_lot::Mutex;
 
-use crate::session::{Delivered, Sessions};
+use crate::session::Sessions;
 
 /// An answer waiting for its record.
 struct Pending {
@@ -139,7 +139,10 @@ pub(crate) trait Deliver {
 
 impl Deliver for Sessions {
     fn deliver(&self, sid: u64, answers: impl Iterator<Item = (u64, Reply)>) {
-        if let Delivered::Kick(wire) = self.push(sid, answers.map(|(id, reply)| ServerMsg::Reply { id, reply })) {
+        // Appended outside the table's lock: one session's answers do
+        // not hold up every other session's requests.
+        if let Some(wire) = self.wire(sid) {
+            wire.append_all(answers.map(|(id, reply)| ServerMsg::Reply { id, reply }));
             wire.kick();
         }
     }

@@ -371,16 +371,9 @@ impl Sessions {
         st.sessions.get(sid)?.waits.get(id).map(|w| w.since)
     }
 
-    /// Appends messages to session `sid`'s stream, under one hold of the
-    /// table's lock: the caller kicks its wire once for them all.
-    /// O(messages).
-    pub fn push(&self, sid: u64, msgs: impl IntoIterator<Item = ServerMsg>) -> Delivered {
-        let mut st = self.state.lock();
-        let Some(s) = st.sessions.get_mut(&sid) else { return Delivered::Kept };
-        for msg in msgs {
-            s.wire.append(&msg);
-        }
-        Delivered::Kick(s.wire.clone())
+    /// Session `sid`'s way out, while the session lives. O(1).
+    pub fn wire(&self, sid: u64) -> Option<Arc<Wire>> {
+        self.state.lock().sessions.get(&sid).map(|s| s.wire.clone())
     }
 }
 

@@ -23,9 +23,12 @@
 //! - Bytes go to the socket only under the lock with `writing` unset, or
 //!   from the connection's task while it has `writing` set, so two writers
 //!   never interleave.
-//! - Appending never does I/O: the session table appends under its own
-//!   lock and writes (`kick`) after releasing it.
+//! - Appending never does I/O: whoever appends (the session table, under
+//!   its own lock, for grants; the connection's task and the syncing
+//!   thread under the buffer's alone) writes (`kick`) after releasing
+//!   the locks.
 
+use std::borrow::Borrow;
 use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
@@ -111,16 +114,25 @@ impl Wire {
 
     /// Appends a message to the stream. O(size of the message).
     pub fn append(&self, msg: &ServerMsg) {
+        self.append_all([msg]);
+    }
+
+    /// Appends messages to the stream, in order, under one hold of the
+    /// buffer's lock. O(their size).
+    pub fn append_all<M: Borrow<ServerMsg>>(&self, msgs: impl IntoIterator<Item = M>) {
         let mut out = self.out.lock();
-        if out.broken {
-            return;
-        }
-        put(&mut out.pending, msg);
-        if out.kept() > MAX_UNACKED {
-            tracing::warn!("a session's unacknowledged output passed {MAX_UNACKED} bytes; it can no longer resume");
-            *out = Out { broken: true, ..Out::default() };
-            drop(out);
-            self.ready.notify_one();
+        for msg in msgs {
+            if out.broken {
+                return;
+            }
+            put(&mut out.pending, msg.borrow());
+            if out.kept() > MAX_UNACKED {
+                tracing::warn!("a session's unacknowledged output passed {MAX_UNACKED} bytes; it can no longer resume");
+                *out = Out { broken: true, ..Out::default() };
+                drop(out);
+                self.ready.notify_one();
+                return;
+            }
         }
     }
 
@@ -276,6 +288,27 @@ mod tests {
         wire.append(&granted(3));
         wire.kick();
         assert_eq!(read(&mut frames, 4).await, [welcome, granted(1), reply(2), granted(3)]);
+    }
+
+    /// A batch appended at once leaves whole and in order with one kick;
+    /// a batch that takes the kept bytes past the bound breaks the stream
+    /// there (nothing after it is kept, and it can no longer resume).
+    #[tokio::test]
+    async fn a_batch_leaves_in_order_and_one_past_the_bound_breaks_the_stream() {
+        let (wr, _rd, mut frames) = connection().await;
+        let wire = Wire::default();
+        assert!(wire.attach(wr.clone(), 0));
+        wire.open();
+        wire.append_all((1..=3).map(reply));
+        wire.kick();
+        assert_eq!(read(&mut frames, 3).await, [reply(1), reply(2), reply(3)]);
+        wire.detach(&wr);
+        let big = ServerMsg::Reply { id: 9, reply: Reply::Error("x".repeat(64 << 10)) };
+        wire.append_all(std::iter::repeat_n(&big, MAX_UNACKED / (64 << 10) + 8));
+        assert!(wire.out.lock().broken);
+        assert_eq!(wire.out.lock().kept(), 0, "nothing kept past the break");
+        let (wr2, _rd2, _frames) = connection().await;
+        assert!(!wire.attach(wr2, 0));
     }
 
     /// A new connection gets again what the client had not taken in,
