@@ -198,6 +198,18 @@ impl Default for ChangelogOptions {
 /// write serves replay and consumers.
 pub type Projection = fn(&[u8]) -> Result<Option<Record>, Error>;
 
+/// A follower woken by a durable record waits up to [`FOLLOW_LINGER`]
+/// for this many before it reads: a follower of a busy log then wakes
+/// about once a millisecond, not once a record. Each wake-up costs CPU
+/// the writers share: a consumer woken for each of one creator's durable
+/// creates (6,400 a second, each its own sync) took 15% off them on two
+/// cores (session 27); the price is that a follower sees a record up to
+/// a millisecond after it is durable.
+pub const FOLLOW_BATCH: u64 = 64;
+
+/// See [`FOLLOW_BATCH`].
+pub const FOLLOW_LINGER: Duration = Duration::from_millis(1);
+
 /// The changelog over a journal.
 pub struct Changelog {
     journal: Journal,
@@ -323,8 +335,9 @@ impl Changelog {
     /// Up to `max` records for consumer `who` (id or name) from `from`
     /// (default: after its cursor), of the types in its mask. With `wait`,
     /// blocks up to that long for a first record if none is there yet
-    /// (follow). Reading does not move the cursor: [`clear`](Self::clear)
-    /// does.
+    /// (follow), and once one comes, up to [`FOLLOW_LINGER`] more for
+    /// [`FOLLOW_BATCH`]. Reading does not move the cursor:
+    /// [`clear`](Self::clear) does.
     ///
     /// O(log s + SPARSE_EVERY + r) per call for the r records it looks at
     /// until it has `max` of the consumer's types (or reaches the end): a
@@ -339,8 +352,10 @@ impl Changelog {
         let from = from.unwrap_or(cursor + 1).max(self.journal.first_index());
         if let Some(w) = wait
             && self.journal.durable_end() <= from
+            && self.journal.watch_for(from + 1, Some(w))? > from
         {
-            self.journal.watch_for(from + 1, Some(w))?;
+            // Woken by the first new record: more get a moment to come.
+            self.journal.watch_for(from + FOLLOW_BATCH, Some(FOLLOW_LINGER))?;
         }
         let mut out = Vec::new();
         let mut next = from;

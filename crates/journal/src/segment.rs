@@ -215,17 +215,32 @@ fn acknowledged_after(bytes: &[u8], from: usize, bad: u64) -> Option<u64> {
 /// not including `until`, at most `max`, calling `f` on each. Scans at most
 /// `SPARSE_EVERY` records before `from`. Never reads a byte of record
 /// `until` or later: the flusher may be writing it at this moment.
-pub fn read(seg: &Segment, from: u64, until: u64, max: usize, mut f: impl FnMut(u64, &[u8])) -> Result<usize, Error> {
+pub fn read(seg: &Segment, from: u64, until: u64, max: usize, f: impl FnMut(u64, &[u8])) -> Result<usize, Error> {
+    read_at(&seg.path, seg.seek_hint(from), from, until, max, f).map(|(n, _)| n)
+}
+
+/// [`read`] from the record boundary `start` of the segment file at
+/// `path` (at or before record `from`), without its sparse index.
+/// Returns how many records it gave and the offset after the last one it
+/// gave (`start` if none): where a read of the next record can start.
+/// O(records from `start` to the last one given).
+pub fn read_at(
+    path: &Path,
+    start: u64,
+    from: u64,
+    until: u64,
+    max: usize,
+    mut f: impl FnMut(u64, &[u8]),
+) -> Result<(usize, u64), Error> {
     if from >= until {
-        return Ok(0);
+        return Ok((0, start));
     }
-    let mut file = File::open(&seg.path).map_err(|e| Error::io(&seg.path, e))?;
-    let start = seg.seek_hint(from);
-    file.seek(SeekFrom::Start(start)).map_err(|e| Error::io(&seg.path, e))?;
+    let mut file = File::open(path).map_err(|e| Error::io(path, e))?;
+    file.seek(SeekFrom::Start(start)).map_err(|e| Error::io(path, e))?;
     let mut reader = std::io::BufReader::with_capacity(1 << 16, file);
     let mut header = [0u8; RECORD_HEADER];
     let mut payload = Vec::new();
-    let mut offset = start;
+    let (mut offset, mut after) = (start, start);
     let mut count = 0;
     while count < max {
         if reader.read_exact(&mut header).is_err() {
@@ -233,13 +248,13 @@ pub fn read(seg: &Segment, from: u64, until: u64, max: usize, mut f: impl FnMut(
         }
         let len = u32::from_le_bytes(header[..4].try_into().expect("4 bytes")) as usize;
         if len > frame::MAX_PAYLOAD {
-            return Err(Error::Corrupt { path: seg.path.clone(), offset, what: "impossible record length".into() });
+            return Err(Error::Corrupt { path: path.to_path_buf(), offset, what: "impossible record length".into() });
         }
         payload.resize(RECORD_HEADER + len, 0);
         payload[..RECORD_HEADER].copy_from_slice(&header);
-        reader.read_exact(&mut payload[RECORD_HEADER..]).map_err(|e| Error::io(&seg.path, e))?;
+        reader.read_exact(&mut payload[RECORD_HEADER..]).map_err(|e| Error::io(path, e))?;
         let (frame, n) = frame::decode(&payload).map_err(|bad| Error::Corrupt {
-            path: seg.path.clone(),
+            path: path.to_path_buf(),
             offset,
             what: describe(bad, from),
         })?;
@@ -247,10 +262,11 @@ pub fn read(seg: &Segment, from: u64, until: u64, max: usize, mut f: impl FnMut(
         if frame.index >= from {
             f(frame.index, frame.payload);
             count += 1;
+            after = offset;
         }
         if frame.index + 1 >= until {
             break;
         }
     }
-    Ok(count)
+    Ok((count, after))
 }
