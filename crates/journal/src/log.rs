@@ -55,7 +55,7 @@ use std::time::Duration;
 
 use parking_lot::{Condvar, Mutex};
 
-use crate::frame::{self, MAX_PAYLOAD, SEGMENT_HEADER};
+use crate::frame::{self, MAX_PAYLOAD};
 use crate::ring::Ring;
 use crate::segment::{self, Segment};
 use crate::{Error, SegmentReport};
@@ -128,40 +128,6 @@ impl Default for Options {
     }
 }
 
-/// Where the last few reads stopped: (the next record's index, its
-/// segment's first index, its offset in that segment's file). A consumer
-/// that follows the log reads from where it stopped, and a hint lets that
-/// read start at its record instead of scanning up to
-/// [`SPARSE_EVERY`](segment::SPARSE_EVERY) records (~128 on average)
-/// from the sparse index's entry before it. Offsets in a segment never
-/// move (records are only appended; trimming cuts zeros after them, and
-/// purging removes whole segments, whose hints then match nothing).
-#[derive(Default)]
-struct ReadHints {
-    /// The most recent first.
-    kept: [Option<(u64, u64, u64)>; READ_HINTS],
-}
-
-/// Consumers whose reads each keep their place: a few.
-const READ_HINTS: usize = 4;
-
-impl ReadHints {
-    /// The offset of record `index` in the segment starting at `first`,
-    /// if a recent read stopped just before it. O(READ_HINTS).
-    fn find(&self, index: u64, first: u64) -> Option<u64> {
-        self.kept.iter().flatten().find(|&&(i, f, _)| i == index && f == first).map(|&(_, _, at)| at)
-    }
-
-    /// A read stopped before record `index`, at `offset` of the segment
-    /// starting at `first`. O(READ_HINTS).
-    fn keep(&mut self, index: u64, first: u64, offset: u64) {
-        // A hint for the same place, or else the oldest, goes.
-        let k = self.kept.iter().position(|h| h.is_some_and(|(i, _, _)| i == index)).unwrap_or(READ_HINTS - 1);
-        self.kept[..=k].rotate_right(1);
-        self.kept[0] = Some((index, first, offset));
-    }
-}
-
 struct State {
     segments: Vec<Segment>,
 }
@@ -209,8 +175,6 @@ struct Shared {
     failed: AtomicBool,
     shutdown: AtomicBool,
     flusher_sleeping: AtomicBool,
-    /// Where recent reads stopped.
-    hints: Mutex<ReadHints>,
     flusher: std::sync::OnceLock<Thread>,
     /// Called by the flusher after each advance of the watermark (see
     /// [`Journal::on_durable`]).
@@ -304,7 +268,6 @@ impl Journal {
             failed: AtomicBool::new(false),
             shutdown: AtomicBool::new(false),
             flusher_sleeping: AtomicBool::new(false),
-            hints: Mutex::new(ReadHints::default()),
             on_durable: std::sync::OnceLock::new(),
             flusher: std::sync::OnceLock::new(),
         });
@@ -509,13 +472,13 @@ impl Journal {
     }
 
     /// Calls `f` on durable records from `from`, in order, at most `max`.
-    /// Returns how many. O(log s + SPARSE_EVERY + r); O(log s + r) for a
-    /// read that starts where a recent one stopped (a consumer following
-    /// the log: see [`ReadHints`]).
+    /// Returns how many. O(log s + SPARSE_EVERY + r).
     pub fn read(&self, from: u64, max: usize, mut f: impl FnMut(u64, &[u8])) -> Result<usize, Error> {
         let until = self.durable_end();
-        // Each segment's file, first index and where in it to start: the
-        // first from a hint or its sparse index, the rest at their start.
+        // Each segment's file, first index and where in it to start (its
+        // sparse index's entry at or before `from`; its start if it begins
+        // after `from`). Not the segments themselves: that copied every
+        // sparse index, O(records / SPARSE_EVERY), on every read.
         let segments: Vec<(PathBuf, u64, u64)> = {
             let state = self.shared.state.lock();
             let first = state.segments[0].first;
@@ -523,46 +486,14 @@ impl Journal {
                 return Err(Error::Purged { index: from, first });
             }
             let at = state.segments.partition_point(|s| s.first <= from).saturating_sub(1);
-            let hint = self.shared.hints.lock().find(from, state.segments[at].first);
-            state.segments[at..]
-                .iter()
-                .enumerate()
-                .map(|(k, seg)| {
-                    let start = match k {
-                        0 => hint.unwrap_or_else(|| seg.seek_hint(from)),
-                        _ => SEGMENT_HEADER as u64,
-                    };
-                    (seg.path.clone(), seg.first, start)
-                })
-                .collect()
+            state.segments[at..].iter().map(|seg| (seg.path.clone(), seg.first, seg.seek_hint(from))).collect()
         };
-        let (mut done, mut last) = (0, None);
+        let mut done = 0;
         for (path, first, start) in &segments {
             if done >= max || *first >= until {
                 break;
             }
-            // Records follow each other without a gap: one that does not
-            // is damage (or a wrong start), never skipped.
-            let (mut next, mut gap) = (from.max(*first), None);
-            let (n, after) = segment::read_at(path, *start, next, until, max - done, |index, bytes| {
-                if index != next {
-                    gap.get_or_insert(index);
-                } else if gap.is_none() {
-                    next = index + 1;
-                    f(index, bytes)
-                }
-            })?;
-            if let Some(index) = gap {
-                let what = format!("record {index} where record {next} was due");
-                return Err(Error::Corrupt { path: path.clone(), offset: *start, what });
-            }
-            if n > 0 {
-                last = Some((next, *first, after));
-            }
-            done += n;
-        }
-        if let Some((next, first, offset)) = last {
-            self.shared.hints.lock().keep(next, first, offset);
+            done += segment::read_at(path, *start, from.max(*first), until, max - done, &mut f)?;
         }
         Ok(done)
     }

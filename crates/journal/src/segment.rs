@@ -216,13 +216,11 @@ fn acknowledged_after(bytes: &[u8], from: usize, bad: u64) -> Option<u64> {
 /// `SPARSE_EVERY` records before `from`. Never reads a byte of record
 /// `until` or later: the flusher may be writing it at this moment.
 pub fn read(seg: &Segment, from: u64, until: u64, max: usize, f: impl FnMut(u64, &[u8])) -> Result<usize, Error> {
-    read_at(&seg.path, seg.seek_hint(from), from, until, max, f).map(|(n, _)| n)
+    read_at(&seg.path, seg.seek_hint(from), from, until, max, f)
 }
 
 /// [`read`] from the record boundary `start` of the segment file at
 /// `path` (at or before record `from`), without its sparse index.
-/// Returns how many records it gave and the offset after the last one it
-/// gave (`start` if none): where a read of the next record can start.
 /// O(records from `start` to the last one given).
 pub fn read_at(
     path: &Path,
@@ -231,16 +229,16 @@ pub fn read_at(
     until: u64,
     max: usize,
     mut f: impl FnMut(u64, &[u8]),
-) -> Result<(usize, u64), Error> {
+) -> Result<usize, Error> {
     if from >= until {
-        return Ok((0, start));
+        return Ok(0);
     }
     let mut file = File::open(path).map_err(|e| Error::io(path, e))?;
     file.seek(SeekFrom::Start(start)).map_err(|e| Error::io(path, e))?;
     let mut reader = std::io::BufReader::with_capacity(1 << 16, file);
     let mut header = [0u8; RECORD_HEADER];
     let mut payload = Vec::new();
-    let (mut offset, mut after) = (start, start);
+    let mut offset = start;
     let mut count = 0;
     while count < max {
         if reader.read_exact(&mut header).is_err() {
@@ -262,11 +260,10 @@ pub fn read_at(
         if frame.index >= from {
             f(frame.index, frame.payload);
             count += 1;
-            after = offset;
         }
         if frame.index + 1 >= until {
             break;
         }
     }
-    Ok((count, after))
+    Ok(count)
 }

@@ -104,10 +104,10 @@ fn records_survive_reopen_with_rotation_and_purge() {
 }
 
 /// Followers that read a few records at a time from where they stopped,
-/// while the log grows and rotates under them, and each from a place of
-/// its own (so their reads start from the places recent reads stopped,
-/// and from others' too): every read gives exactly the records asked for,
-/// none skipped or doubled; so do reads from places no read stopped at.
+/// while the log grows and rotates under them (reads that start inside a
+/// segment, at its start, and across into the next): every read gives
+/// exactly the records asked for, none skipped or doubled; so do reads
+/// from anywhere in the log.
 #[test]
 fn followers_reading_from_where_they_stopped_get_every_record() {
     let dir = tempfile::tempdir().unwrap();
