@@ -30,7 +30,10 @@ struct Slot {
 
 /// A bounded multi-producer, single-consumer ring of byte records.
 pub(crate) struct Ring {
-    slots: Box<[Slot]>,
+    /// Each on a line of its own: neighbouring positions go to different
+    /// appenders, which would otherwise pass a shared line back and forth
+    /// on every append (two creators on two cores: ~130 ns a pass).
+    slots: Box<[CachePadded<Slot>]>,
     mask: u64,
     /// The next position to hand out.
     tail: CachePadded<AtomicU64>,
@@ -48,7 +51,8 @@ impl Ring {
     /// A ring of `capacity` slots (rounded up to a power of two).
     pub fn new(capacity: usize) -> Ring {
         let capacity = capacity.max(2).next_power_of_two();
-        let slots = (0..capacity as u64).map(|p| Slot { seq: AtomicU64::new(p), data: UnsafeCell::new(Vec::new()) });
+        let slots = (0..capacity as u64)
+            .map(|p| CachePadded::new(Slot { seq: AtomicU64::new(p), data: UnsafeCell::new(Vec::new()) }));
         Ring { slots: slots.collect(), mask: capacity as u64 - 1, tail: CachePadded::new(AtomicU64::new(0)) }
     }
 

@@ -12,6 +12,7 @@
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 
+use crate::access::Owner;
 use crate::entries::Entry;
 use crate::inode::{Inode, Meta};
 use crate::mutation::{Gone, Mutation};
@@ -35,9 +36,13 @@ impl Namespace {
     pub(crate) fn apply_held(&self, m: &Mutation, held: &[&Inode]) {
         match m {
             Mutation::Create { parent, name, ino, kind, perm, uid, gid, rdev, target, time } => {
-                self.next_ino.fetch_max(ino + 1, Relaxed);
-                let meta = Meta::new(*perm, *uid, *gid, *time, target, *rdev);
-                let inode = Arc::new(Inode::new(*ino, *kind, meta, *time, *parent));
+                // Read first: a live create's number is below it already,
+                // and a write would pass the line between creators' cores.
+                if self.next_ino.load(Relaxed) <= *ino {
+                    self.next_ino.fetch_max(ino + 1, Relaxed);
+                }
+                let owner = Owner { kind: *kind, perm: *perm, uid: *uid, gid: *gid };
+                let inode = Arc::new(Inode::new(*ino, owner, Meta::new(*time, target, *rdev), *time, *parent));
                 self.put_inode(inode);
                 self.add_entry(held, *parent, name, *ino, *kind == FileType::Directory, *time);
             }
@@ -74,7 +79,7 @@ impl Namespace {
                     match &replaced {
                         Some(v) => self.drop_link(&np, v, *gone, *time),
                         None if added && victim.is_none() => {
-                            np.dir().entries.fetch_add(1, Relaxed);
+                            np.dir().intent.add();
                         }
                         None => {}
                     }
@@ -88,39 +93,27 @@ impl Namespace {
             }
             Mutation::SetAttr { ino, perm, uid, gid, size, atime, mtime, ctime } => {
                 let Ok(i) = self.find(held, *ino) else { return };
-                {
-                    let mut m = i.meta.lock();
-                    if let Some(p) = perm {
-                        m.perm = *p;
-                    }
-                    if let Some(u) = uid {
-                        m.uid = *u;
-                    }
-                    if let Some(g) = gid {
-                        m.gid = *g;
-                    }
-                    if let Some(a) = atime {
-                        m.atime = *a;
-                    }
+                if let Some(p) = perm {
+                    i.set_perm(*p);
+                }
+                i.set_ids(*uid, *gid);
+                if let Some(a) = atime {
+                    i.meta.lock().atime = *a;
                 }
                 if let Some(s) = size {
                     i.size.store(*s, Relaxed);
                 }
-                if let Some(t) = mtime {
-                    i.mtime.store(*t, Relaxed);
-                }
-                i.ctime.store(*ctime, Relaxed);
+                i.set_times(*mtime, *ctime);
             }
             Mutation::Write { ino, size, perm, time } => {
                 let Ok(i) = self.find(held, *ino) else { return };
                 if let Some(p) = perm {
-                    i.meta.lock().perm = *p;
+                    i.set_perm(*p);
                 }
                 if let Some(s) = size {
                     i.size.store(*s, Relaxed);
                 }
-                i.mtime.store(*time, Relaxed);
-                i.ctime.store(*time, Relaxed);
+                i.set_times(Some(*time), *time);
             }
             Mutation::SetXattr { ino, name, value, time } => {
                 let Ok(i) = self.find(held, *ino) else { return };
@@ -153,7 +146,7 @@ impl Namespace {
         let added = self.entries.upsert(self.key(parent, name), ino);
         if let Ok(p) = self.find(held, parent) {
             if added {
-                p.dir().entries.fetch_add(1, Relaxed);
+                p.dir().intent.add();
                 if dir {
                     p.nlink.fetch_add(1, Relaxed);
                 }
@@ -173,7 +166,7 @@ impl Namespace {
     /// Entry `name` of directory `p` goes (if it is there).
     fn remove_entry(&self, p: &Inode, name: &[u8], time: Nanos) {
         if self.entries.remove(&self.key(p.ino, name)) {
-            p.dir().entries.fetch_sub(1, Relaxed);
+            p.dir().intent.remove();
         }
         p.modified(time);
     }
@@ -218,7 +211,7 @@ impl Namespace {
             match &i.dir {
                 Some(d) => {
                     i.nlink.store(2, Relaxed);
-                    d.entries.store(0, Relaxed);
+                    d.intent.clear();
                     d.dead.store(i.ino != ROOT, Relaxed);
                 }
                 None => i.nlink.store(0, Relaxed),
@@ -268,7 +261,7 @@ impl Namespace {
             return;
         };
         if let Some(pd) = &p.dir {
-            pd.entries.fetch_add(1, Relaxed);
+            pd.intent.add();
         }
         match &c.dir {
             Some(d) => {

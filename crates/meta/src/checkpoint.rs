@@ -30,6 +30,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use interlock_journal::Error;
 use serde::{Deserialize, Serialize};
 
+use crate::access::Owner;
 use crate::inode::{Inode, Meta};
 use crate::namespace::Namespace;
 use crate::types::{FileType, Ino, Nanos};
@@ -84,18 +85,20 @@ struct InodeImage {
 
 impl InodeImage {
     fn of(i: &Inode) -> InodeImage {
+        let o = i.owner();
+        let (mtime, ctime) = i.times();
         let m = i.meta.lock();
         InodeImage {
             ino: i.ino,
             kind: i.kind,
-            perm: m.perm,
-            uid: m.uid,
-            gid: m.gid,
+            perm: o.perm,
+            uid: o.uid,
+            gid: o.gid,
             rdev: m.rdev(),
             size: i.size.load(Relaxed),
             atime: m.atime,
-            mtime: i.mtime.load(Relaxed),
-            ctime: i.ctime.load(Relaxed),
+            mtime,
+            ctime,
             orphan: i.orphan.load(Relaxed),
             xattrs: m.xattrs().iter().map(|(n, v)| (n.to_vec().into(), v.to_vec().into())).collect(),
             target: m.target().to_vec(),
@@ -103,14 +106,15 @@ impl InodeImage {
     }
 
     fn into_inode(self) -> Inode {
-        let mut meta = Meta::new(self.perm, self.uid, self.gid, self.atime, &self.target, self.rdev);
+        let mut meta = Meta::new(self.atime, &self.target, self.rdev);
         if !self.xattrs.is_empty() {
             *meta.xattrs_mut() =
                 self.xattrs.into_iter().map(|(n, v)| (n.into_vec().into(), v.into_vec().into())).collect();
         }
-        let i = Inode::new(self.ino, self.kind, meta, self.mtime, self.ino);
+        let owner = Owner { kind: self.kind, perm: self.perm, uid: self.uid, gid: self.gid };
+        let i = Inode::new(self.ino, owner, meta, self.mtime, self.ino);
         i.size.store(self.size, Relaxed);
-        i.ctime.store(self.ctime, Relaxed);
+        i.set_times(None, self.ctime);
         i.orphan.store(self.orphan, Relaxed);
         i
     }

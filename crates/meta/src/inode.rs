@@ -1,25 +1,34 @@
 //! An inode in memory. What every creator in a directory touches (its
-//! entry count, link count, times) is atomic, so creators in one
-//! directory share no lock; what changes rarely (owner, mode, extended
+//! entry count, link count, times, owner and mode) is atomic, so
+//! creators in one directory share no lock, and what they only read
+//! (owner and mode) takes none; what changes rarely (atime, extended
 //! attributes) sits behind the inode's own small mutex.
 //!
 //! Size matters at 10M files: what few inodes have (extended attributes,
 //! a symlink's target, a device number, the directory part) is boxed
-//! apart, so a plain file's inode is 104 bytes (120 with its `Arc`, in
-//! the allocator's 128-byte class as 112 was).
+//! apart, so a plain file's inode is 96 bytes (112 with its `Arc`, in
+//! the allocator's 128-byte class as 120 was).
 
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, Ordering::Relaxed};
 
 use parking_lot::Mutex;
 
-use crate::sync::RwLock;
-
 use crate::access::Owner;
+use crate::spread::Intent;
 use crate::types::{Attr, DIRENT_SIZE, FileType, Ino, Nanos};
 
 pub(crate) struct Inode {
     pub ino: Ino,
     pub kind: FileType,
+    /// Owner and mode: atomics, so that a permission check takes no lock
+    /// (every creator in a directory checks the directory's). Changed
+    /// only by a change that holds the inode's name lock; a check that
+    /// races a chown or chmod may see one field changed and not yet the
+    /// other, as Linux's `generic_permission`, which reads `i_mode` and
+    /// `i_uid` without a lock, may.
+    perm: AtomicU32,
+    uid: AtomicU32,
+    gid: AtomicU32,
     pub meta: Mutex<Meta>,
     pub nlink: AtomicU32,
     pub size: AtomicU64,
@@ -27,8 +36,10 @@ pub(crate) struct Inode {
     /// data file is their truth; set under the inode's lock after each
     /// change to the data, and from the data file when the store opens.
     pub blocks: AtomicU64,
-    pub mtime: AtomicI64,
-    pub ctime: AtomicI64,
+    /// A directory's are the latest of these and its spread lines' (see
+    /// [`Inode::times`]).
+    mtime: AtomicI64,
+    ctime: AtomicI64,
     /// Open handles anywhere in the cluster: an inode with no links left
     /// lives on (an orphan) until the last is closed.
     pub opens: AtomicU32,
@@ -40,16 +51,13 @@ pub(crate) struct Inode {
 
 /// At 10M files each byte here is 10 MB (the size `docs/namespace.md`
 /// states).
-const _: () = assert!(std::mem::size_of::<Inode>() == 104);
+const _: () = assert!(std::mem::size_of::<Inode>() == 96);
 
 /// An extended attribute: name and value.
 pub(crate) type Xattr = (Box<[u8]>, Box<[u8]>);
 
-/// What changes rarely.
+/// What changes rarely, and what few inodes have.
 pub(crate) struct Meta {
-    pub perm: u32,
-    pub uid: u32,
-    pub gid: u32,
     pub atime: Nanos,
     /// What few inodes have; `None` for most.
     extra: Option<Box<Extra>>,
@@ -66,10 +74,10 @@ struct Extra {
 }
 
 impl Meta {
-    pub fn new(perm: u32, uid: u32, gid: u32, atime: Nanos, target: &[u8], rdev: u64) -> Meta {
+    pub fn new(atime: Nanos, target: &[u8], rdev: u64) -> Meta {
         let extra = (!target.is_empty() || rdev != 0)
             .then(|| Box::new(Extra { xattrs: Vec::new(), target: target.into(), rdev }));
-        Meta { perm, uid, gid, atime, extra }
+        Meta { atime, extra }
     }
 
     pub fn xattrs(&self) -> &[Xattr] {
@@ -95,30 +103,30 @@ pub(crate) struct Dir {
     /// holds it shared (they do not exclude each other: names are locked
     /// one by one, see `locks`); removing or replacing the directory
     /// holds it exclusive, so nothing is created in a directory as it
-    /// goes.
-    pub intent: RwLock<()>,
+    /// goes. Beside it, the entry count (`.` and `..` not counted). Both
+    /// spread over lines per thread once the directory is busy (see
+    /// `spread`).
+    pub intent: Intent,
     /// The directory it is in (itself for the root).
     pub parent: AtomicU64,
-    /// Its entries, `.` and `..` not counted.
-    pub entries: AtomicU64,
     /// It was removed: nothing may be created in it.
     pub dead: AtomicBool,
 }
 
 impl Inode {
-    pub fn new(ino: Ino, kind: FileType, meta: Meta, time: Nanos, parent: Ino) -> Inode {
+    /// Inode `ino` of `owner`'s kind, owner and mode.
+    pub fn new(ino: Ino, owner: Owner, meta: Meta, time: Nanos, parent: Ino) -> Inode {
+        let kind = owner.kind;
         let dir = (kind == FileType::Directory).then(|| {
-            Box::new(Dir {
-                intent: RwLock::new(()),
-                parent: AtomicU64::new(parent),
-                entries: AtomicU64::new(0),
-                dead: AtomicBool::new(false),
-            })
+            Box::new(Dir { intent: Intent::default(), parent: AtomicU64::new(parent), dead: AtomicBool::new(false) })
         });
         let size = if kind == FileType::Symlink { meta.target().len() as u64 } else { 0 };
         Inode {
             ino,
             kind,
+            perm: AtomicU32::new(owner.perm),
+            uid: AtomicU32::new(owner.uid),
+            gid: AtomicU32::new(owner.gid),
             meta: Mutex::new(meta),
             nlink: AtomicU32::new(if dir.is_some() { 2 } else { 1 }),
             size: AtomicU64::new(size),
@@ -140,43 +148,148 @@ impl Inode {
         self.dir.as_ref().expect("a directory")
     }
 
+    /// Kind, owner and mode, read without a lock. O(1).
     pub fn owner(&self) -> Owner {
-        let m = self.meta.lock();
-        Owner { kind: self.kind, perm: m.perm, uid: m.uid, gid: m.gid }
+        Owner {
+            kind: self.kind,
+            perm: self.perm.load(Relaxed),
+            uid: self.uid.load(Relaxed),
+            gid: self.gid.load(Relaxed),
+        }
+    }
+
+    /// A chmod (by a change that holds the inode's name lock).
+    pub fn set_perm(&self, perm: u32) {
+        self.perm.store(perm, Relaxed);
+    }
+
+    /// A chown of what is `Some` (by a change that holds the inode's name
+    /// lock).
+    pub fn set_ids(&self, uid: Option<u32>, gid: Option<u32>) {
+        if let Some(u) = uid {
+            self.uid.store(u, Relaxed);
+        }
+        if let Some(g) = gid {
+            self.gid.store(g, Relaxed);
+        }
     }
 
     /// The contents changed at `time`: mtime and ctime move forward to it
     /// (never back: concurrent changes land in any order).
     pub fn modified(&self, time: Nanos) {
-        self.mtime.fetch_max(time, Relaxed);
-        self.ctime.fetch_max(time, Relaxed);
+        let (m, c) = self.own_times();
+        forward(m, time);
+        forward(c, time);
     }
 
     /// The inode itself changed at `time` (links, owner, mode).
     pub fn changed(&self, time: Nanos) {
-        self.ctime.fetch_max(time, Relaxed);
+        forward(self.own_times().1, time);
+    }
+
+    /// The mtime and ctime this thread's changes move: a spread
+    /// directory's line's, else the inode's.
+    fn own_times(&self) -> (&AtomicI64, &AtomicI64) {
+        self.dir.as_ref().and_then(|d| d.intent.times()).unwrap_or((&self.mtime, &self.ctime))
+    }
+
+    /// mtime and ctime. O(1), a spread directory's O(`spread::LINES`).
+    pub fn times(&self) -> (Nanos, Nanos) {
+        let (m, c) = (self.mtime.load(Relaxed), self.ctime.load(Relaxed));
+        match &self.dir {
+            Some(d) => {
+                let (lm, lc) = d.intent.latest();
+                (m.max(lm), c.max(lc))
+            }
+            None => (m, c),
+        }
+    }
+
+    /// Sets the ctime, and the mtime if given (a setattr, a write, a
+    /// checkpoint's load): set, not moved forward.
+    pub fn set_times(&self, mtime: Option<Nanos>, ctime: Nanos) {
+        if let Some(t) = mtime {
+            self.mtime.store(t, Relaxed);
+        }
+        self.ctime.store(ctime, Relaxed);
+        if let Some(d) = &self.dir {
+            d.intent.forget_times(mtime.is_some());
+        }
     }
 
     pub fn attr(&self) -> Attr {
+        let o = self.owner();
+        let (mtime, ctime) = self.times();
         let m = self.meta.lock();
         let size = match &self.dir {
             // As tmpfs: `.` and `..` count too.
-            Some(d) => (d.entries.load(Relaxed) + 2) * DIRENT_SIZE,
+            Some(d) => (d.intent.entries() + 2) * DIRENT_SIZE,
             None => self.size.load(Relaxed),
         };
         Attr {
             ino: self.ino,
             kind: self.kind,
-            perm: m.perm,
+            perm: o.perm,
             nlink: self.nlink.load(Relaxed),
-            uid: m.uid,
-            gid: m.gid,
+            uid: o.uid,
+            gid: o.gid,
             rdev: m.rdev(),
             size,
             blocks: self.blocks.load(Relaxed),
             atime: m.atime,
-            mtime: self.mtime.load(Relaxed),
-            ctime: self.ctime.load(Relaxed),
+            mtime,
+            ctime,
         }
+    }
+}
+
+/// Moves a time forward to `time`, writing it only if it is later: the
+/// creators of one directory, given a coarse clock (as Linux's file
+/// times are, a tick apart), then mostly only read their directory's
+/// times, and its line is not passed from core to core on every create.
+fn forward(t: &AtomicI64, time: Nanos) {
+    if t.load(Relaxed) < time {
+        t.fetch_max(time, Relaxed);
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use crate::spread::BUSY;
+
+    /// A busy directory's times, moved on many threads' lines, are the
+    /// latest of all; set (even back) they are what was set, until the
+    /// next change moves them on; its size counts the entries on every
+    /// line.
+    #[test]
+    fn a_spread_directorys_times_and_size_are_its_lines_and_its_own() {
+        let owner = Owner { kind: FileType::Directory, perm: 0o755, uid: 0, gid: 0 };
+        let d = Inode::new(2, owner, Meta::new(0, b"", 0), 100, 1);
+        for _ in 0..BUSY {
+            d.dir().intent.add();
+        }
+        drop(d.dir().intent.share());
+        assert!(d.dir().intent.times().is_some(), "spread");
+        std::thread::scope(|s| {
+            for t in 0..4 {
+                let d = &d;
+                s.spawn(move || {
+                    d.dir().intent.add();
+                    d.modified(1_000 + t);
+                    d.changed(2_000 + t);
+                });
+            }
+        });
+        assert_eq!(d.times(), (1_003, 2_003));
+        assert_eq!(d.attr().size, (BUSY + 4 + 2) * DIRENT_SIZE);
+        d.set_times(Some(500), 600);
+        assert_eq!(d.times(), (500, 600), "set back, the lines' later times dropped");
+        d.set_times(None, 700);
+        assert_eq!(d.times(), (500, 700));
+        std::thread::scope(|s| {
+            s.spawn(|| d.modified(800));
+        });
+        assert_eq!(d.times(), (800, 800));
     }
 }

@@ -44,6 +44,7 @@ mod mutation;
 mod namespace;
 mod ops;
 mod record;
+mod spread;
 mod store;
 mod sync;
 mod types;

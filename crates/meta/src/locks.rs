@@ -52,9 +52,9 @@ impl Stripes {
         for (i, excl) in dirs {
             let l = &i.dir().intent;
             if excl {
-                exclusive.push(l.write());
+                exclusive.extend(l.exclude());
             } else {
-                shared.push(l.read());
+                shared.push(l.share());
             }
         }
         let mut names = names.to_vec();
@@ -88,11 +88,13 @@ mod loom_tests {
     use loom::sync::atomic::{AtomicU32, Ordering::SeqCst};
 
     use super::Stripes;
+    use crate::access::Owner;
     use crate::inode::{Inode, Meta};
     use crate::types::FileType;
 
     fn dir(ino: u64) -> Inode {
-        Inode::new(ino, FileType::Directory, Meta::new(0o755, 0, 0, 0, b"", 0), 0, 1)
+        let owner = Owner { kind: FileType::Directory, perm: 0o755, uid: 0, gid: 0 };
+        Inode::new(ino, owner, Meta::new(0, b"", 0), 0, 1)
     }
 
     /// Counts itself in while alive; asserts it is alone (`alone`) or
@@ -150,6 +152,44 @@ mod loom_tests {
             };
             stripes.quiesce(|| ());
             for t in [create, replace_a, replace_b] {
+                t.join().unwrap();
+            }
+        });
+    }
+
+    /// A busy directory's intention lock (see `spread`): one thread takes
+    /// it shared twice, first on the base (which spreads the directory,
+    /// busy already) and then on line 0, while a second takes it shared on
+    /// line 1 (or the base, if it comes first) and a third exclusive: in
+    /// every interleaving the exclusive holder is alone. (An exclusive
+    /// holder that took the base alone would meet the holders on lines.)
+    #[test]
+    fn a_spread_directorys_exclusive_holder_excludes_every_line() {
+        let mut model = loom::model::Builder::new();
+        model.preemption_bound = Some(3);
+        model.check(|| {
+            let d = Arc::new(dir(2));
+            for _ in 0..crate::spread::BUSY {
+                d.dir().intent.add();
+            }
+            let in_d = Arc::new(AtomicU32::new(0));
+            let shared = |line: usize, times: usize| {
+                let (d, in_d) = (d.clone(), in_d.clone());
+                loom::thread::spawn(move || {
+                    for _ in 0..times {
+                        let _held = d.dir().intent.share_on(line);
+                        enter(&in_d, false);
+                        leave(&in_d, false);
+                    }
+                })
+            };
+            let (first, second) = (shared(0, 2), shared(1, 1));
+            {
+                let _held = d.dir().intent.exclude();
+                enter(&in_d, true);
+                leave(&in_d, true);
+            }
+            for t in [first, second] {
                 t.join().unwrap();
             }
         });

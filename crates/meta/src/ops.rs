@@ -80,19 +80,20 @@ impl Namespace {
         open: bool,
     ) -> Result<(Attr, Seq)> {
         check_name(name)?;
-        let dir = self.inode(parent)?;
+        let guard = scc::Guard::new();
+        let dir = self.inode_in(parent, &guard)?;
         if !dir.is_dir() {
             return Err(Errno::ENOTDIR);
         }
         // A create that opens changes the new inode's open count, so it
         // holds that inode's lock too (a look-up, open and release elsewhere
         // could otherwise race the count): its number is taken first.
-        let early = open.then(|| self.next_ino.fetch_add(1, Relaxed));
+        let early = open.then(|| self.new_ino());
         let mut locks = vec![self.name_lock(parent, name)];
         locks.extend(early.map(Self::ino_lock));
-        let _held = self.stripes.lock(&[(&dir, false)], &locks);
+        let _held = self.stripes.lock(&[(dir, false)], &locks);
         // The directory's owner and mode read once, under the locks, for
-        // both checks: every creator in the directory takes its mutex.
+        // both checks.
         let owner = dir.owner();
         access::check(cred, &owner, EXEC)?;
         if new.kind == FileType::Symlink && target.len() > SYMLINK_MAX {
@@ -126,7 +127,7 @@ impl Namespace {
         if new.kind == FileType::Symlink {
             perm = 0o777;
         }
-        let ino = early.unwrap_or_else(|| self.next_ino.fetch_add(1, Relaxed));
+        let ino = early.unwrap_or_else(|| self.new_ino());
         let m = Mutation::Create {
             parent,
             name: name.to_vec(),
@@ -139,7 +140,7 @@ impl Namespace {
             target: target.to_vec(),
             time: now,
         };
-        let seq = self.commit_held(cred, &m, &[&dir])?;
+        let seq = self.commit_held(cred, &m, &[dir])?;
         let i = self.inode(ino)?;
         if open {
             i.opens.fetch_add(1, Relaxed);
@@ -150,9 +151,10 @@ impl Namespace {
     /// A new name `name` in `parent` for `ino`. O(log n).
     pub fn link(&self, cred: &Cred, ino: Ino, parent: Ino, name: &[u8], now: Nanos) -> Result<(Attr, Seq)> {
         check_name(name)?;
-        let dir = self.searchable(cred, parent)?;
+        let guard = scc::Guard::new();
+        let dir = self.searchable(cred, parent, &guard)?;
         let target = self.inode(ino)?;
-        let _held = self.stripes.lock(&[(&dir, false)], &[self.name_lock(parent, name), Self::ino_lock(ino)]);
+        let _held = self.stripes.lock(&[(dir, false)], &[self.name_lock(parent, name), Self::ino_lock(ino)]);
         if matches!(name, b"." | b"..") || self.child(parent, name).is_some() {
             return Err(Errno::EEXIST);
         }
@@ -196,13 +198,14 @@ impl Namespace {
         if !dir_wanted && matches!(name, b"." | b"..") {
             return Err(Errno::EISDIR);
         }
-        let dir = self.searchable(cred, parent)?;
+        let guard = scc::Guard::new();
+        let dir = self.searchable(cred, parent, &guard)?;
         loop {
             // Which inode the name names decides the locks (a directory
             // is locked exclusive as it goes); checked again under them.
             let ino = self.child(parent, name).ok_or(Errno::ENOENT)?;
             let victim = self.inode(ino)?;
-            let mut dirs = vec![(&*dir, false)];
+            let mut dirs = vec![(dir, false)];
             if victim.is_dir() {
                 dirs.push((&*victim, true));
             }
@@ -210,13 +213,13 @@ impl Namespace {
             if self.child(parent, name) != Some(ino) {
                 continue;
             }
-            may_delete(cred, &dir, &victim, dir_wanted)?;
-            if dir_wanted && victim.dir().entries.load(Relaxed) != 0 {
+            may_delete(cred, dir, &victim, dir_wanted)?;
+            if dir_wanted && victim.dir().intent.entries() != 0 {
                 return Err(Errno::ENOTEMPTY);
             }
             let m =
                 Mutation::Remove { parent, name: name.to_vec(), ino, dir: dir_wanted, gone: gone(&victim), time: now };
-            return self.commit_held(cred, &m, &[&dir, &victim]);
+            return self.commit_held(cred, &m, &[dir, &victim]);
         }
     }
 
@@ -238,8 +241,9 @@ impl Namespace {
         }
         check_name(name)?;
         check_name(new_name)?;
-        let p = self.searchable(cred, parent)?;
-        let np = self.searchable(cred, new_parent)?;
+        let guard = scc::Guard::new();
+        let p = self.searchable(cred, parent, &guard)?;
+        let np = self.searchable(cred, new_parent, &guard)?;
         if matches!(name, b"." | b"..") || matches!(new_name, b"." | b"..") {
             return Err(Errno::EBUSY);
         }
@@ -253,7 +257,7 @@ impl Namespace {
             let crosses = parent != new_parent
                 && (moved.is_dir() || victim.as_ref().is_some_and(|v| flags.exchange && v.is_dir()));
             let _tree = crosses.then(|| self.rename_lock.lock());
-            let mut dirs = vec![(&*p, false), (&*np, false)];
+            let mut dirs = vec![(p, false), (np, false)];
             if let Some(v) = victim.as_deref().filter(|v| v.is_dir()) {
                 dirs.push((v, !flags.exchange));
             }
@@ -286,7 +290,7 @@ impl Namespace {
                 // Two names of one inode: nothing changes (POSIX).
                 return Ok(0);
             }
-            may_delete(cred, &p, &moved, moved.is_dir())?;
+            may_delete(cred, p, &moved, moved.is_dir())?;
             match &victim {
                 None => {
                     if np.dir().dead.load(Relaxed) {
@@ -296,7 +300,7 @@ impl Namespace {
                 }
                 Some(v) => {
                     let is_dir = if flags.exchange { v.is_dir() } else { moved.is_dir() };
-                    may_delete(cred, &np, v, is_dir)?;
+                    may_delete(cred, np, v, is_dir)?;
                 }
             }
             if parent != new_parent {
@@ -309,7 +313,7 @@ impl Namespace {
             }
             if !flags.exchange
                 && let Some(v) = victim.as_deref().filter(|v| v.is_dir())
-                && v.dir().entries.load(Relaxed) != 0
+                && v.dir().intent.entries() != 0
             {
                 return Err(Errno::ENOTEMPTY);
             }

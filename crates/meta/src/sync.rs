@@ -28,4 +28,10 @@ mod model {
             self.0.write().expect("not poisoned")
         }
     }
+
+    impl<T: Default> Default for RwLock<T> {
+        fn default() -> Self {
+            RwLock::new(T::default())
+        }
+    }
 }

@@ -90,6 +90,17 @@ fn an_entry_present_throughout_a_listing_is_listed_exactly_once() {
     stop.store(true, Ordering::Relaxed);
     let changes: u64 = churners.into_iter().map(|c| c.join().unwrap()).sum();
     assert!(changes > 1000, "the directory changed during the listings: {changes} changes");
+    // The directory was busy: its entry count was kept on each thread's
+    // line (`spread`). It still counts every name, whichever thread made
+    // or removed it: in its size, and in rmdir's emptiness check.
+    let names: Vec<Vec<u8>> = ns.readdir(&root, d.ino, 0, usize::MAX).unwrap().into_iter().map(|e| e.name).collect();
+    assert_eq!(ns.stat(d.ino).unwrap().size, (names.len() as u64 + 2) * interlock_meta::DIRENT_SIZE);
+    for n in &names[1..] {
+        ns.unlink(&root, d.ino, n, 3).unwrap();
+    }
+    assert_eq!(ns.rmdir(&root, ROOT, b"d", 3), Err(interlock_meta::Errno::ENOTEMPTY));
+    ns.unlink(&root, d.ino, &names[0], 3).unwrap();
+    ns.rmdir(&root, ROOT, b"d", 3).unwrap();
 }
 
 /// Seeking a listing's start in the entry index once cost O(n²) when no
