@@ -13,6 +13,8 @@
 //! namespace's rename lock, as Linux's `s_vfs_rename_mutex`, so that the
 //! tree's shape holds still while it checks for loops).
 
+use smallvec::SmallVec;
+
 use crate::inode::Inode;
 use crate::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 use crate::types::Ino;
@@ -34,10 +36,12 @@ pub(crate) fn stripe(parent: Ino, hash: u64) -> usize {
     (hash ^ parent.wrapping_mul(0x9e37_79b9_7f4a_7c15)) as usize & (STRIPES - 1)
 }
 
-/// Locks held; released on drop.
+/// Locks held; released on drop. (Inline: an operation holds a few; the
+/// four vectors a create allocated for them cost it ~6% of its CPU in
+/// the namespace alone, 1.39-1.41 µs against 1.29-1.32.)
 pub(crate) struct Held<'a> {
-    _shared: Vec<RwLockReadGuard<'a, ()>>,
-    _exclusive: Vec<RwLockWriteGuard<'a, ()>>,
+    _shared: SmallVec<[RwLockReadGuard<'a, ()>; 2]>,
+    _exclusive: SmallVec<[RwLockWriteGuard<'a, ()>; 4]>,
 }
 
 impl Stripes {
@@ -45,10 +49,10 @@ impl Stripes {
     /// directory listed twice is locked once, exclusive if either asks)
     /// and the stripes of `names`, in the global order.
     pub fn lock<'a>(&'a self, dirs: &[(&'a Inode, bool)], names: &[usize]) -> Held<'a> {
-        let mut dirs: Vec<(&Inode, bool)> = dirs.to_vec();
+        let mut dirs: SmallVec<[(&Inode, bool); 4]> = dirs.into();
         dirs.sort_by_key(|(i, excl)| (i.ino, !excl));
         dirs.dedup_by_key(|(i, _)| i.ino);
-        let (mut shared, mut exclusive) = (Vec::new(), Vec::new());
+        let (mut shared, mut exclusive) = (SmallVec::new(), SmallVec::new());
         for (i, excl) in dirs {
             let l = &i.dir().intent;
             if excl {
@@ -57,7 +61,7 @@ impl Stripes {
                 shared.push(l.share());
             }
         }
-        let mut names = names.to_vec();
+        let mut names: SmallVec<[usize; 4]> = names.into();
         names.sort_unstable();
         names.dedup();
         exclusive.extend(names.into_iter().map(|s| self.0[s].write()));

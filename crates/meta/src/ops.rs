@@ -6,6 +6,8 @@
 
 use std::sync::atomic::Ordering::Relaxed;
 
+use smallvec::SmallVec;
+
 use crate::access::{self, EXEC, Owner, WRITE};
 use crate::errno::{Errno, Result};
 use crate::inode::Inode;
@@ -89,9 +91,8 @@ impl Namespace {
         // holds that inode's lock too (a look-up, open and release elsewhere
         // could otherwise race the count): its number is taken first.
         let early = open.then(|| self.new_ino());
-        let mut locks = vec![self.name_lock(parent, name)];
-        locks.extend(early.map(Self::ino_lock));
-        let _held = self.stripes.lock(&[(dir, false)], &locks);
+        let locks = [Some(self.name_lock(parent, name)), early.map(Self::ino_lock)];
+        let _held = self.stripes.lock(&[(dir, false)], &locks.into_iter().flatten().collect::<SmallVec<[usize; 2]>>());
         // The directory's owner and mode read once, under the locks, for
         // both checks.
         let owner = dir.owner();
@@ -205,11 +206,9 @@ impl Namespace {
             // is locked exclusive as it goes); checked again under them.
             let ino = self.child(parent, name).ok_or(Errno::ENOENT)?;
             let victim = self.inode(ino)?;
-            let mut dirs = vec![(dir, false)];
-            if victim.is_dir() {
-                dirs.push((&*victim, true));
-            }
-            let _held = self.stripes.lock(&dirs, &[self.name_lock(parent, name), Self::ino_lock(ino)]);
+            let dirs = [(dir, false), (&*victim, true)];
+            let dirs = &dirs[..if victim.is_dir() { 2 } else { 1 }];
+            let _held = self.stripes.lock(dirs, &[self.name_lock(parent, name), Self::ino_lock(ino)]);
             if self.child(parent, name) != Some(ino) {
                 continue;
             }
