@@ -8,6 +8,7 @@ use interlock_meta::fsck::{self, Report};
 use interlock_meta::{Store, StoreOptions};
 
 use crate::exit;
+use interlock_server::now;
 
 #[derive(clap::Args)]
 pub struct FsckArgs {
@@ -29,10 +30,6 @@ pub struct FsckArgs {
 fn store_dir(dir: &Path) -> PathBuf {
     let meta = dir.join("meta");
     if meta.join("meta.ckpt").is_file() { meta } else { dir.to_path_buf() }
-}
-
-fn now() -> i64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as i64)
 }
 
 /// Exit statuses (as e2fsck's): 0 clean; 1 damage found (repaired with

@@ -56,6 +56,7 @@ use tokio_util::sync::CancellationToken;
 
 pub use config::{Config, Limits, ServerError, TlsFiles, default_threads, runtime};
 use datadir::{DataDir, FENCE_BLOCK, Fences};
+pub use meta::now;
 use session::Sessions;
 
 pub(crate) struct Inner {

@@ -39,7 +39,9 @@ const LISTING_BYTES: usize = 192 << 10;
 /// How often the checkpointer looks at the store.
 const TICK: Duration = Duration::from_millis(500);
 
-pub(crate) fn now() -> i64 {
+/// The wall clock in the namespace's nanoseconds: the time a change is
+/// stamped with (the engine reads no clock; its callers pass this).
+pub fn now() -> interlock_meta::Nanos {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos() as i64)
 }
 

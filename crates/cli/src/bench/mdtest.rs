@@ -49,7 +49,7 @@
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use interlock_client::{Client, ClientOptions};
 use interlock_journal::changelog::Mask;
@@ -58,6 +58,7 @@ use serde_json::{Map, Value, json};
 
 use super::machine::{Server, Span, Took, measured};
 use super::{Report, scratch_dir};
+use interlock_server::now;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -339,10 +340,6 @@ fn row(variant: &str, phase: &str, threads: usize, files: u64, took: Took) -> Ma
     m.insert("cpu_us_per_op".into(), json!(took.cpu_us_per(files)));
     m.insert("server_cpu_us_per_op".into(), json!(took.server_cpu_us_per(files)));
     m
-}
-
-fn now() -> i64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos() as i64)
 }
 
 /// File `i`'s name, written into `buf`.

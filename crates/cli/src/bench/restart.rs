@@ -17,6 +17,7 @@ use serde_json::{Map, Value, json};
 
 use super::{Report, scratch_dir, timed};
 use crate::alloc::live_bytes;
+use interlock_server::now;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -64,10 +65,6 @@ fn rss() -> u64 {
     let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
     let pages: u64 = statm.split_whitespace().nth(1).and_then(|p| p.parse().ok()).unwrap_or(0);
     pages * 4096
-}
-
-fn now() -> i64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as i64)
 }
 
 /// Makes files `from..to` (directory `i / PER_DIR`, made as needed) from
