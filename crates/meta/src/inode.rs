@@ -103,9 +103,9 @@ pub(crate) struct Dir {
     /// holds it shared (they do not exclude each other: names are locked
     /// one by one, see `locks`); removing or replacing the directory
     /// holds it exclusive, so nothing is created in a directory as it
-    /// goes. Beside it, the entry count (`.` and `..` not counted). Both
-    /// spread over lines per thread once the directory is busy (see
-    /// `spread`).
+    /// goes. Beside it, the entry count (`.` and `..` not counted) and,
+    /// once the directory is busy, the times its entry operations move:
+    /// all spread over lines per thread then (see `spread`).
     pub intent: Intent,
     /// The directory it is in (itself for the root).
     pub parent: AtomicU64,
@@ -243,10 +243,9 @@ impl Inode {
     }
 }
 
-/// Moves a time forward to `time`, writing it only if it is later: the
-/// creators of one directory, given a coarse clock (as Linux's file
-/// times are, a tick apart), then mostly only read their directory's
-/// times, and its line is not passed from core to core on every create.
+/// Moves a time forward to `time`, writing it only if it is later: a
+/// read leaves the line shared, where a `fetch_max` would take it even
+/// to write nothing.
 fn forward(t: &AtomicI64, time: Nanos) {
     if t.load(Relaxed) < time {
         t.fetch_max(time, Relaxed);

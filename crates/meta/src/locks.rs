@@ -1,7 +1,8 @@
 //! Locking for entry operations, so that one shared directory never
 //! serializes its creators (seed 003): an operation holds its
 //! directories' intention locks (shared for the directories whose
-//! entries it changes, exclusive for a directory it removes or replaces)
+//! entries it changes, on the calling thread's line of a busy one, see
+//! `spread`; exclusive for a directory it removes or replaces)
 //! and then exclusive locks on the stripes of the names it touches,
 //! `(directory, name hash)` spread over [`STRIPES`] locks. Two creates
 //! of different names in one directory share the intention lock and take

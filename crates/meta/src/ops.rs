@@ -91,8 +91,9 @@ impl Namespace {
         // holds that inode's lock too (a look-up, open and release elsewhere
         // could otherwise race the count): its number is taken first.
         let early = open.then(|| self.new_ino());
-        let locks = [Some(self.name_lock(parent, name)), early.map(Self::ino_lock)];
-        let _held = self.stripes.lock(&[(dir, false)], &locks.into_iter().flatten().collect::<SmallVec<[usize; 2]>>());
+        let locks: SmallVec<[usize; 2]> =
+            std::iter::once(self.name_lock(parent, name)).chain(early.map(Self::ino_lock)).collect();
+        let _held = self.stripes.lock(&[(dir, false)], &locks);
         // The directory's owner and mode read once, under the locks, for
         // both checks.
         let owner = dir.owner();

@@ -208,6 +208,15 @@ fn checkpoints_under_load_replay_to_the_state_left() {
             store.wait(s).unwrap();
             dirs.push(a.ino);
         }
+        // d0 busy from the start: its count and times are kept on each
+        // thread's line (`spread`), and must come back the same.
+        for i in 0..300 {
+            let (_, s) = store
+                .ns()
+                .create(&root, dirs[1], format!("fill{i}").as_bytes(), new(FileType::Regular, 0o644), b"", 3)
+                .unwrap();
+            store.wait(s).unwrap();
+        }
         let stop = Arc::new(AtomicBool::new(false));
         let checkpointer = {
             let (store, stop) = (store.clone(), stop.clone());
