@@ -26,15 +26,16 @@
 //! then, if the directory is spread, every line's.
 //!
 //! Why that excludes every shared holder: a directory is spread only by a
-//! thread that holds its base lock shared ([`Dir::share`]). So while an
+//! thread that holds its base lock shared ([`Intent::share`]). So while an
 //! exclusive holder holds the base, no directory becomes spread; it looks
 //! at whether this one is after taking the base, and that answer holds
 //! until it lets go. If it was spread, the exclusive holder takes every
 //! line too; if not, every shared holder took the base.
 //!
 //! Costs: sharing O(1); counting and moving the times O(1); excluding,
-//! reading the count or the times, setting the times O([`LINES`]). A spread directory carries [`LINES`] lines more
-//! (1 KiB), ≤ 4 bytes per entry at [`BUSY`].
+//! reading the count or the times, setting the times O([`LINES`]). A
+//! spread directory carries [`LINES`] lines more (1 KiB) for as long as
+//! it lives: ≤ 4 bytes per entry at [`BUSY`].
 
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering::Relaxed};
@@ -81,7 +82,8 @@ impl Default for Line {
     }
 }
 
-/// A directory's intention lock and entry count.
+/// A directory's intention lock, entry count and, once spread, the times
+/// its entry operations move.
 #[derive(Default)]
 pub(crate) struct Intent {
     base: RwLock<()>,
