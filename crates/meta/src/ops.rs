@@ -257,12 +257,14 @@ impl Namespace {
             let crosses = parent != new_parent
                 && (moved.is_dir() || victim.as_ref().is_some_and(|v| flags.exchange && v.is_dir()));
             let _tree = crosses.then(|| self.rename_lock.lock());
-            let mut dirs = vec![(p, false), (np, false)];
+            let mut dirs: SmallVec<[(&Inode, bool); 3]> = [(p, false), (np, false)].into_iter().collect();
             if let Some(v) = victim.as_deref().filter(|v| v.is_dir()) {
                 dirs.push((v, !flags.exchange));
             }
-            let mut names =
-                vec![self.name_lock(parent, name), self.name_lock(new_parent, new_name), Self::ino_lock(ino)];
+            let mut names: SmallVec<[usize; 4]> =
+                [self.name_lock(parent, name), self.name_lock(new_parent, new_name), Self::ino_lock(ino)]
+                    .into_iter()
+                    .collect();
             names.extend(victim.as_ref().map(|v| Self::ino_lock(v.ino)));
             let _held = self.stripes.lock(&dirs, &names);
             if self.child(parent, name) != Some(ino)

@@ -40,6 +40,8 @@
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering::Relaxed};
 
+use smallvec::SmallVec;
+
 use crate::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 use crate::types::Nanos;
 
@@ -112,8 +114,8 @@ impl Intent {
     }
 
     /// Takes the lock exclusive: the base, then every line if spread.
-    pub fn exclude(&self) -> Vec<RwLockWriteGuard<'_, ()>> {
-        let mut held = vec![self.base.write()];
+    pub fn exclude(&self) -> SmallVec<[RwLockWriteGuard<'_, ()>; 1 + LINES]> {
+        let mut held: SmallVec<[_; 1 + LINES]> = smallvec::smallvec![self.base.write()];
         if let Some(lines) = self.spread.get() {
             held.extend(lines.iter().map(|l| l.intent.write()));
         }
