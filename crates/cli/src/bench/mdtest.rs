@@ -99,8 +99,11 @@ pub struct Args {
     #[arg(long)]
     dir: Option<std::path::PathBuf>,
     /// For `net` and `net-nofsync`: the worker threads of the server the
-    /// benchmark starts (`serve --threads`) [default: serve's, the number
-    /// of cores].
+    /// benchmark starts (`serve --threads`) [default: the cores the
+    /// clients leave, at least 1: on 2 cores, 1, as Redis beside
+    /// redis-benchmark. A server that shares its cores with its clients
+    /// serves them faster with fewer workers than cores (see
+    /// `serve --threads`)].
     #[arg(long, conflicts_with = "server", value_parser = crate::args::threads)]
     server_threads: Option<usize>,
     /// For `net`: threads the clients run on. 1, as redis-benchmark's
@@ -245,6 +248,12 @@ impl Run {
 
 /// The median of some runs' seconds, and the medians of their CPU times
 /// (each on its own: the slowest run need not be the costliest).
+/// The workers of the benchmark's own server: the cores its clients'
+/// `client_threads` leave, at least one.
+fn own_threads(client_threads: u32) -> usize {
+    interlock_server::default_threads().saturating_sub(client_threads as usize).max(1)
+}
+
 fn median(runs: Vec<Took>) -> Took {
     let mid = |f: fn(&Took) -> Option<f64>| {
         let mut v: Vec<f64> = runs.iter().map(f).collect::<Option<_>>()?;
@@ -288,7 +297,7 @@ fn round(args: &Args, t: usize, files: u64, out: &mut dyn FnMut(Run)) -> Result<
             &args.server,
             super::netbench::Own {
                 no_fsync,
-                threads: args.server_threads,
+                threads: Some(args.server_threads.unwrap_or_else(|| own_threads(args.client_threads))),
                 data: data.as_ref().map(|d| d.path()),
                 ..Default::default()
             },
