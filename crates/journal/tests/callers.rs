@@ -251,3 +251,49 @@ fn concurrent_waiters_that_sync_lose_nothing() {
     seen.dedup();
     assert_eq!(seen.len(), 2000, "a record twice or lost");
 }
+
+/// A thread that waits for its own record (a server's blocking task: a
+/// file's `fsync`, a checkpoint) returns once that record is durable,
+/// though others go on appending records they want: it syncs what is
+/// there, not every record anyone wants for as long as they keep coming.
+/// Until session 29 it synced until nobody wanted anything, so while
+/// others always had a wanted record on the way it never returned; here
+/// it stayed until the loader ran out of its records.
+#[test]
+fn a_waiter_returns_once_its_record_is_durable_while_others_keep_wanting() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let dir = tempfile::tempdir().unwrap();
+    let (j, _) = Journal::open(dir.path(), callers_alone()).unwrap();
+    let j = Arc::new(j);
+    let waited = Arc::new(AtomicBool::new(false));
+    // Far more records than one or two syncs take to write, on any disk.
+    const LOAD: u32 = 2_000_000;
+    let loader = {
+        let (j, waited) = (j.clone(), waited.clone());
+        std::thread::spawn(move || {
+            let mut k = 0;
+            while k < LOAD && !waited.load(Ordering::SeqCst) {
+                // Never a full ring (nobody but the waiter writes here).
+                if j.next_index() - j.durable_end() > 4096 {
+                    std::thread::yield_now();
+                    continue;
+                }
+                let i = j.append(&k.to_le_bytes()).unwrap();
+                // Its next record too, as one that always has another on
+                // the way: wanted is then always ahead of what is durable.
+                j.want(i + 2);
+                k += 1;
+            }
+            k
+        })
+    };
+    // Once the load is under way.
+    while j.next_index() < 1000 {
+        std::thread::yield_now();
+    }
+    let mine = j.append(b"mine").unwrap();
+    j.wait_durable(mine).unwrap();
+    waited.store(true, Ordering::SeqCst);
+    let appended = loader.join().unwrap();
+    assert!(appended < LOAD, "the waiter returned only once the others stopped appending");
+}
