@@ -1257,3 +1257,56 @@ fn bench_mount_mdtest_rows_carry_the_machines_cpu_per_operation() {
     }
     assert!(!other.is_empty() && other.iter().all(|r| r.get("cpu_us_per_op").is_none()), "{stdout}");
 }
+
+/// A write, a truncate and a chgrp by someone other than root drop
+/// setuid and setgid through a mount as on tmpfs: setuid always, setgid
+/// when group-executable or when the caller is not in the file's group;
+/// root's truncate keeps them. Before the mount asked the server to drop
+/// them (`FUSE_HANDLE_KILLPRIV`), the kernel sent a truncate the dropped
+/// mode as a chmod, which the server refused a writer who is not the
+/// owner (`truncate` failed where Linux truncates), and a writer outside
+/// the file's group left setgid in place.
+#[test]
+fn a_write_truncate_or_chgrp_drops_setuid_and_setgid_as_tmpfs_does() {
+    let Some((_data, _server, m)) = one_mount("a_write_truncate_or_chgrp_drops_setuid_and_setgid_as_tmpfs_does") else {
+        return;
+    };
+    let tmpfs = tempfile::tempdir_in("/dev/shm").unwrap();
+    let user = ["--reuid=1000", "--regid=1000", "--clear-groups"];
+    // (mode, owner, group, whether user 1000 or root acts, what it runs)
+    let cases: &[(u32, u32, u32, bool, &str)] = &[
+        (0o4755, 1000, 0, true, "truncate -s 0 f"),
+        (0o4755, 1000, 0, false, "truncate -s 9 f"),
+        (0o2775, 1000, 1000, true, "truncate -s 9 f"),
+        (0o2764, 1000, 1000, true, "truncate -s 9 f"),
+        (0o2766, 1000, 5, true, "truncate -s 9 f"),
+        (0o2777, 0, 5, true, "truncate -s 9 f"),
+        (0o6777, 0, 5, true, "truncate -s 9 f"),
+        (0o6777, 0, 5, true, ": > f"),
+        (0o4755, 1000, 0, true, "printf x >> f"),
+        (0o2766, 1000, 5, true, "printf x >> f"),
+        (0o2764, 1000, 1000, true, "printf x >> f"),
+        (0o2764, 1000, 5, true, "chgrp 1000 f"),
+        (0o6764, 1000, 5, false, "chgrp 7 f"),
+    ];
+    for &(mode, uid, gid, as_user, script) in cases {
+        let run = |dir: &Path| {
+            let f = dir.join("f");
+            let _ = std::fs::remove_file(&f);
+            std::fs::write(&f, b"").unwrap();
+            std::os::unix::fs::chown(&f, Some(uid), Some(gid)).unwrap();
+            std::fs::set_permissions(&f, std::fs::Permissions::from_mode(mode)).unwrap();
+            let mut cmd = if as_user {
+                let mut c = Command::new("setpriv");
+                c.args(user).arg("sh");
+                c
+            } else {
+                Command::new("sh")
+            };
+            let ok = cmd.arg("-c").arg(script).current_dir(dir).stderr(Stdio::null()).status().unwrap().success();
+            (ok, std::fs::metadata(&f).unwrap().mode() & 0o7777)
+        };
+        let (mount, kernel) = (run(m.path()), run(tmpfs.path()));
+        assert_eq!(mount, kernel, "{mode:o} {uid}:{gid}, {} runs `{script}`", if as_user { "1000" } else { "root" });
+    }
+}

@@ -30,13 +30,19 @@ pub const MAX_WRITE: usize = 1 << 20;
 /// What we ask of the kernel at `FUSE_INIT`. Readdirplus always (not
 /// `READDIRPLUS_AUTO`, which lists without attributes after the first
 /// page): `du` and `ls -l` then stat from the kernel's cache, with no
-/// lookup per file.
+/// lookup per file. The server drops setuid and setgid on a write, a
+/// truncate and a chown (`HANDLE_KILLPRIV`), by the caller's ids as
+/// Linux does: left to it, the kernel's FUSE client sends a truncate the
+/// dropped mode as a chmod, which the server refuses a writer who is not
+/// the owner (`EPERM` where Linux truncates), and it keeps setgid when
+/// the writer is not in the file's group (Linux drops it).
 const WANT: u64 = init::ASYNC_READ
     | init::POSIX_LOCKS
     | init::FLOCK_LOCKS
     | init::BIG_WRITES
     | init::DO_READDIRPLUS
     | init::PARALLEL_DIROPS
+    | init::HANDLE_KILLPRIV
     | init::MAX_PAGES
     | init::INIT_EXT
     | init::DIRECT_IO_ALLOW_MMAP;

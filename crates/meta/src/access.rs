@@ -1,7 +1,8 @@
 //! Permission checks, as Linux's `generic_permission` makes them for a
 //! caller's uid, gid and supplementary groups: owner, group or other
 //! bits (the first class that matches decides), root's exemptions, the
-//! sticky bit, who may chown and chmod.
+//! sticky bit, who may chown and chmod, and the setuid and setgid bits a
+//! change drops.
 
 use crate::errno::{Errno, Result};
 use crate::types::{Cred, FileType};
@@ -58,6 +59,27 @@ pub fn owns(cred: &Cred, o: &Owner) -> bool {
     cred.is_root() || cred.uid == o.uid
 }
 
+/// The mode a change leaves a file with once it drops the privileges
+/// Linux drops (`setattr_should_drop_suidgid`), or `None` if that changes
+/// nothing: setuid always; setgid if the file is group-executable, or if
+/// the caller is neither in the file's group nor root
+/// (`setattr_should_drop_sgid`). A chown drops them whoever makes it (of
+/// a non-directory); a write or a truncate only when someone other than
+/// root makes it (root has `CAP_FSETID`): see [`dropped_by_data`].
+pub fn dropped(cred: &Cred, o: &Owner) -> Option<u32> {
+    let mut p = o.perm & !libc::S_ISUID;
+    if p & libc::S_IXGRP != 0 || !(cred.is_root() || cred.in_group(o.gid)) {
+        p &= !libc::S_ISGID;
+    }
+    (p != o.perm).then_some(p)
+}
+
+/// What a write or a truncate of a regular file by `cred` drops
+/// ([`dropped`], for anyone but root).
+pub fn dropped_by_data(cred: &Cred, o: &Owner) -> Option<u32> {
+    if cred.is_root() { None } else { dropped(cred, o) }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -96,5 +118,22 @@ mod tests {
         assert_eq!(check_sticky(&user(12, 1, &[]), &dir, &victim), Err(Errno::EPERM));
         assert_eq!(check_sticky(&user(10, 1, &[]), &dir, &victim), Ok(()), "the victim's owner");
         assert_eq!(check_sticky(&user(1, 1, &[]), &dir, &victim), Ok(()), "the directory's owner");
+    }
+
+    /// As Linux 6.x drops them (checked there on tmpfs as root and as an
+    /// unprivileged fsuid).
+    #[test]
+    fn a_change_drops_setuid_always_and_setgid_when_executable_or_outside_the_group() {
+        let (root, member, outsider) = (user(0, 0, &[]), user(11, 20, &[]), user(12, 1, &[]));
+        assert_eq!(dropped(&member, &file(0o4755)), Some(0o755));
+        assert_eq!(dropped(&root, &file(0o4755)), Some(0o755), "a chown by root drops setuid too");
+        assert_eq!(dropped(&member, &file(0o2775)), Some(0o775));
+        assert_eq!(dropped(&member, &file(0o2764)), None, "a member keeps setgid on a file not group-executable");
+        assert_eq!(dropped(&outsider, &file(0o2764)), Some(0o764));
+        assert_eq!(dropped(&root, &file(0o2764)), None);
+        assert_eq!(dropped(&outsider, &file(0o6777)), Some(0o777));
+        assert_eq!(dropped(&member, &file(0o755)), None);
+        assert_eq!(dropped_by_data(&root, &file(0o6777)), None, "root's writes keep both");
+        assert_eq!(dropped_by_data(&outsider, &file(0o6764)), Some(0o764));
     }
 }

@@ -360,9 +360,10 @@ impl Namespace {
     /// `chmod`, `chown`, `truncate`, `utimensat`, with Linux's rules:
     /// chmod by the owner or root (a non-member's setgid bit dropped);
     /// chown by root, chgrp by the owner to one of their groups; either
-    /// clears setuid (and setgid if group-executable) on a non-directory;
-    /// truncate needs write permission (unless opened for writing) and a
-    /// regular file; times set to now need ownership or write
+    /// clears setuid and setgid on a non-directory as Linux does
+    /// ([`access::dropped`]); truncate needs write permission (unless
+    /// opened for writing) and a regular file, and clears them as a write
+    /// does; times set to now need ownership or write
     /// permission, explicit times ownership. ctime always moves. O(1)
     /// expected.
     ///
@@ -400,19 +401,15 @@ impl Namespace {
                 return Err(Errno::EPERM);
             }
             (uid, gid) = (set.uid, set.gid);
-            if i.kind != FileType::Directory {
-                let mut p = o.perm & !libc::S_ISUID;
-                if p & libc::S_IXGRP != 0 {
-                    p &= !libc::S_ISGID;
+            if i.kind != FileType::Directory
+                && let Some(p) = access::dropped(cred, &o)
+            {
+                // The cleared bits are a mode change: the owner's or
+                // root's to make.
+                if !access::owns(cred, &o) {
+                    return Err(Errno::EPERM);
                 }
-                if p != o.perm {
-                    // The cleared bits are a mode change: the owner's or
-                    // root's to make.
-                    if !access::owns(cred, &o) {
-                        return Err(Errno::EPERM);
-                    }
-                    perm = Some(p);
-                }
+                perm = Some(p);
             }
         }
         if let Some(p) = set.perm {
@@ -438,6 +435,12 @@ impl Namespace {
             }
             if size > FILE_SIZE_MAX {
                 return Err(Errno::EFBIG);
+            }
+            // Linux's truncate drops privileges as a write does, whether
+            // or not the size changes (a mode given with it is a chmod,
+            // and takes its place).
+            if perm.is_none() {
+                perm = access::dropped_by_data(cred, &o);
             }
             mtime = Some(now);
         }
@@ -479,8 +482,9 @@ impl Namespace {
     /// `put` writes the data (and returns the blocks it then takes), then
     /// the new size (if it grew) and times are recorded, all under the
     /// inode's lock, so size and data agree.
-    /// A write by anyone but root clears setuid, and setgid if group
-    /// executable, as Linux's `file_remove_privs`. O(1) expected, plus
+    /// A write by anyone but root clears setuid and setgid as Linux's
+    /// `file_remove_privs` does ([`access::dropped_by_data`]). O(1)
+    /// expected, plus
     /// `put`.
     pub fn write_with(
         &self,
@@ -539,14 +543,7 @@ impl Namespace {
         let end = offset.checked_add(len).filter(|&e| e <= FILE_SIZE_MAX).ok_or(Errno::EFBIG)?;
         i.blocks.store(put(offset)?, Relaxed);
         let size = (grow && end > i.size.load(Relaxed)).then_some(end);
-        let mut perm = None;
-        if !cred.is_root() {
-            let mut p = o.perm & !libc::S_ISUID;
-            if p & libc::S_IXGRP != 0 {
-                p &= !libc::S_ISGID;
-            }
-            perm = (p != o.perm).then_some(p);
-        }
+        let perm = access::dropped_by_data(cred, &o);
         let seq = self.commit(cred, &Mutation::Write { ino, size, perm, time: now })?;
         Ok((i.attr(), seq))
     }
