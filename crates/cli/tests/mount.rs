@@ -4,7 +4,8 @@
 //! a blocked lock wait yields to a signal; a killed mount gives its locks
 //! back; a restarted server keeps the mount's files and locks. And the
 //! mount against the kernel: random sequences of file-system calls
-//! (`fallocate` and `copy_file_range` among them) give what tmpfs gives.
+//! (`fallocate` and `copy_file_range` among them), by root and by an
+//! unprivileged user, give what tmpfs gives.
 //!
 //! Needs root and /dev/fuse. Without them these tests say loudly that
 //! they skipped, unless `INTERLOCK_REQUIRE_FUSE` is set (scripts/test sets
@@ -890,7 +891,7 @@ fn fs_op() -> impl proptest::strategy::Strategy<Value = FsOp> {
         p().prop_map(|path| FsOp::Unlink { path }),
         p().prop_map(|path| FsOp::Mkdir { path }),
         p().prop_map(|path| FsOp::Rmdir { path }),
-        (p(), proptest::sample::select(&[0o600u32, 0o755, 0o444, 0o1777][..]))
+        (p(), proptest::sample::select(&[0o600u32, 0o755, 0o444, 0o1777, 0o4755, 0o2775, 0o6777][..]))
             .prop_map(|(path, mode)| FsOp::Chmod { path, mode }),
         (p(), p()).prop_map(|(target, path)| FsOp::Symlink { target, path }),
         p().prop_map(|path| FsOp::Readdir { path }),
@@ -967,14 +968,38 @@ fn tree(root: &Path) -> Vec<String> {
             format!("file {} bytes, checksum {sum:x}", data.len())
         };
         out.push(format!(
-            "{} {what} mode {:o} nlink {} size {}",
+            "{} {what} mode {:o} nlink {} size {} owner {}:{}",
             rel.display(),
             m.mode() & 0o7777,
             m.nlink(),
-            m.size()
+            m.size(),
+            m.uid(),
+            m.gid()
         ));
     }
     out.sort();
+    out
+}
+
+/// Runs `f` with this thread's file-system ids those of user 1000 (whose
+/// calls the kernel then checks without root's capabilities) if `user`,
+/// else as root.
+fn as_user<T>(user: bool, f: impl FnOnce() -> T) -> T {
+    if !user {
+        return f();
+    }
+    // SAFETY: setfsuid and setfsgid change only this thread's
+    // file-system ids, and they are set back before returning.
+    unsafe {
+        libc::setfsgid(1000);
+        libc::setfsuid(1000);
+    }
+    let out = f();
+    // SAFETY: as above.
+    unsafe {
+        libc::setfsuid(0);
+        libc::setfsgid(0);
+    }
     out
 }
 
@@ -984,19 +1009,29 @@ fn random_file_system_calls_give_what_tmpfs_gives() {
     let Some((_data, _server, m)) = one_mount("random_file_system_calls_give_what_tmpfs_gives") else { return };
     let shm = tempfile::tempdir_in("/dev/shm").expect("tmpfs at /dev/shm");
     let case = std::cell::Cell::new(0);
-    let mut runner = TestRunner::new(Config { cases: 40, failure_persistence: None, ..Config::default() });
-    let ops = proptest::collection::vec(fs_op(), 1..40);
+    let mut runner = TestRunner::new(Config { cases: 200, failure_persistence: None, ..Config::default() });
+    // Each call by root or, one in three, by an unprivileged user (its
+    // file-system ids, which the kernel checks and the mount sends), in
+    // directories both may write to.
+    let ops = proptest::collection::vec((fs_op(), proptest::bool::weighted(1.0 / 3.0)), 1..40);
+    let open = std::fs::Permissions::from_mode(0o777);
+    for root in [m.path(), shm.path()] {
+        std::fs::set_permissions(root, open.clone()).unwrap();
+    }
     runner
         .run(&ops, |ops| {
             case.set(case.get() + 1);
             let name = format!("case{}", case.get());
             let (ours, kernel) = (m.join(&name), shm.path().join(&name));
-            std::fs::create_dir(&ours).unwrap();
-            std::fs::create_dir(&kernel).unwrap();
-            for (i, op) in ops.iter().enumerate() {
-                let (a, b) = (apply(&ours, op), apply(&kernel, op));
+            for dir in [&ours, &kernel] {
+                std::fs::create_dir(dir).unwrap();
+                std::fs::set_permissions(dir, open.clone()).unwrap();
+            }
+            for (i, (op, user)) in ops.iter().enumerate() {
+                let (a, b) = as_user(*user, || (apply(&ours, op), apply(&kernel, op)));
                 if a != b {
-                    return Err(TestCaseError::fail(format!("op {i} {op:?}: mount {a:?}, tmpfs {b:?}")));
+                    let who = if *user { "user 1000" } else { "root" };
+                    return Err(TestCaseError::fail(format!("op {i} {op:?} by {who}: mount {a:?}, tmpfs {b:?}")));
                 }
             }
             let (a, b) = (tree(&ours), tree(&kernel));
