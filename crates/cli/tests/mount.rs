@@ -1009,7 +1009,7 @@ fn random_file_system_calls_give_what_tmpfs_gives() {
     let Some((_data, _server, m)) = one_mount("random_file_system_calls_give_what_tmpfs_gives") else { return };
     let shm = tempfile::tempdir_in("/dev/shm").expect("tmpfs at /dev/shm");
     let case = std::cell::Cell::new(0);
-    let mut runner = TestRunner::new(Config { cases: 200, failure_persistence: None, ..Config::default() });
+    let mut runner = TestRunner::new(Config { cases: 1500, failure_persistence: None, ..Config::default() });
     // Each call by root or, one in three, by an unprivileged user (its
     // file-system ids, which the kernel checks and the mount sends), in
     // directories both may write to.
