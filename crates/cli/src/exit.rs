@@ -9,6 +9,10 @@ pub const DAMAGED: u8 = 1;
 /// `fsck`: the store's checkpoint or journal cannot be read (e2fsck's
 /// "errors left uncorrected").
 pub const UNREADABLE: u8 = 4;
+/// `fsck`: a writer (a running server) has the store open: an offline
+/// check would see it change underneath, and a repair would write beside
+/// it (e2fsck's "operational error", as for a mounted file system).
+pub const IN_USE: u8 = 8;
 /// A usage error: a bad flag or value (clap's own status).
 pub const USAGE: u8 = 2;
 /// The server cannot be reached, or did not answer in time

@@ -34,9 +34,24 @@ fn store_dir(dir: &Path) -> PathBuf {
 
 /// Exit statuses (as e2fsck's): 0 clean; 1 damage found (repaired with
 /// `--repair`); 4 the store cannot be read (a damaged checkpoint or
-/// journal, which fsck does not repair); 2 usage.
+/// journal, which fsck does not repair); 8 a running server has it open;
+/// 2 usage.
 pub fn fsck(args: FsckArgs) -> ExitCode {
     let dir = store_dir(&args.dir);
+    match interlock_journal::in_use(&dir) {
+        Ok(false) => {}
+        Ok(true) => {
+            eprintln!(
+                "interlock fsck: {} is in use by a running server (its journal is open); fsck checks a store offline: stop the server first",
+                dir.display()
+            );
+            return ExitCode::from(exit::IN_USE);
+        }
+        Err(e) => {
+            eprintln!("interlock fsck: {e}");
+            return ExitCode::from(exit::UNREADABLE);
+        }
+    }
     let report = match fsck::check_dir(&dir) {
         Ok(r) => r,
         Err(e) => {

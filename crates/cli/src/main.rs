@@ -87,7 +87,8 @@ enum Command {
     /// directory, every directory has one name and is reached from the
     /// root, no inode is leaked. Changes nothing unless --repair. Exit
     /// status 0 clean, 1 damage found (repaired with --repair), 4 the
-    /// checkpoint or journal cannot be read.
+    /// checkpoint or journal cannot be read, 8 a running server has the
+    /// store open (stop it first).
     Fsck(fsck_cmd::FsckArgs),
     /// Benchmarks: the seed scenarios, with the kernel's own locks beside
     /// ours where it finishes in reasonable time.

@@ -303,8 +303,9 @@ fn bench_journal_json_rows() {
 
 /// `interlock fsck`: 0 on a clean store (found under a data directory's
 /// `meta/`), 1 with the damage named and nothing changed, 1 again on
-/// `--repair` (which repairs), then 0; 4 for a checkpoint that cannot be
-/// read; a clear error for a directory with no store.
+/// `--repair` (which repairs), then 0; 8 while a writer has the store
+/// open; 4 for a checkpoint that cannot be read; a clear error for a
+/// directory with no store.
 #[test]
 fn fsck_exit_statuses_and_repair() {
     use interlock_meta::{Cred, FileType, Mutation, NewInode, ROOT, Store, StoreOptions};
@@ -324,6 +325,18 @@ fn fsck_exit_statuses_and_repair() {
         let (store, _) = Store::open(&meta, StoreOptions::default(), 3).unwrap();
         store.ns().apply(&Mutation::Link { parent: ROOT, name: b"ghost".to_vec(), ino: 4242, time: 3 });
         store.checkpoint().unwrap();
+    }
+    // Open in a writer (as a running server has it): refused, with or
+    // without --repair. Before, --repair opened the journal beside the
+    // writer, cut off the tail it was writing as torn, and appended its
+    // repairs among the writer's records.
+    {
+        let (_writer, _) = Store::open(&meta, StoreOptions::default(), 4).unwrap();
+        for args in [&["fsck", dir][..], &["fsck", dir, "--repair"]] {
+            let (code, _, err) = interlock(args, "");
+            assert_eq!(code, 8, "{args:?}: {err}");
+            assert!(err.contains("in use"), "{err}");
+        }
     }
     let ckpt = std::fs::read(meta.join("meta.ckpt")).unwrap();
     let (code, out, _) = interlock(&["fsck", dir], "");

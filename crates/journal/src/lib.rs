@@ -15,12 +15,14 @@
 //!   with `loom`).
 //! - `frame`: the on-disk record and segment-header format.
 //! - `segment`: segment files, scanning, torn-tail versus corruption.
+//! - `held`: one writer per directory (its `lock` file).
 //! - [`Journal`]: appends, the flusher, durability waits, reads, purge.
 //! - [`changelog`]: typed records, masks, durable consumers, follow,
 //!   clear, purge below the slowest consumer, idle-consumer GC.
 
 pub mod changelog;
 pub mod frame;
+mod held;
 mod log;
 mod ring;
 mod segment;
@@ -29,6 +31,7 @@ mod sync;
 use std::path::{Path, PathBuf};
 
 pub use frame::MAX_PAYLOAD;
+pub use held::in_use;
 pub use log::{DurableHook, Journal, Options, Recovery, sync_wanted_everywhere};
 
 /// What went wrong, with the file it went wrong in.
@@ -49,6 +52,9 @@ pub enum Error {
     Failed(String),
     #[error("{0}")]
     Invalid(String),
+    /// Another journal has the directory open (see [`in_use`]).
+    #[error("{0} is in use: another process (a running server?) has its journal open")]
+    InUse(PathBuf),
 }
 
 impl Error {

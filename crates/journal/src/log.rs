@@ -216,6 +216,8 @@ pub type DurableHook = Box<dyn Fn(u64, bool) + Send + Sync>;
 pub struct Journal {
     shared: Arc<Shared>,
     flusher: Option<JoinHandle<()>>,
+    /// The directory, held until the flusher has stopped (see `held`).
+    _held: std::fs::File,
 }
 
 /// What `Journal::open` found and did.
@@ -235,6 +237,7 @@ impl Journal {
     /// is an error naming the file and offset. O(bytes in the log).
     pub fn open(dir: &Path, options: Options) -> Result<(Journal, Recovery), Error> {
         std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+        let held = crate::held::hold(dir)?;
         let (mut segments, torn) = recover(dir, true)?;
         let mut torn_bytes = None;
         if let Some((len_before, scanned)) = torn {
@@ -280,7 +283,7 @@ impl Journal {
         if shared.options.callers_sync {
             CALLERS_SYNC.lock().push(Arc::downgrade(&shared));
         }
-        Ok((Journal { shared, flusher: Some(handle) }, recovery))
+        Ok((Journal { shared, flusher: Some(handle), _held: held }, recovery))
     }
 
     /// Appends a record and returns its index; it is durable once

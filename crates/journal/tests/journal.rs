@@ -257,7 +257,11 @@ fn corruption_of_acknowledged_records_is_an_error_naming_file_and_offset() {
             j.append_durable(&payload(i)).unwrap();
         }
     }
-    let mut segs: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().path()).collect();
+    let mut segs: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "seg"))
+        .collect();
     segs.sort();
     // A flipped bit in a sealed segment.
     let first = &segs[0];
