@@ -862,6 +862,29 @@ enum FsOp {
     Readdir {
         path: &'static str,
     },
+    /// `write(2)` of `len` bytes through an `O_APPEND` open.
+    Append {
+        path: &'static str,
+        len: usize,
+    },
+    /// `lchown(2)`; `None` leaves that id.
+    Chown {
+        path: &'static str,
+        uid: Option<u32>,
+        gid: Option<u32>,
+    },
+    /// `utimensat(2)`: both times to now, or to a given second.
+    Utime {
+        path: &'static str,
+        now: bool,
+    },
+    /// `lsetxattr(2)` of a value naming its flags, then what
+    /// `lgetxattr(2)` reads back.
+    Xattr {
+        path: &'static str,
+        name: &'static str,
+        flags: i32,
+    },
 }
 
 const PATHS: &[&str] = &["a", "b", "d", "e", "d/a", "d/b", "d/e", "e/a"];
@@ -895,7 +918,32 @@ fn fs_op() -> impl proptest::strategy::Strategy<Value = FsOp> {
             .prop_map(|(path, mode)| FsOp::Chmod { path, mode }),
         (p(), p()).prop_map(|(target, path)| FsOp::Symlink { target, path }),
         p().prop_map(|path| FsOp::Readdir { path }),
+        (p(), 1usize..5000).prop_map(|(path, len)| FsOp::Append { path, len }),
+        // At least one id: someone else's `chown(-1, -1)` of a setuid
+        // file is where the mount parts from Linux (see
+        // `a_write_truncate_or_chgrp_drops_setuid_and_setgid_as_tmpfs_does`).
+        (p(), proptest::option::of(ids()), ids()).prop_map(|(path, uid, gid)| FsOp::Chown {
+            path,
+            uid,
+            gid: Some(gid)
+        }),
+        (p(), ids()).prop_map(|(path, uid)| FsOp::Chown { path, uid: Some(uid), gid: None }),
+        (p(), any::<bool>()).prop_map(|(path, now)| FsOp::Utime { path, now }),
+        (
+            p(),
+            // Not `trusted.*`: the test's unprivileged user is root with
+            // other file-system ids, which keeps `CAP_SYS_ADMIN`.
+            proptest::sample::select(&["user.a", "user.b"][..]),
+            proptest::sample::select(&[0, libc::XATTR_CREATE, libc::XATTR_REPLACE][..])
+        )
+            .prop_map(|(path, name, flags)| FsOp::Xattr { path, name, flags }),
     ]
+}
+
+/// Owners the differential test gives: root, the unprivileged user, a
+/// group neither is in.
+fn ids() -> impl proptest::strategy::Strategy<Value = u32> {
+    proptest::sample::select(&[0u32, 1000, 5][..])
 }
 
 /// Runs `op` under `root`: what it returned (a listing for readdir), or
@@ -934,6 +982,35 @@ fn apply(root: &Path, op: &FsOp) -> Result<Vec<String>, i32> {
         FsOp::Rmdir { path } => none(std::fs::remove_dir(at(path))),
         FsOp::Chmod { path, mode } => none(std::fs::set_permissions(at(path), std::fs::Permissions::from_mode(mode))),
         FsOp::Symlink { target, path } => none(std::os::unix::fs::symlink(target, at(path))),
+        FsOp::Append { path, len } => {
+            none(OpenOptions::new().append(true).open(at(path)).and_then(|mut f| f.write_all(&vec![b'+'; len])))
+        }
+        FsOp::Chown { path, uid, gid } => none(std::os::unix::fs::lchown(at(path), uid, gid)),
+        FsOp::Utime { path, now } => {
+            use nix::sys::stat::{UtimensatFlags, utimensat};
+            use nix::sys::time::TimeSpec;
+            let t = if now { TimeSpec::UTIME_NOW } else { TimeSpec::new(1_000_000_000, 0) };
+            let flags = UtimensatFlags::NoFollowSymlink;
+            utimensat(nix::fcntl::AT_FDCWD, &at(path), &t, &t, flags).map(|()| Vec::new()).map_err(|e| e as i32)
+        }
+        FsOp::Xattr { path, name, flags } => {
+            use std::os::unix::ffi::OsStrExt;
+            let p = std::ffi::CString::new(at(path).as_os_str().as_bytes()).unwrap();
+            let n = std::ffi::CString::new(name).unwrap();
+            let value = flags.to_string();
+            let errno = || std::io::Error::last_os_error().raw_os_error().unwrap_or(-1);
+            // SAFETY: NUL-terminated path and name, and a value of the
+            // length given.
+            if unsafe { libc::lsetxattr(p.as_ptr(), n.as_ptr(), value.as_ptr().cast(), value.len(), flags) } < 0 {
+                return Err(errno());
+            }
+            let mut back = [0u8; 16];
+            // SAFETY: as above, into a buffer of the length given.
+            let got = unsafe { libc::lgetxattr(p.as_ptr(), n.as_ptr(), back.as_mut_ptr().cast(), back.len()) };
+            // A failed read back, told from a failed set by its sign.
+            let got = usize::try_from(got).map_err(|_| -errno())?;
+            Ok(vec![String::from_utf8_lossy(&back[..got]).into_owned()])
+        }
         FsOp::Readdir { path } => {
             let mut names: Vec<String> = std::fs::read_dir(at(path))
                 .map_err(errno)?
@@ -1293,19 +1370,24 @@ fn bench_mount_mdtest_rows_carry_the_machines_cpu_per_operation() {
     assert!(!other.is_empty() && other.iter().all(|r| r.get("cpu_us_per_op").is_none()), "{stdout}");
 }
 
-/// A write, a truncate and a chgrp by someone other than root drop
-/// setuid and setgid through a mount as on tmpfs: setuid always, setgid
-/// when group-executable or when the caller is not in the file's group;
-/// root's truncate keeps them. Before the mount asked the server to drop
+/// A write, a truncate, a `fallocate` and a chgrp by someone other than
+/// root drop setuid and setgid through a mount as on tmpfs: setuid
+/// always, setgid when group-executable or when the caller is not in the
+/// file's group; root's truncate keeps them; a `chown(-1, -1)` drops them
+/// too, and is refused to someone else where it would. Before the mount asked the server to drop
 /// them (`FUSE_HANDLE_KILLPRIV`), the kernel sent a truncate the dropped
 /// mode as a chmod, which the server refused a writer who is not the
 /// owner (`truncate` failed where Linux truncates), and a writer outside
 /// the file's group left setgid in place.
+const CHOWN_NOTHING: &str = "python3 -c 'import os; os.chown(\"f\", -1, -1)'";
+
 #[test]
 fn a_write_truncate_or_chgrp_drops_setuid_and_setgid_as_tmpfs_does() {
     let Some((_data, _server, m)) = one_mount("a_write_truncate_or_chgrp_drops_setuid_and_setgid_as_tmpfs_does") else {
         return;
     };
+    // For `chown(-1, -1)`, which no shell tool makes.
+    let Some(_) = tool("python3", "python3") else { return };
     let tmpfs = tempfile::tempdir_in("/dev/shm").unwrap();
     let user = ["--reuid=1000", "--regid=1000", "--clear-groups"];
     // (mode, owner, group, whether user 1000 or root acts, what it runs)
@@ -1323,6 +1405,11 @@ fn a_write_truncate_or_chgrp_drops_setuid_and_setgid_as_tmpfs_does() {
         (0o2764, 1000, 1000, true, "printf x >> f"),
         (0o2764, 1000, 5, true, "chgrp 1000 f"),
         (0o6764, 1000, 5, false, "chgrp 7 f"),
+        // chown(-1, -1): the kernel sends a request that sets nothing.
+        (0o6755, 1000, 0, true, CHOWN_NOTHING),
+        (0o6755, 0, 0, false, CHOWN_NOTHING),
+        (0o0755, 0, 0, true, CHOWN_NOTHING),
+        (0o6777, 0, 5, true, "fallocate -l 9 f"),
     ];
     for &(mode, uid, gid, as_user, script) in cases {
         let run = |dir: &Path| {
@@ -1344,4 +1431,31 @@ fn a_write_truncate_or_chgrp_drops_setuid_and_setgid_as_tmpfs_does() {
         let (mount, kernel) = (run(m.path()), run(tmpfs.path()));
         assert_eq!(mount, kernel, "{mode:o} {uid}:{gid}, {} runs `{script}`", if as_user { "1000" } else { "root" });
     }
+}
+
+/// A directory its reader may read but not search lists, `..` included,
+/// as on tmpfs. The mount looked `..` up with the reader's ids, which
+/// needs search permission, and the listing failed with `EACCES`.
+#[test]
+fn a_directory_readable_but_not_searchable_lists_as_on_tmpfs() {
+    let Some((_data, _server, m)) = one_mount("a_directory_readable_but_not_searchable_lists_as_on_tmpfs") else {
+        return;
+    };
+    let tmpfs = tempfile::tempdir_in("/dev/shm").unwrap();
+    let list = |root: &Path| {
+        std::fs::set_permissions(root, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let d = root.join("d");
+        std::fs::create_dir(&d).unwrap();
+        std::fs::write(d.join("x"), b"").unwrap();
+        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o444)).unwrap();
+        let out = Command::new("setpriv")
+            .args(["--reuid=1000", "--regid=1000", "--clear-groups", "ls", "-a", "-1"])
+            .arg(&d)
+            .output()
+            .unwrap();
+        (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned())
+    };
+    let (mount, kernel) = (list(m.path()), list(tmpfs.path()));
+    assert_eq!(kernel, (true, ".\n..\nx\n".to_string()), "tmpfs lists it");
+    assert_eq!(mount, kernel);
 }

@@ -83,6 +83,8 @@ pub mod fattr {
     pub const FH: u32 = 1 << 6;
     pub const ATIME_NOW: u32 = 1 << 7;
     pub const MTIME_NOW: u32 = 1 << 8;
+    /// The bits that change an attribute (not `FH`, `LOCKOWNER`, `CTIME`).
+    pub const CHANGES: u32 = MODE | UID | GID | SIZE | ATIME | MTIME | ATIME_NOW | MTIME_NOW;
 }
 
 pub const FOPEN_DIRECT_IO: u32 = 1 << 0;

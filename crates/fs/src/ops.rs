@@ -246,6 +246,16 @@ impl Fs {
         a.skip(4)?;
         let (uid, gid) = (a.u32()?, a.u32()?);
         let has = |bit| valid & bit != 0;
+        // A request that sets nothing is a `chown(-1, -1)`, which on Linux
+        // drops setuid and setgid, the owner's or root's to make (with
+        // `HANDLE_KILLPRIV` the kernel leaves that to us and sends no ids),
+        // or the kernel asking us to drop them for a write or `fallocate`
+        // by someone else, whose request drops them itself: only an
+        // owner's is taken as a chown.
+        let chown = has(fattr::UID)
+            || has(fattr::GID)
+            || (valid & fattr::CHANGES == 0
+                && (cred.is_root() || self.again(|| self.client.getattr(cred, ino)).await?.uid == cred.uid));
         let time = |now, set, secs: u64, nsec: u32| {
             if has(now) {
                 Some(TimeSet::Now)
@@ -263,7 +273,7 @@ impl Fs {
             atime: time(fattr::ATIME_NOW, fattr::ATIME, atime, atimensec),
             mtime: time(fattr::MTIME_NOW, fattr::MTIME, mtime, mtimensec),
             opened_for_write: has(fattr::FH) && has(fattr::SIZE),
-            chown: has(fattr::UID) || has(fattr::GID),
+            chown,
         };
         let set = &set;
         self.on_file(ino, true, |c| async move { c.setattr(cred, ino, set.clone()).await })
@@ -626,7 +636,12 @@ impl Fs {
             cookie = 1;
         }
         if cookie == 1 {
-            let up = if ino == ROOT { ROOT } else { self.again(|| self.client.lookup(cred, ino, b"..")).await?.ino };
+            // The parent's number as root asks for it: a listing needs only
+            // read permission, and Linux lists `..` in a directory its
+            // reader may not search (the caller's look-up of `..` failed
+            // there with `EACCES`).
+            let root = Cred::root();
+            let up = if ino == ROOT { ROOT } else { self.again(|| self.client.lookup(&root, ino, b"..")).await?.ino };
             if !put(&mut out, None, up, 2, dir, b"..") {
                 return Ok(out);
             }
