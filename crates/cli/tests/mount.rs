@@ -885,6 +885,24 @@ enum FsOp {
         name: &'static str,
         flags: i32,
     },
+    /// `open(O_RDONLY)` and a read to the end: the bytes' checksum.
+    Read {
+        path: &'static str,
+    },
+    /// `lstat(2)`: type, mode, links, size and owner.
+    Stat {
+        path: &'static str,
+    },
+    /// `renameat2(2)` with `RENAME_NOREPLACE` or `RENAME_EXCHANGE`.
+    RenameFlags {
+        from: &'static str,
+        to: &'static str,
+        flags: u32,
+    },
+    /// `mknod(2)` of a fifo.
+    Mkfifo {
+        path: &'static str,
+    },
 }
 
 const PATHS: &[&str] = &["a", "b", "d", "e", "d/a", "d/b", "d/e", "e/a"];
@@ -896,40 +914,42 @@ const FALLOCATE_MODES: &[i32] = &[0, libc::FALLOC_FL_KEEP_SIZE, libc::FALLOC_FL_
 fn fs_op() -> impl proptest::strategy::Strategy<Value = FsOp> {
     use proptest::prelude::*;
     let p = || proptest::sample::select(PATHS);
+    // Weighted towards what makes files and directories, so that the
+    // calls on them find something.
     prop_oneof![
-        (p(), any::<bool>(), any::<bool>()).prop_map(|(path, excl, trunc)| FsOp::Create { path, excl, trunc }),
-        (p(), 0u64..300_000, 1usize..200_000, any::<u8>()).prop_map(|(path, offset, len, byte)| FsOp::Write {
+        5 => (p(), any::<bool>(), any::<bool>()).prop_map(|(path, excl, trunc)| FsOp::Create { path, excl, trunc }),
+        2 => (p(), 0u64..300_000, 1usize..200_000, any::<u8>()).prop_map(|(path, offset, len, byte)| FsOp::Write {
             path,
             offset,
             len,
             byte
         }),
-        (p(), 0u64..400_000).prop_map(|(path, size)| FsOp::Truncate { path, size }),
-        (p(), proptest::sample::select(FALLOCATE_MODES), 0u64..300_000, 0u64..200_000)
+        1 => (p(), 0u64..400_000).prop_map(|(path, size)| FsOp::Truncate { path, size }),
+        1 => (p(), proptest::sample::select(FALLOCATE_MODES), 0u64..300_000, 0u64..200_000)
             .prop_map(|(path, mode, offset, len)| FsOp::Fallocate { path, mode, offset, len }),
-        (p(), 0u64..300_000, p(), 0u64..300_000, 0usize..200_000)
+        1 => (p(), 0u64..300_000, p(), 0u64..300_000, 0usize..200_000)
             .prop_map(|(from, at, to, to_at, len)| FsOp::CopyRange { from, at, to, to_at, len }),
-        (p(), p()).prop_map(|(from, to)| FsOp::Rename { from, to }),
-        (p(), p()).prop_map(|(from, to)| FsOp::Link { from, to }),
-        p().prop_map(|path| FsOp::Unlink { path }),
-        p().prop_map(|path| FsOp::Mkdir { path }),
-        p().prop_map(|path| FsOp::Rmdir { path }),
-        (p(), proptest::sample::select(&[0o600u32, 0o755, 0o444, 0o1777, 0o4755, 0o2775, 0o6777][..]))
+        1 => (p(), p()).prop_map(|(from, to)| FsOp::Rename { from, to }),
+        1 => (p(), p()).prop_map(|(from, to)| FsOp::Link { from, to }),
+        1 => p().prop_map(|path| FsOp::Unlink { path }),
+        2 => p().prop_map(|path| FsOp::Mkdir { path }),
+        1 => p().prop_map(|path| FsOp::Rmdir { path }),
+        1 => (p(), proptest::sample::select(&[0o600u32, 0o755, 0o444, 0o1777, 0o4755, 0o2775, 0o6777][..]))
             .prop_map(|(path, mode)| FsOp::Chmod { path, mode }),
-        (p(), p()).prop_map(|(target, path)| FsOp::Symlink { target, path }),
-        p().prop_map(|path| FsOp::Readdir { path }),
-        (p(), 1usize..5000).prop_map(|(path, len)| FsOp::Append { path, len }),
+        1 => (p(), p()).prop_map(|(target, path)| FsOp::Symlink { target, path }),
+        1 => p().prop_map(|path| FsOp::Readdir { path }),
+        1 => (p(), 1usize..5000).prop_map(|(path, len)| FsOp::Append { path, len }),
         // At least one id: someone else's `chown(-1, -1)` of a setuid
         // file is where the mount parts from Linux (see
         // `a_write_truncate_or_chgrp_drops_setuid_and_setgid_as_tmpfs_does`).
-        (p(), proptest::option::of(ids()), ids()).prop_map(|(path, uid, gid)| FsOp::Chown {
+        1 => (p(), proptest::option::of(ids()), ids()).prop_map(|(path, uid, gid)| FsOp::Chown {
             path,
             uid,
             gid: Some(gid)
         }),
-        (p(), ids()).prop_map(|(path, uid)| FsOp::Chown { path, uid: Some(uid), gid: None }),
-        (p(), any::<bool>()).prop_map(|(path, now)| FsOp::Utime { path, now }),
-        (
+        1 => (p(), ids()).prop_map(|(path, uid)| FsOp::Chown { path, uid: Some(uid), gid: None }),
+        1 => (p(), any::<bool>()).prop_map(|(path, now)| FsOp::Utime { path, now }),
+        1 => (
             p(),
             // Not `trusted.*`: the test's unprivileged user is root with
             // other file-system ids, which keeps `CAP_SYS_ADMIN`.
@@ -937,6 +957,11 @@ fn fs_op() -> impl proptest::strategy::Strategy<Value = FsOp> {
             proptest::sample::select(&[0, libc::XATTR_CREATE, libc::XATTR_REPLACE][..])
         )
             .prop_map(|(path, name, flags)| FsOp::Xattr { path, name, flags }),
+        1 => p().prop_map(|path| FsOp::Read { path }),
+        1 => p().prop_map(|path| FsOp::Stat { path }),
+        1 => (p(), p(), proptest::sample::select(&[libc::RENAME_NOREPLACE, libc::RENAME_EXCHANGE][..]))
+            .prop_map(|(from, to, flags)| FsOp::RenameFlags { from, to, flags }),
+        1 => p().prop_map(|path| FsOp::Mkfifo { path }),
     ]
 }
 
@@ -948,29 +973,36 @@ fn ids() -> impl proptest::strategy::Strategy<Value = u32> {
 
 /// Runs `op` under `root`: what it returned (a listing for readdir), or
 /// its errno.
+/// Opens without waiting: a fifo's open for writing with no reader
+/// fails (`ENXIO`) on both sides instead of hanging the test.
+fn nonblocking() -> OpenOptions {
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut o = OpenOptions::new();
+    o.custom_flags(libc::O_NONBLOCK);
+    o
+}
+
 fn apply(root: &Path, op: &FsOp) -> Result<Vec<String>, i32> {
     let at = |p: &str| root.join(p);
     let errno = |e: std::io::Error| e.raw_os_error().unwrap_or(-1);
     let none = |r: std::io::Result<()>| r.map(|()| Vec::new()).map_err(errno);
     match *op {
         FsOp::Create { path, excl, trunc } => {
-            none(OpenOptions::new().write(true).create(!excl).create_new(excl).truncate(trunc).open(at(path)).map(drop))
+            none(nonblocking().write(true).create(!excl).create_new(excl).truncate(trunc).open(at(path)).map(drop))
         }
         FsOp::Write { path, offset, len, byte } => none((|| {
             use std::os::unix::fs::FileExt;
-            OpenOptions::new().write(true).open(at(path))?.write_all_at(&vec![byte; len], offset)
+            nonblocking().write(true).open(at(path))?.write_all_at(&vec![byte; len], offset)
         })()),
-        FsOp::Truncate { path, size } => {
-            none(OpenOptions::new().write(true).open(at(path)).and_then(|f| f.set_len(size)))
-        }
+        FsOp::Truncate { path, size } => none(nonblocking().write(true).open(at(path)).and_then(|f| f.set_len(size))),
         FsOp::Fallocate { path, mode, offset, len } => {
-            let f = OpenOptions::new().write(true).open(at(path)).map_err(errno)?;
+            let f = nonblocking().write(true).open(at(path)).map_err(errno)?;
             let mode = nix::fcntl::FallocateFlags::from_bits_retain(mode);
             nix::fcntl::fallocate(&f, mode, offset as i64, len as i64).map(|()| Vec::new()).map_err(|e| e as i32)
         }
         FsOp::CopyRange { from, at: off, to, to_at, len } => {
-            let src = File::open(at(from)).map_err(errno)?;
-            let dst = OpenOptions::new().write(true).open(at(to)).map_err(errno)?;
+            let src = nonblocking().read(true).open(at(from)).map_err(errno)?;
+            let dst = nonblocking().write(true).open(at(to)).map_err(errno)?;
             let (mut a, mut b) = (off as i64, to_at as i64);
             let n = nix::fcntl::copy_file_range(&src, Some(&mut a), &dst, Some(&mut b), len).map_err(|e| e as i32)?;
             Ok(vec![n.to_string()])
@@ -983,7 +1015,7 @@ fn apply(root: &Path, op: &FsOp) -> Result<Vec<String>, i32> {
         FsOp::Chmod { path, mode } => none(std::fs::set_permissions(at(path), std::fs::Permissions::from_mode(mode))),
         FsOp::Symlink { target, path } => none(std::os::unix::fs::symlink(target, at(path))),
         FsOp::Append { path, len } => {
-            none(OpenOptions::new().append(true).open(at(path)).and_then(|mut f| f.write_all(&vec![b'+'; len])))
+            none(nonblocking().append(true).open(at(path)).and_then(|mut f| f.write_all(&vec![b'+'; len])))
         }
         FsOp::Chown { path, uid, gid } => none(std::os::unix::fs::lchown(at(path), uid, gid)),
         FsOp::Utime { path, now } => {
@@ -1011,6 +1043,26 @@ fn apply(root: &Path, op: &FsOp) -> Result<Vec<String>, i32> {
             let got = usize::try_from(got).map_err(|_| -errno())?;
             Ok(vec![String::from_utf8_lossy(&back[..got]).into_owned()])
         }
+        FsOp::Read { path } => {
+            let mut data = Vec::new();
+            nonblocking().read(true).open(at(path)).and_then(|mut f| f.read_to_end(&mut data)).map_err(errno)?;
+            Ok(vec![checksum(&data)])
+        }
+        FsOp::Stat { path } => {
+            let m = std::fs::symlink_metadata(at(path)).map_err(errno)?;
+            // Not a directory's size: tmpfs counts its entries' bytes.
+            let size = if m.is_dir() { 0 } else { m.size() };
+            Ok(vec![format!("{:o} {} {size} {}:{}", m.mode(), m.nlink(), m.uid(), m.gid())])
+        }
+        FsOp::RenameFlags { from, to, flags } => {
+            let flags = nix::fcntl::RenameFlags::from_bits_retain(flags);
+            nix::fcntl::renameat2(nix::fcntl::AT_FDCWD, &at(from), nix::fcntl::AT_FDCWD, &at(to), flags)
+                .map(|()| Vec::new())
+                .map_err(|e| e as i32)
+        }
+        FsOp::Mkfifo { path } => nix::unistd::mkfifo(&at(path), nix::sys::stat::Mode::from_bits_retain(0o640))
+            .map(|()| Vec::new())
+            .map_err(|e| e as i32),
         FsOp::Readdir { path } => {
             let mut names: Vec<String> = std::fs::read_dir(at(path))
                 .map_err(errno)?
@@ -1025,6 +1077,10 @@ fn apply(root: &Path, op: &FsOp) -> Result<Vec<String>, i32> {
 /// Everything under `root` that a program can see, but times and inode
 /// numbers: each path's type, permissions, link count, size and contents
 /// (a symlink's target).
+fn checksum(data: &[u8]) -> String {
+    format!("{:x}", data.iter().fold(0u64, |h, &b| h.wrapping_mul(1_000_003).wrapping_add(u64::from(b))))
+}
+
 fn tree(root: &Path) -> Vec<String> {
     use std::os::unix::fs::MetadataExt;
     let mut out = Vec::new();
@@ -1034,6 +1090,8 @@ fn tree(root: &Path) -> Vec<String> {
         let m = std::fs::symlink_metadata(&path).unwrap();
         let what = if m.is_symlink() {
             format!("link {}", std::fs::read_link(&path).unwrap().display())
+        } else if std::os::unix::fs::FileTypeExt::is_fifo(&m.file_type()) {
+            "fifo".to_string()
         } else if m.is_dir() {
             for e in std::fs::read_dir(&path).unwrap() {
                 todo.push(rel.join(e.unwrap().file_name()));
@@ -1041,8 +1099,7 @@ fn tree(root: &Path) -> Vec<String> {
             "dir".to_string()
         } else {
             let data = std::fs::read(&path).unwrap();
-            let sum = data.iter().fold(0u64, |h, &b| h.wrapping_mul(1_000_003).wrapping_add(u64::from(b)));
-            format!("file {} bytes, checksum {sum:x}", data.len())
+            format!("file {} bytes, checksum {}", data.len(), checksum(&data))
         };
         out.push(format!(
             "{} {what} mode {:o} nlink {} size {} owner {}:{}",
