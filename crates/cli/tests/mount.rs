@@ -5,7 +5,8 @@
 //! back; a restarted server keeps the mount's files and locks. And the
 //! mount against the kernel: random sequences of file-system calls
 //! (`fallocate` and `copy_file_range` among them), by root and by an
-//! unprivileged user, give what tmpfs gives.
+//! unprivileged user, give what tmpfs gives, and move the mtimes and
+//! ctimes tmpfs moves.
 //!
 //! Needs root and /dev/fuse. Without them these tests say loudly that
 //! they skipped, unless `INTERLOCK_REQUIRE_FUSE` is set (scripts/test sets
@@ -13,6 +14,7 @@
 
 mod common;
 
+use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::fd::AsFd;
@@ -1515,4 +1517,115 @@ fn a_directory_readable_but_not_searchable_lists_as_on_tmpfs() {
     let (mount, kernel) = (list(m.path()), list(tmpfs.path()));
     assert_eq!(kernel, (true, ".\n..\nx\n".to_string()), "tmpfs lists it");
     assert_eq!(mount, kernel);
+}
+
+/// An mtime no call sets: each path's is put back to it before each
+/// call, so that a call moved it if it is anything else. (tmpfs moves
+/// times by its clock's coarse tick, so a time moved within the tick of
+/// the last change looks unmoved: only a time set far back shows every
+/// move.)
+const LONG_AGO: i64 = 1;
+
+/// Puts every path's mtime (but a symlink's) back to [`LONG_AGO`], and
+/// returns each path's inode number and ctime.
+fn rewind(root: &Path) -> BTreeMap<String, (u64, i64)> {
+    use nix::sys::stat::{UtimensatFlags, utimensat};
+    use nix::sys::time::TimeSpec;
+    for (rel, m) in walk(root) {
+        if !m.is_symlink() {
+            let (omit, ago) = (TimeSpec::UTIME_OMIT, TimeSpec::new(LONG_AGO, 0));
+            utimensat(nix::fcntl::AT_FDCWD, &root.join(&rel), &omit, &ago, UtimensatFlags::NoFollowSymlink).unwrap();
+        }
+    }
+    // Once all are set: setting one name's moves the ctime of its other
+    // names.
+    walk(root).into_iter().map(|(rel, m)| (rel, (m.ino(), m.ctime() * 1_000_000_000 + m.ctime_nsec()))).collect()
+}
+
+/// Every path under `root` (itself as ""), with its metadata.
+fn walk(root: &Path) -> Vec<(String, std::fs::Metadata)> {
+    let mut out = Vec::new();
+    let mut todo = vec![PathBuf::new()];
+    while let Some(rel) = todo.pop() {
+        let m = std::fs::symlink_metadata(root.join(&rel)).unwrap();
+        if m.is_dir() {
+            for e in std::fs::read_dir(root.join(&rel)).unwrap() {
+                todo.push(rel.join(e.unwrap().file_name()));
+            }
+        }
+        out.push((rel.display().to_string(), m));
+    }
+    out
+}
+
+/// After a call: the paths (still naming the inode they named before)
+/// whose mtime it moved, and those whose ctime it moved.
+fn moved(root: &Path, before: &BTreeMap<String, (u64, i64)>) -> (Vec<String>, Vec<String>) {
+    let (mut mtimes, mut ctimes) = (Vec::new(), Vec::new());
+    for (rel, m) in walk(root) {
+        let Some(&(ino, ctime)) = before.get(&rel) else { continue };
+        if m.ino() != ino {
+            continue;
+        }
+        if !m.is_symlink() && (m.mtime(), m.mtime_nsec()) != (LONG_AGO, 0) {
+            mtimes.push(rel.clone());
+        }
+        if m.ctime() * 1_000_000_000 + m.ctime_nsec() != ctime {
+            ctimes.push(rel);
+        }
+    }
+    mtimes.sort();
+    ctimes.sort();
+    (mtimes, ctimes)
+}
+
+/// The same random calls move the same files' mtimes through a mount as
+/// on tmpfs, and every ctime tmpfs moves (read through a mount that
+/// caches no attributes, so what is seen is the server's). A ctime moved
+/// on the mount and not on tmpfs proves nothing: tmpfs's may have moved
+/// within its tick.
+#[test]
+fn random_calls_move_the_times_tmpfs_moves() {
+    use proptest::test_runner::{Config, TestCaseError, TestRunner};
+    let Some((_data, server, _m)) = one_mount("random_calls_move_the_times_tmpfs_moves") else { return };
+    let m = Mount::with_options(&server.addr, "rw,attr_timeout=0,entry_timeout=0");
+    let shm = tempfile::tempdir_in("/dev/shm").expect("tmpfs at /dev/shm");
+    let case = std::cell::Cell::new(0);
+    let mut runner = TestRunner::new(Config { cases: 300, failure_persistence: None, ..Config::default() });
+    let ops = proptest::collection::vec((fs_op(), proptest::bool::weighted(1.0 / 3.0)), 1..30);
+    let open = std::fs::Permissions::from_mode(0o777);
+    for root in [m.path(), shm.path()] {
+        std::fs::set_permissions(root, open.clone()).unwrap();
+    }
+    runner
+        .run(&ops, |ops| {
+            case.set(case.get() + 1);
+            let name = format!("case{}", case.get());
+            let (ours, kernel) = (m.join(&name), shm.path().join(&name));
+            for dir in [&ours, &kernel] {
+                std::fs::create_dir(dir).unwrap();
+                std::fs::set_permissions(dir, open.clone()).unwrap();
+            }
+            for (i, (op, user)) in ops.iter().enumerate() {
+                let before = (rewind(&ours), rewind(&kernel));
+                let (a, b) = as_user(*user, || (apply(&ours, op), apply(&kernel, op)));
+                if a != b {
+                    return Err(TestCaseError::fail(format!("op {i} {op:?}: mount {a:?}, tmpfs {b:?}")));
+                }
+                let ((m_ours, c_ours), (m_kernel, c_kernel)) = (moved(&ours, &before.0), moved(&kernel, &before.1));
+                let who = if *user { "user 1000" } else { "root" };
+                if m_ours != m_kernel {
+                    return Err(TestCaseError::fail(format!(
+                        "op {i} {op:?} by {who} moved the mtimes of: mount {m_ours:?}, tmpfs {m_kernel:?}"
+                    )));
+                }
+                if let Some(p) = c_kernel.iter().find(|p| !c_ours.contains(p)) {
+                    return Err(TestCaseError::fail(format!(
+                        "op {i} {op:?} by {who} moved {p:?}'s ctime on tmpfs, not on the mount"
+                    )));
+                }
+            }
+            Ok(())
+        })
+        .unwrap();
 }
