@@ -1139,44 +1139,73 @@ fn as_user<T>(user: bool, f: impl FnOnce() -> T) -> T {
     out
 }
 
-#[test]
-fn random_file_system_calls_give_what_tmpfs_gives() {
-    use proptest::test_runner::{Config, TestCaseError, TestRunner};
-    let Some((_data, _server, m)) = one_mount("random_file_system_calls_give_what_tmpfs_gives") else { return };
+/// A call that went differently on the two sides, as a test failure.
+type Differs = proptest::test_runner::TestCaseError;
+
+/// Runs `cases` random sequences of up to `most` calls, each by root or,
+/// one in three, by an unprivileged user (its file-system ids, which the
+/// kernel checks and the mount sends), in a fresh directory both may
+/// write to under `mount` and under a tmpfs directory: `call` makes each
+/// call on both (`i`, the call, whether by the user, and the two
+/// directories), and `end` looks at the two directories after the last.
+fn random_calls(
+    mount: &Path,
+    (cases, most): (u32, usize),
+    call: impl Fn(usize, &FsOp, bool, &Path, &Path) -> Result<(), Differs>,
+    end: impl Fn(&Path, &Path) -> Result<(), Differs>,
+) {
+    use proptest::test_runner::{Config, TestRunner};
     let shm = tempfile::tempdir_in("/dev/shm").expect("tmpfs at /dev/shm");
     let case = std::cell::Cell::new(0);
-    let mut runner = TestRunner::new(Config { cases: 1500, failure_persistence: None, ..Config::default() });
-    // Each call by root or, one in three, by an unprivileged user (its
-    // file-system ids, which the kernel checks and the mount sends), in
-    // directories both may write to.
-    let ops = proptest::collection::vec((fs_op(), proptest::bool::weighted(1.0 / 3.0)), 1..40);
+    let mut runner = TestRunner::new(Config { cases, failure_persistence: None, ..Config::default() });
+    let ops = proptest::collection::vec((fs_op(), proptest::bool::weighted(1.0 / 3.0)), 1..most);
     let open = std::fs::Permissions::from_mode(0o777);
-    for root in [m.path(), shm.path()] {
+    for root in [mount, shm.path()] {
         std::fs::set_permissions(root, open.clone()).unwrap();
     }
     runner
         .run(&ops, |ops| {
             case.set(case.get() + 1);
             let name = format!("case{}", case.get());
-            let (ours, kernel) = (m.join(&name), shm.path().join(&name));
+            let (ours, kernel) = (mount.join(&name), shm.path().join(&name));
             for dir in [&ours, &kernel] {
                 std::fs::create_dir(dir).unwrap();
                 std::fs::set_permissions(dir, open.clone()).unwrap();
             }
             for (i, (op, user)) in ops.iter().enumerate() {
-                let (a, b) = as_user(*user, || (apply(&ours, op), apply(&kernel, op)));
-                if a != b {
-                    let who = if *user { "user 1000" } else { "root" };
-                    return Err(TestCaseError::fail(format!("op {i} {op:?} by {who}: mount {a:?}, tmpfs {b:?}")));
-                }
+                call(i, op, *user, &ours, &kernel)?;
             }
-            let (a, b) = (tree(&ours), tree(&kernel));
-            if a != b {
-                return Err(TestCaseError::fail(format!("final trees differ:\nmount {a:#?}\ntmpfs {b:#?}")));
-            }
-            Ok(())
+            end(&ours, &kernel)
         })
         .unwrap();
+}
+
+/// Who made a call, as a failure names them.
+fn who(user: bool) -> &'static str {
+    if user { "user 1000" } else { "root" }
+}
+
+#[test]
+fn random_file_system_calls_give_what_tmpfs_gives() {
+    let Some((_data, _server, m)) = one_mount("random_file_system_calls_give_what_tmpfs_gives") else { return };
+    random_calls(
+        m.path(),
+        (1500, 40),
+        |i, op, user, ours, kernel| {
+            let (a, b) = as_user(user, || (apply(ours, op), apply(kernel, op)));
+            if a != b {
+                return Err(Differs::fail(format!("op {i} {op:?} by {}: mount {a:?}, tmpfs {b:?}", who(user))));
+            }
+            Ok(())
+        },
+        |ours, kernel| {
+            let (a, b) = (tree(ours), tree(kernel));
+            if a != b {
+                return Err(Differs::fail(format!("final trees differ:\nmount {a:#?}\ntmpfs {b:#?}")));
+            }
+            Ok(())
+        },
+    );
 }
 
 /// `SEEK_DATA` and `SEEK_HOLE` through a mount find what tmpfs finds in
@@ -1586,46 +1615,32 @@ fn moved(root: &Path, before: &BTreeMap<String, (u64, i64)>) -> (Vec<String>, Ve
 /// within its tick.
 #[test]
 fn random_calls_move_the_times_tmpfs_moves() {
-    use proptest::test_runner::{Config, TestCaseError, TestRunner};
     let Some((_data, server, _m)) = one_mount("random_calls_move_the_times_tmpfs_moves") else { return };
     let m = Mount::with_options(&server.addr, "rw,attr_timeout=0,entry_timeout=0");
-    let shm = tempfile::tempdir_in("/dev/shm").expect("tmpfs at /dev/shm");
-    let case = std::cell::Cell::new(0);
-    let mut runner = TestRunner::new(Config { cases: 300, failure_persistence: None, ..Config::default() });
-    let ops = proptest::collection::vec((fs_op(), proptest::bool::weighted(1.0 / 3.0)), 1..30);
-    let open = std::fs::Permissions::from_mode(0o777);
-    for root in [m.path(), shm.path()] {
-        std::fs::set_permissions(root, open.clone()).unwrap();
-    }
-    runner
-        .run(&ops, |ops| {
-            case.set(case.get() + 1);
-            let name = format!("case{}", case.get());
-            let (ours, kernel) = (m.join(&name), shm.path().join(&name));
-            for dir in [&ours, &kernel] {
-                std::fs::create_dir(dir).unwrap();
-                std::fs::set_permissions(dir, open.clone()).unwrap();
+    random_calls(
+        m.path(),
+        (300, 30),
+        |i, op, user, ours, kernel| {
+            let before = (rewind(ours), rewind(kernel));
+            let (a, b) = as_user(user, || (apply(ours, op), apply(kernel, op)));
+            if a != b {
+                return Err(Differs::fail(format!("op {i} {op:?}: mount {a:?}, tmpfs {b:?}")));
             }
-            for (i, (op, user)) in ops.iter().enumerate() {
-                let before = (rewind(&ours), rewind(&kernel));
-                let (a, b) = as_user(*user, || (apply(&ours, op), apply(&kernel, op)));
-                if a != b {
-                    return Err(TestCaseError::fail(format!("op {i} {op:?}: mount {a:?}, tmpfs {b:?}")));
-                }
-                let ((m_ours, c_ours), (m_kernel, c_kernel)) = (moved(&ours, &before.0), moved(&kernel, &before.1));
-                let who = if *user { "user 1000" } else { "root" };
-                if m_ours != m_kernel {
-                    return Err(TestCaseError::fail(format!(
-                        "op {i} {op:?} by {who} moved the mtimes of: mount {m_ours:?}, tmpfs {m_kernel:?}"
-                    )));
-                }
-                if let Some(p) = c_kernel.iter().find(|p| !c_ours.contains(p)) {
-                    return Err(TestCaseError::fail(format!(
-                        "op {i} {op:?} by {who} moved {p:?}'s ctime on tmpfs, not on the mount"
-                    )));
-                }
+            let ((m_ours, c_ours), (m_kernel, c_kernel)) = (moved(ours, &before.0), moved(kernel, &before.1));
+            if m_ours != m_kernel {
+                return Err(Differs::fail(format!(
+                    "op {i} {op:?} by {} moved the mtimes of: mount {m_ours:?}, tmpfs {m_kernel:?}",
+                    who(user)
+                )));
+            }
+            if let Some(p) = c_kernel.iter().find(|p| !c_ours.contains(p)) {
+                return Err(Differs::fail(format!(
+                    "op {i} {op:?} by {} moved {p:?}'s ctime on tmpfs, not on the mount",
+                    who(user)
+                )));
             }
             Ok(())
-        })
-        .unwrap();
+        },
+        |_, _| Ok(()),
+    );
 }
