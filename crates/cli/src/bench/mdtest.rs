@@ -246,14 +246,14 @@ impl Run {
     }
 }
 
-/// The median of some runs' seconds, and the medians of their CPU times
-/// (each on its own: the slowest run need not be the costliest).
 /// The workers of the benchmark's own server: the cores its clients'
 /// `client_threads` leave, at least one.
 fn own_threads(client_threads: u32) -> usize {
     interlock_server::default_threads().saturating_sub(client_threads as usize).max(1)
 }
 
+/// The median of some runs' seconds, and the medians of their CPU times
+/// (each on its own: the slowest run need not be the costliest).
 fn median(runs: Vec<Took>) -> Took {
     let mid = |f: fn(&Took) -> Option<f64>| {
         let mut v: Vec<f64> = runs.iter().map(f).collect::<Option<_>>()?;
