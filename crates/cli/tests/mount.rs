@@ -1084,28 +1084,21 @@ fn checksum(data: &[u8]) -> String {
 }
 
 fn tree(root: &Path) -> Vec<String> {
-    use std::os::unix::fs::MetadataExt;
     let mut out = Vec::new();
-    let mut todo = vec![PathBuf::new()];
-    while let Some(rel) = todo.pop() {
+    for (rel, m) in walk(root) {
         let path = root.join(&rel);
-        let m = std::fs::symlink_metadata(&path).unwrap();
         let what = if m.is_symlink() {
             format!("link {}", std::fs::read_link(&path).unwrap().display())
         } else if std::os::unix::fs::FileTypeExt::is_fifo(&m.file_type()) {
             "fifo".to_string()
         } else if m.is_dir() {
-            for e in std::fs::read_dir(&path).unwrap() {
-                todo.push(rel.join(e.unwrap().file_name()));
-            }
             "dir".to_string()
         } else {
             let data = std::fs::read(&path).unwrap();
             format!("file {} bytes, checksum {}", data.len(), checksum(&data))
         };
         out.push(format!(
-            "{} {what} mode {:o} nlink {} size {} owner {}:{}",
-            rel.display(),
+            "{rel} {what} mode {:o} nlink {} size {} owner {}:{}",
             m.mode() & 0o7777,
             m.nlink(),
             m.size(),
@@ -1568,7 +1561,11 @@ fn rewind(root: &Path) -> BTreeMap<String, (u64, i64)> {
     }
     // Once all are set: setting one name's moves the ctime of its other
     // names.
-    walk(root).into_iter().map(|(rel, m)| (rel, (m.ino(), m.ctime() * 1_000_000_000 + m.ctime_nsec()))).collect()
+    walk(root).into_iter().map(|(rel, m)| (rel, (m.ino(), ctime_ns(&m)))).collect()
+}
+
+fn ctime_ns(m: &std::fs::Metadata) -> i64 {
+    m.ctime() * 1_000_000_000 + m.ctime_nsec()
 }
 
 /// Every path under `root` (itself as ""), with its metadata.
@@ -1599,7 +1596,7 @@ fn moved(root: &Path, before: &BTreeMap<String, (u64, i64)>) -> (Vec<String>, Ve
         if !m.is_symlink() && (m.mtime(), m.mtime_nsec()) != (LONG_AGO, 0) {
             mtimes.push(rel.clone());
         }
-        if m.ctime() * 1_000_000_000 + m.ctime_nsec() != ctime {
+        if ctime_ns(&m) != ctime {
             ctimes.push(rel);
         }
     }
