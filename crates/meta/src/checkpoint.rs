@@ -252,17 +252,25 @@ pub fn load(dir: &Path) -> Result<Option<Loaded>, Error> {
     std::thread::scope(|s| {
         let ns = &ns;
         s.spawn(move || {
+            let mut entries = ns.entries.loading();
+            let mut inodes = 0;
             for item in rx.into_iter().flatten() {
                 match item {
                     Item::Inode(img) => {
                         ns.put_inode(Arc::new(img.into_inode()));
+                        inodes += 1;
                     }
                     Item::Entry { parent, name, ino } => {
-                        ns.entries.upsert(ns.key(parent, &name), ino);
+                        // The inodes come first: about one entry each.
+                        if inodes > 0 {
+                            entries.reserve(std::mem::take(&mut inodes));
+                        }
+                        entries.add(ns.key(parent, &name), ino);
                     }
                     Item::Header { .. } | Item::End { .. } => {}
                 }
             }
+            entries.finish();
         });
         let (mut inodes, mut entries) = (0u64, 0u64);
         let mut batch = Vec::with_capacity(BATCH);
