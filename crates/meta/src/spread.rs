@@ -134,7 +134,12 @@ impl Intent {
 
     /// One entry more.
     pub fn add(&self) {
-        self.counter().fetch_add(1, Relaxed);
+        self.add_n(1);
+    }
+
+    /// `n` entries more.
+    pub fn add_n(&self, n: u64) {
+        self.counter().fetch_add(n, Relaxed);
     }
 
     /// One entry fewer.
