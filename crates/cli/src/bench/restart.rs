@@ -167,6 +167,7 @@ pub fn run(args: Args) -> Result<(), String> {
     report.row(r);
 
     drop(store);
+    crate::alloc::release();
     let (heap1, rss1) = (live_bytes(), rss());
     let t = Instant::now();
     let (again, opened) = Store::open(&dir, StoreOptions::default(), now()).map_err(|e| e.to_string())?;
