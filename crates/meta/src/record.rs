@@ -99,20 +99,22 @@ pub(crate) fn replay(
 /// [`Projection`](interlock_journal::changelog::Projection).
 pub fn project(bytes: &[u8]) -> Result<Option<Record>, Error> {
     let Read { uid, gid, m } = decode(bytes)?;
-    let record = |rtype, time: Nanos, target, parent, name: &[u8]| Record {
+    // The decoded names move into the record, not copied: a follower
+    // decodes every record.
+    let record = |rtype, time: Nanos, target, parent, name: Vec<u8>| Record {
         rtype,
         flags: 0,
         time_ns: time.max(0) as u64,
         target,
         parent,
-        name: name.to_vec(),
+        name,
         source: None,
         uid,
         gid,
         jobid: None,
     };
     let last = |gone: Gone| if gone == Gone::Linked { 0 } else { FLAG_LAST };
-    Ok(Some(match &m {
+    Ok(Some(match m {
         Mutation::Create { parent, name, ino, kind, time, .. } => {
             let t = match kind {
                 FileType::Regular => RecordType::CREAT,
@@ -120,17 +122,17 @@ pub fn project(bytes: &[u8]) -> Result<Option<Record>, Error> {
                 FileType::Symlink => RecordType::SLINK,
                 _ => RecordType::MKNOD,
             };
-            record(t, *time, *ino, *parent, name)
+            record(t, time, ino, parent, name)
         }
-        Mutation::Link { parent, name, ino, time } => record(RecordType::HLINK, *time, *ino, *parent, name),
+        Mutation::Link { parent, name, ino, time } => record(RecordType::HLINK, time, ino, parent, name),
         Mutation::Remove { parent, name, ino, gone, dir, time } => {
-            let t = if *dir { RecordType::RMDIR } else { RecordType::UNLNK };
-            Record { flags: last(*gone), ..record(t, *time, *ino, *parent, name) }
+            let t = if dir { RecordType::RMDIR } else { RecordType::UNLNK };
+            Record { flags: last(gone), ..record(t, time, ino, parent, name) }
         }
         Mutation::Rename { parent, name, ino, new_parent, new_name, victim, gone, time, .. } => Record {
-            flags: last(*gone),
-            source: Some(RenameSource { parent: *parent, name: name.clone(), target: *ino }),
-            ..record(RecordType::RENME, *time, victim.unwrap_or(0), *new_parent, new_name)
+            flags: last(gone),
+            source: Some(RenameSource { parent, name, target: ino }),
+            ..record(RecordType::RENME, time, victim.unwrap_or(0), new_parent, new_name)
         },
         Mutation::SetAttr { ino, perm, uid: u, gid: g, size, atime, mtime, ctime } => {
             let t = if size.is_some() {
@@ -144,11 +146,11 @@ pub fn project(bytes: &[u8]) -> Result<Option<Record>, Error> {
             } else {
                 RecordType::CTIME
             };
-            record(t, *ctime, *ino, 0, b"")
+            record(t, ctime, ino, 0, Vec::new())
         }
-        Mutation::Write { ino, time, .. } => record(RecordType::MTIME, *time, *ino, 0, b""),
+        Mutation::Write { ino, time, .. } => record(RecordType::MTIME, time, ino, 0, Vec::new()),
         Mutation::SetXattr { ino, name, time, .. } | Mutation::RemoveXattr { ino, name, time } => {
-            record(RecordType::XATTR, *time, *ino, 0, name)
+            record(RecordType::XATTR, time, ino, 0, name)
         }
         Mutation::Forget { .. } => return Ok(None),
     }))
