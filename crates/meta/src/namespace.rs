@@ -1,10 +1,10 @@
-//! The namespace: inodes by number, and every directory entry in one
-//! ordered index keyed by (directory, name hash), which serves
-//! lookups and listings in hash order with stable cookies (`entries`). Reads take no
-//! lock; changes lock as `locks` says, then apply their [`Mutation`]
-//! (see `apply`).
+//! The namespace: inodes by number, and every directory entry keyed by
+//! (directory, name hash) in a hash table for lookups and an ordered
+//! index for listings in hash order with stable cookies (`entries`).
+//! Reads take no lock; changes lock as `locks` says, then apply their
+//! [`Mutation`] (see `apply`).
 //!
-//! Costs, for n entries in the namespace and k listed: lookup O(log n);
+//! Costs, for n entries in the namespace and k listed: lookup and
 //! getattr O(1) expected; create, link, unlink, rmdir, rename O(log n);
 //! readdir O(log n + k); setattr O(1) expected; xattrs O(x) in the
 //! inode's attributes.
