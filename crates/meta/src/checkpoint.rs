@@ -6,8 +6,9 @@
 //! name stripe for that moment ([`Stripes::quiesce`](crate::locks)), and
 //! notes the log position `start`: every record below it is applied.
 //! Then, with the stripes released, it walks the inode table and the
-//! entry index and writes what it finds. Changes made during the walk
-//! may or may not be in the image, object by object; since every record
+//! entries' table (in no order) and writes what it finds. Changes made
+//! during the walk may or may not be in the image, object by object, and
+//! an entry may be met twice while the table grows; since every record
 //! is a blind write (see `mutation`), replaying every record from
 //! `start`, in order, over the image ends in the state those records
 //! describe, and [`Namespace::rebuild_counts`] recounts the links.
@@ -17,7 +18,8 @@
 //! entries, an end that counts them; then the CRC-32C of every byte
 //! before it. It is written to a temporary file, synced, renamed over the
 //! old one and the directory synced, so a crash leaves the old checkpoint
-//! or the new one, never a mix. Costs: O(n) to write and to load, for n
+//! or the new one, never a mix. Costs: O(n) to write, O(n log n) to load
+//! (the entries' listing order is built from their keys sorted), for n
 //! inodes and entries (loading decodes on one thread and inserts on
 //! another); the pause before the walk is O(stripes), not O(n).
 
