@@ -113,7 +113,7 @@ fn an_open_file_outlives_its_name_until_released_or_its_session_ends() {
         for by_bye in [false, true] {
             let f = a.create(&root(), ROOT, b"f", FileType::Regular, 0o644, b"").await.unwrap();
             let holder = if by_bye { client(&server.addr).await } else { a.clone() };
-            holder.open(&root(), f.ino).await.unwrap();
+            holder.open(&root(), f.ino, libc::R_OK as u32).await.unwrap();
             b.unlink(&root(), ROOT, b"f").await.unwrap();
             assert_eq!(b.getattr(&root(), f.ino).await.unwrap().nlink, 0, "an orphan while open");
             assert_eq!(errno(b.release(&root(), f.ino).await), libc::EBADF, "b holds no handle");
@@ -140,14 +140,14 @@ fn a_gone_inode_is_estale_and_a_missing_name_enoent() {
         let d = c.create(&root(), ROOT, b"d", FileType::Directory, 0o755, b"").await.unwrap();
         let f = c.create(&root(), d.ino, b"f", FileType::Regular, 0o644, b"").await.unwrap();
         assert_eq!(errno(c.lookup(&root(), d.ino, b"missing").await), libc::ENOENT, "a missing name");
-        c.open(&root(), f.ino).await.unwrap();
+        c.open(&root(), f.ino, libc::R_OK as u32).await.unwrap();
         c.unlink(&root(), d.ino, b"f").await.unwrap();
         assert_eq!(errno(c.link(&root(), f.ino, d.ino, b"g").await), libc::ENOENT, "an orphan linked");
         c.release(&root(), f.ino).await.unwrap();
         c.rmdir(&root(), ROOT, b"d").await.unwrap();
         let gone = [
             ("getattr of", errno(c.getattr(&root(), f.ino).await), libc::ESTALE),
-            ("open of", errno(c.open(&root(), f.ino).await), libc::ESTALE),
+            ("open of", errno(c.open(&root(), f.ino, libc::R_OK as u32).await), libc::ESTALE),
             ("link of", errno(c.link(&root(), f.ino, ROOT, b"x").await), libc::ESTALE),
             ("listing of a directory", errno(c.readdir(&root(), d.ino, 0, 10, true).await), libc::ENOENT),
             ("lookup in", errno(c.lookup(&root(), d.ino, b"f").await), libc::ENOENT),
@@ -219,8 +219,8 @@ fn a_file_unlinked_while_open_outlives_a_server_restart() {
         c.write(&root(), f.ino, 0, b"still here").await.unwrap();
         c.fsync(&root(), f.ino).await.unwrap();
         let g = c.create(&root(), ROOT, b"g", FileType::Regular, 0o644, b"").await.unwrap();
-        c.open(&root(), g.ino).await.unwrap();
-        c.open(&root(), g.ino).await.unwrap();
+        c.open(&root(), g.ino, libc::R_OK as u32).await.unwrap();
+        c.open(&root(), g.ino, libc::R_OK as u32).await.unwrap();
         for name in [b"f", b"g"] {
             c.unlink(&root(), ROOT, name).await.unwrap();
         }

@@ -941,15 +941,8 @@ fn fs_op() -> impl proptest::strategy::Strategy<Value = FsOp> {
         1 => (p(), p()).prop_map(|(target, path)| FsOp::Symlink { target, path }),
         1 => p().prop_map(|path| FsOp::Readdir { path }),
         1 => (p(), 1usize..5000).prop_map(|(path, len)| FsOp::Append { path, len }),
-        // At least one id: someone else's `chown(-1, -1)` of a setuid
-        // file is where the mount parts from Linux (see
-        // `a_write_truncate_or_chgrp_drops_setuid_and_setgid_as_tmpfs_does`).
-        1 => (p(), proptest::option::of(ids()), ids()).prop_map(|(path, uid, gid)| FsOp::Chown {
-            path,
-            uid,
-            gid: Some(gid)
-        }),
-        1 => (p(), ids()).prop_map(|(path, uid)| FsOp::Chown { path, uid: Some(uid), gid: None }),
+        2 => (p(), proptest::option::of(ids()), proptest::option::of(ids()))
+            .prop_map(|(path, uid, gid)| FsOp::Chown { path, uid, gid }),
         1 => (p(), any::<bool>()).prop_map(|(path, now)| FsOp::Utime { path, now }),
         1 => (
             p(),
@@ -1455,12 +1448,14 @@ fn bench_mount_mdtest_rows_carry_the_machines_cpu_per_operation() {
 /// root drop setuid and setgid through a mount as on tmpfs: setuid
 /// always, setgid when group-executable or when the caller is not in the
 /// file's group; root's truncate keeps them; a `chown(-1, -1)` drops them
-/// too, and is refused to someone else where it would. Before the mount asked the server to drop
-/// them (`FUSE_HANDLE_KILLPRIV`), the kernel sent a truncate the dropped
-/// mode as a chmod, which the server refused a writer who is not the
-/// owner (`truncate` failed where Linux truncates), and a writer outside
-/// the file's group left setgid in place.
-const CHOWN_NOTHING: &str = "python3 -c 'import os; os.chown(\"f\", -1, -1)'";
+/// too, and is refused to someone else where it would (it was allowed,
+/// and changed nothing, before session 31). Before the mount asked the
+/// server to drop them (`FUSE_HANDLE_KILLPRIV`), the kernel sent a
+/// truncate the dropped mode as a chmod, which the server refused a
+/// writer who is not the owner (`truncate` failed where Linux
+/// truncates), and a writer outside the file's group left setgid in
+/// place.
+const CHOWN_NOTHING: &str = "/usr/bin/python3 -c 'import os; os.chown(\"f\", -1, -1)'";
 
 #[test]
 fn a_write_truncate_or_chgrp_drops_setuid_and_setgid_as_tmpfs_does() {
@@ -1490,6 +1485,11 @@ fn a_write_truncate_or_chgrp_drops_setuid_and_setgid_as_tmpfs_does() {
         (0o6755, 1000, 0, true, CHOWN_NOTHING),
         (0o6755, 0, 0, false, CHOWN_NOTHING),
         (0o0755, 0, 0, true, CHOWN_NOTHING),
+        (0o6755, 0, 0, true, CHOWN_NOTHING),
+        (0o2775, 0, 0, true, CHOWN_NOTHING),
+        (0o2765, 0, 0, true, CHOWN_NOTHING),
+        (0o6777, 0, 5, true, "printf x >> f"),
+        (0o2777, 0, 5, true, "printf x > f"),
         (0o6777, 0, 5, true, "fallocate -l 9 f"),
     ];
     for &(mode, uid, gid, as_user, script) in cases {
@@ -1512,6 +1512,38 @@ fn a_write_truncate_or_chgrp_drops_setuid_and_setgid_as_tmpfs_does() {
         let (mount, kernel) = (run(m.path()), run(tmpfs.path()));
         assert_eq!(mount, kernel, "{mode:o} {uid}:{gid}, {} runs `{script}`", if as_user { "1000" } else { "root" });
     }
+}
+
+/// What a handle may do once opened, and whose ids decide the privileges
+/// a write drops, as on tmpfs (`tests/scripts/handles.py` prints a line
+/// per case): a handle keeps reading and writing after a chmod takes its
+/// opener's access away; an open of another's private file is refused
+/// and an execute-only program runs; a user's write through a handle
+/// root opened drops setuid and setgid, root's write through a user's
+/// keeps them. Before session 31 the server checked every data call with
+/// the opener's ids against the mode of the moment (the chmod failed the
+/// handle's reads and writes with `EACCES`) and dropped privileges by the
+/// opener's ids.
+#[test]
+fn a_handle_keeps_its_access_and_a_write_drops_privileges_by_its_writer() {
+    let Some((_data, _server, m)) = one_mount("a_handle_keeps_its_access_and_a_write_drops_privileges_by_its_writer")
+    else {
+        return;
+    };
+    let Some(python) = tool("python3", "python3") else { return };
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/scripts/handles.py");
+    let tmpfs = tempfile::tempdir_in("/dev/shm").unwrap();
+    let run = |dir: &Path| {
+        let out = Command::new(&python).arg(&script).arg(dir).output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let (kernel, mount) = (run(tmpfs.path()), run(m.path()));
+    assert_eq!(kernel.lines().count(), 8, "{kernel}");
+    for (k, ours) in kernel.lines().zip(mount.lines()) {
+        assert_eq!(ours, k);
+    }
+    assert_eq!(mount.lines().count(), 8, "{mount}");
 }
 
 /// A directory its reader may read but not search lists, `..` included,

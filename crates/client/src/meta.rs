@@ -18,7 +18,7 @@
 use std::time::Duration;
 
 pub use interlock_meta::{
-    Attr, Cred, Fallocate, FileType, Ino, ROOT, RenameFlags, SeekTo, SetAttr, StatFs, TimeSet, XattrMode,
+    Attr, Caller, Cred, Fallocate, FileType, Ino, ROOT, RenameFlags, SeekTo, SetAttr, StatFs, TimeSet, XattrMode,
 };
 use interlock_proto::meta::{ChangelogOp, ChangelogReply, MetaOp, MetaReply};
 pub use interlock_proto::meta::{ChangelogRecord, ConsumerInfo, Entry};
@@ -195,11 +195,14 @@ impl Client {
         }
     }
 
-    /// Holds `ino` open: unlinked, it lives until released, or until the
-    /// client is gone (its session ended). Across a server restart the
-    /// client opens it again in the recovery window, so it lives on.
-    pub async fn open(&self, cred: &Cred, ino: Ino) -> Result<Attr, ClientError> {
-        self.opening(cred, MetaOp::Open { ino }).await
+    /// Holds `ino` open for `want` (`access(2)`'s bits, checked as an
+    /// open is; the data calls made through it with
+    /// [`Caller`]`{ opened: true }` are not checked again): unlinked, it
+    /// lives until released, or until the client is gone (its session
+    /// ended). Across a server restart the client opens it again in the
+    /// recovery window, so it lives on.
+    pub async fn open(&self, cred: &Cred, ino: Ino, want: u32) -> Result<Attr, ClientError> {
+        self.opening(cred, MetaOp::Open { ino, want }).await
     }
 
     pub async fn release(&self, cred: &Cred, ino: Ino) -> Result<(), ClientError> {
@@ -208,33 +211,49 @@ impl Client {
 
     /// Up to `size` bytes of regular file `ino` from `offset` (fewer at
     /// its end; at most 128 KiB a call).
-    pub async fn read(&self, cred: &Cred, ino: Ino, offset: u64, size: u32) -> Result<Vec<u8>, ClientError> {
-        self.bytes(cred, MetaOp::Read { ino, offset, size }).await
+    pub async fn read(
+        &self,
+        who: impl Into<Caller<'_>>,
+        ino: Ino,
+        offset: u64,
+        size: u32,
+    ) -> Result<Vec<u8>, ClientError> {
+        let Caller { cred, opened } = who.into();
+        self.bytes(cred, MetaOp::Read { ino, offset, size, opened }).await
     }
 
     /// Writes `data` (at most 128 KiB a call) at `offset`; the file's
     /// attributes after it.
-    pub async fn write(&self, cred: &Cred, ino: Ino, offset: u64, data: &[u8]) -> Result<Attr, ClientError> {
-        self.attr(cred, MetaOp::Write { ino, offset, append: false, data: data.to_vec() }).await
+    pub async fn write(
+        &self,
+        who: impl Into<Caller<'_>>,
+        ino: Ino,
+        offset: u64,
+        data: &[u8],
+    ) -> Result<Attr, ClientError> {
+        let Caller { cred, opened } = who.into();
+        self.attr(cred, MetaOp::Write { ino, offset, append: false, data: data.to_vec(), opened }).await
     }
 
     /// Writes `data` (at most 128 KiB) at the end of the file, wherever
     /// that is when it arrives (`O_APPEND`); the file's attributes after.
-    pub async fn append(&self, cred: &Cred, ino: Ino, data: &[u8]) -> Result<Attr, ClientError> {
-        self.attr(cred, MetaOp::Write { ino, offset: 0, append: true, data: data.to_vec() }).await
+    pub async fn append(&self, who: impl Into<Caller<'_>>, ino: Ino, data: &[u8]) -> Result<Attr, ClientError> {
+        let Caller { cred, opened } = who.into();
+        self.attr(cred, MetaOp::Write { ino, offset: 0, append: true, data: data.to_vec(), opened }).await
     }
 
     /// `fallocate(2)` of `len` bytes at `offset`, as `how` says; the
     /// file's attributes after it.
     pub async fn fallocate(
         &self,
-        cred: &Cred,
+        who: impl Into<Caller<'_>>,
         ino: Ino,
         how: Fallocate,
         offset: u64,
         len: u64,
     ) -> Result<Attr, ClientError> {
-        self.attr(cred, MetaOp::Fallocate { ino, how, offset, len }).await
+        let Caller { cred, opened } = who.into();
+        self.attr(cred, MetaOp::Fallocate { ino, how, offset, len, opened }).await
     }
 
     /// `copy_file_range(2)`: up to `len` bytes of `src` from `src_off`
@@ -243,12 +262,13 @@ impl Client {
     /// destination's attributes after.
     pub async fn copy_range(
         &self,
-        cred: &Cred,
+        who: impl Into<Caller<'_>>,
         (src, src_off): (Ino, u64),
         (dst, dst_off): (Ino, u64),
         len: u64,
     ) -> Result<(u64, Attr), ClientError> {
-        match self.meta(cred, MetaOp::CopyRange { src, src_off, dst, dst_off, len }).await? {
+        let Caller { cred, opened } = who.into();
+        match self.meta(cred, MetaOp::CopyRange { src, src_off, dst, dst_off, len, opened }).await? {
             MetaReply::Copied { bytes, attr } => Ok((bytes, attr)),
             other => Err(unexpected(other)),
         }
@@ -256,8 +276,15 @@ impl Client {
 
     /// Where the next data (or hole) starts at or after `offset`, as
     /// `lseek(2)`'s `SEEK_DATA` (`SEEK_HOLE`) says; `ENXIO` past the end.
-    pub async fn seek(&self, cred: &Cred, ino: Ino, offset: u64, to: SeekTo) -> Result<u64, ClientError> {
-        match self.meta(cred, MetaOp::Seek { ino, offset, to }).await? {
+    pub async fn seek(
+        &self,
+        who: impl Into<Caller<'_>>,
+        ino: Ino,
+        offset: u64,
+        to: SeekTo,
+    ) -> Result<u64, ClientError> {
+        let Caller { cred, opened } = who.into();
+        match self.meta(cred, MetaOp::Seek { ino, offset, to, opened }).await? {
             MetaReply::Offset(at) => Ok(at),
             other => Err(unexpected(other)),
         }

@@ -66,13 +66,14 @@ pub(crate) fn reopen_all(inner: &Arc<Inner>, t: &mut Tables) {
     }
 }
 
-/// Opens `ino` again. The open was allowed when first made, and an open
-/// checks no permission at the server, so it goes as root. Refused, the
+/// Opens `ino` again. The open was allowed when first made, and a
+/// permission taken away since does not take the handle away (as on
+/// Linux): it goes as root, asking for no access to check. Refused, the
 /// file is gone (it was unlinked while open, and we came back after the
 /// server's recovery window): said loudly, and no longer counted.
 fn reopen(inner: &Arc<Inner>, t: &mut Tables, ino: Ino) {
     let id = inner.next_id.fetch_add(1, Ordering::Relaxed);
-    let op = Op::Meta { cred: Cred::root(), op: MetaOp::Open { ino } };
+    let op = Op::Meta { cred: Cred::root(), op: MetaOp::Open { ino, want: 0 } };
     if inner.outbox.send(&ClientMsgRef::Request { id, op: &op }).is_err() {
         return;
     }

@@ -17,10 +17,6 @@ use tokio::task::JoinHandle;
 
 pub struct Handle {
     pub ino: Ino,
-    /// Who opened it: the data calls made through it are checked with
-    /// these credentials, as Linux checks an open file's access once, at
-    /// open (see `ops::as_opener`).
-    pub cred: Cred,
     /// (kind, kernel owner) of every lock taken through this handle.
     pub lockers: Mutex<HashSet<(Kind, u64)>>,
 }
@@ -74,10 +70,10 @@ pub struct Handles {
 }
 
 impl Handles {
-    /// A new handle of `ino`, opened by `cred`. O(1).
-    pub fn insert(&self, ino: Ino, cred: Cred) -> u64 {
+    /// A new handle of `ino`. O(1).
+    pub fn insert(&self, ino: Ino) -> u64 {
         let fh = self.next.fetch_add(1, Relaxed) + 1;
-        self.open.lock().insert(fh, Arc::new(Handle { ino, cred, lockers: Mutex::default() }));
+        self.open.lock().insert(fh, Arc::new(Handle { ino, lockers: Mutex::default() }));
         fh
     }
 
@@ -139,7 +135,7 @@ mod tests {
     #[test]
     fn a_locker_seen_through_another_open_handle_is_found() {
         let h = Handles::default();
-        let (one, two) = (h.insert(7, Cred::root()), h.insert(7, Cred::root()));
+        let (one, two) = (h.insert(7), h.insert(7));
         h.get(one).unwrap().lockers.lock().insert((Kind::Flock, 42));
         let gone = h.remove(one).unwrap();
         assert!(gone.lockers.lock().contains(&(Kind::Flock, 42)));

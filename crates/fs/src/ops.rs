@@ -12,14 +12,14 @@ use futures::future::try_join_all;
 use std::time::Duration;
 
 use interlock_client::meta::{
-    Attr, Cred, Fallocate, FileType, Ino, ROOT, RenameFlags, SeekTo, SetAttr, TimeSet, XattrMode,
+    Attr, Caller, Cred, Fallocate, FileType, Ino, ROOT, RenameFlags, SeekTo, SetAttr, TimeSet, XattrMode,
 };
 use interlock_client::{Client, ClientError};
 use interlock_proto::meta::{MAX_DATA, MetaOp};
 use tokio::sync::oneshot;
 
 use crate::abi::{self, Args, InHeader, Malformed, Ttl, fattr, op};
-use crate::handles::{Handle, Handles, Listing};
+use crate::handles::{Handles, Listing};
 use crate::locks::{Lost, Owners, errno};
 
 /// A reply's body, or the errno to fail with.
@@ -60,16 +60,35 @@ async fn repeats<T>(r: &Result<T, ClientError>, until: tokio::time::Instant) -> 
     again
 }
 
-/// Whose permissions a data call through open file `handle` is checked
-/// with: its opener's, as Linux checks an open file's access once, at
-/// open. A daemon that opens its log as root and then drops to `nobody`
-/// keeps writing it (with the caller's, it got `EACCES`). The server
-/// checks them against the file's mode now, so a file made unreadable to
-/// a user who is neither its owner nor root after they opened it fails
-/// their reads, as on NFS. The caller's for a handle this mount does not
-/// know (the kernel always sends one it gave).
-fn as_opener<'a>(handle: &'a Option<Arc<Handle>>, caller: &'a Cred) -> &'a Cred {
-    handle.as_ref().map_or(caller, |h| &h.cred)
+/// Who makes a data call through open file `fh`: the caller, through a
+/// handle whose access the server checked at its open, as Linux checks
+/// an open file's access once. A daemon that opens its log as root and
+/// then drops to `nobody` keeps writing it, and a file made unreadable
+/// after it was opened is still read through the handle (before, the
+/// server checked each call with the opener's ids against the mode of the
+/// moment, and such reads failed, as on NFS). The privileges a write
+/// drops are the caller's to decide, as on Linux: a write by `nobody`
+/// through root's handle drops setuid. A handle this mount does not know
+/// (the kernel always sends one it gave) vouches for nothing.
+fn through<'a>(handles: &Handles, fh: u64, caller: &'a Cred) -> Caller<'a> {
+    Caller { cred: caller, opened: handles.get(fh).is_some() }
+}
+
+/// What an open with `flags` asks of the file, in `access(2)`'s bits:
+/// execute for `execve`'s open (`__FMODE_EXEC` in the flags, which needs
+/// no read permission), else read, write or both by the access mode.
+fn wanted(flags: u32) -> u32 {
+    const FMODE_EXEC: u32 = 0x20;
+    let want = if flags & FMODE_EXEC != 0 {
+        libc::X_OK
+    } else {
+        match flags as i32 & libc::O_ACCMODE {
+            libc::O_RDONLY => libc::R_OK,
+            libc::O_WRONLY => libc::W_OK,
+            _ => libc::R_OK | libc::W_OK,
+        }
+    };
+    want as u32
 }
 
 /// Entries asked of the server per listing call: the kernel's buffer holds
@@ -136,7 +155,7 @@ impl Fs {
             op::RENAME => self.rename(&cred, ino, &mut a, false).await,
             op::RENAME2 => self.rename(&cred, ino, &mut a, true).await,
             op::LINK => self.link(&cred, ino, &mut a).await,
-            op::OPEN => self.open(&cred, ino).await,
+            op::OPEN => self.open(&cred, ino, &mut a).await,
             op::READ => self.read(&cred, ino, &mut a).await,
             op::WRITE => self.write(&cred, ino, &mut a).await,
             op::STATFS => self.statfs(&cred).await,
@@ -247,15 +266,22 @@ impl Fs {
         let (uid, gid) = (a.u32()?, a.u32()?);
         let has = |bit| valid & bit != 0;
         // A request that sets nothing is a `chown(-1, -1)`, which on Linux
-        // drops setuid and setgid, the owner's or root's to make (with
-        // `HANDLE_KILLPRIV` the kernel leaves that to us and sends no ids),
-        // or the kernel asking us to drop them for a write or `fallocate`
-        // by someone else, whose request drops them itself: only an
-        // owner's is taken as a chown.
+        // drops setuid and setgid, the owner's or root's to make, and is
+        // refused anyone else where it would drop one (with
+        // `HANDLE_KILLPRIV` the kernel leaves that to us and sends no
+        // ids); or the kernel asking us to drop them for a `fallocate` by
+        // someone else through a handle of the file, whose request drops
+        // them itself (as a write's does, which sends no such request).
+        // So it is taken as a chown unless someone other than the owner
+        // or root sends it while the file is open here (where a
+        // `chown(-1, -1)` of a setuid file is allowed, and Linux refuses
+        // it: the one case the two part).
         let chown = has(fattr::UID)
             || has(fattr::GID)
             || (valid & fattr::CHANGES == 0
-                && (cred.is_root() || self.again(|| self.client.getattr(cred, ino)).await?.uid == cred.uid));
+                && (cred.is_root()
+                    || !self.handles.is_open(ino)
+                    || self.again(|| self.client.getattr(cred, ino)).await?.uid == cred.uid));
         let time = |now, set, secs: u64, nsec: u32| {
             if has(now) {
                 Some(TimeSet::Now)
@@ -358,10 +384,11 @@ impl Fs {
     /// wrote is what the next read sees. The kernel's cached attributes
     /// are dropped, so a size changed elsewhere shows after the open
     /// (close-to-open).
-    async fn open(&self, cred: &Cred, ino: Ino) -> Answer {
-        self.again(|| self.client.open(cred, ino)).await?;
+    async fn open(&self, cred: &Cred, ino: Ino, a: &mut Args<'_>) -> Answer {
+        let want = wanted(a.u32()?);
+        self.again(|| self.client.open(cred, ino, want)).await?;
         self.invalidate(ino);
-        Ok(abi::open_out(self.handles.insert(ino, cred.clone()), abi::FOPEN_DIRECT_IO))
+        Ok(abi::open_out(self.handles.insert(ino), abi::FOPEN_DIRECT_IO))
     }
 
     /// `FUSE_CREATE`: create and open. If another mount made the name
@@ -374,7 +401,7 @@ impl Fs {
         let name = a.cstr()?;
         let attr = self.create_or_open(cred, parent, name, mode & 0o7777, flags as i32).await?;
         let mut out = self.entry(&attr);
-        out.extend_from_slice(&abi::open_out(self.handles.insert(attr.ino, cred.clone()), abi::FOPEN_DIRECT_IO));
+        out.extend_from_slice(&abi::open_out(self.handles.insert(attr.ino), abi::FOPEN_DIRECT_IO));
         Ok(out)
     }
 
@@ -400,7 +427,7 @@ impl Fs {
             }
             match self.again(|| self.client.lookup(cred, parent, name)).await {
                 Ok(attr) if attr.kind == FileType::Regular => {
-                    let opened = self.again(|| self.client.open(cred, attr.ino)).await?;
+                    let opened = self.again(|| self.client.open(cred, attr.ino, wanted(flags as u32))).await?;
                     if flags & libc::O_TRUNC == 0 {
                         return Ok(opened);
                     }
@@ -423,12 +450,11 @@ impl Fs {
 
     async fn read(&self, cred: &Cred, ino: Ino, a: &mut Args<'_>) -> Answer {
         let (fh, offset, size) = (a.u64()?, a.u64()?, a.u32()? as usize);
-        let handle = self.handles.get(fh);
-        let cred = as_opener(&handle, cred);
+        let who = through(&self.handles, fh, cred);
         let parts = (0..size.div_ceil(MAX_DATA)).map(|i| {
             let at = offset + (i * MAX_DATA) as u64;
             let len = (size - i * MAX_DATA).min(MAX_DATA) as u32;
-            self.on_file(ino, true, move |c| async move { c.read(cred, ino, at, len).await })
+            self.on_file(ino, true, move |c| async move { c.read(who, ino, at, len).await })
         });
         let parts = try_join_all(parts).await?;
         let mut out = Vec::with_capacity(size);
@@ -445,8 +471,7 @@ impl Fs {
     async fn write(&self, cred: &Cred, ino: Ino, a: &mut Args<'_>) -> Answer {
         self.writable()?;
         let (fh, offset, size) = (a.u64()?, a.u64()?, a.u32()? as usize);
-        let handle = self.handles.get(fh);
-        let cred = as_opener(&handle, cred);
+        let who = through(&self.handles, fh, cred);
         a.skip(12)?;
         let flags = a.u32()? as i32;
         a.skip(4)?;
@@ -455,12 +480,12 @@ impl Fs {
             // At the server's end of the file, not at the kernel's idea of
             // it (another mount may have appended since); in order.
             for part in data.chunks(MAX_DATA) {
-                self.on_file(ino, false, |c| async move { c.append(cred, ino, part).await }).await?;
+                self.on_file(ino, false, |c| async move { c.append(who, ino, part).await }).await?;
             }
         } else {
             let parts = data.chunks(MAX_DATA).enumerate().map(|(i, part)| {
                 let at = offset + (i * MAX_DATA) as u64;
-                self.on_file(ino, true, move |c| async move { c.write(cred, ino, at, part).await })
+                self.on_file(ino, true, move |c| async move { c.write(who, ino, at, part).await })
             });
             try_join_all(parts).await?;
         }
@@ -475,9 +500,8 @@ impl Fs {
         self.writable()?;
         let (fh, offset, len, mode) = (a.u64()?, a.u64()?, a.u64()?, a.u32()?);
         let how = Fallocate::from_mode(mode).map_err(|e| e.0)?;
-        let handle = self.handles.get(fh);
-        let cred = as_opener(&handle, cred);
-        self.on_file(ino, true, |c| async move { c.fallocate(cred, ino, how, offset, len).await })
+        let who = through(&self.handles, fh, cred);
+        self.on_file(ino, true, |c| async move { c.fallocate(who, ino, how, offset, len).await })
             .await
             .map(|_| Vec::new())
     }
@@ -491,12 +515,11 @@ impl Fs {
     /// write is.
     async fn copy_file_range(&self, cred: &Cred, src: Ino, a: &mut Args<'_>) -> Answer {
         self.writable()?;
-        let (_fh_in, src_off, dst, fh_out, dst_off, len) = (a.u64()?, a.u64()?, a.u64()?, a.u64()?, a.u64()?, a.u64()?);
-        let handle = self.handles.get(fh_out);
-        let cred = as_opener(&handle, cred);
+        let (fh_in, src_off, dst, fh_out, dst_off, len) = (a.u64()?, a.u64()?, a.u64()?, a.u64()?, a.u64()?, a.u64()?);
+        let who = Caller { cred, opened: self.handles.get(fh_in).is_some() && self.handles.get(fh_out).is_some() };
         let len = len.min(u64::from(u32::MAX) & !0xfff);
         let (bytes, _) = self
-            .on_file(dst, true, |c| async move { c.copy_range(cred, (src, src_off), (dst, dst_off), len).await })
+            .on_file(dst, true, |c| async move { c.copy_range(who, (src, src_off), (dst, dst_off), len).await })
             .await?;
         Ok(abi::write_out(bytes as u32))
     }
@@ -506,14 +529,13 @@ impl Fs {
     /// holes (`qemu-img`, `cp` of a sparse file) read only the data.
     async fn lseek(&self, cred: &Cred, ino: Ino, a: &mut Args<'_>) -> Answer {
         let (fh, offset, whence) = (a.u64()?, a.u64()?, a.u32()? as i32);
-        let handle = self.handles.get(fh);
-        let cred = as_opener(&handle, cred);
+        let who = through(&self.handles, fh, cred);
         let to = match whence {
             libc::SEEK_DATA => SeekTo::Data,
             libc::SEEK_HOLE => SeekTo::Hole,
             _ => return Err(libc::EINVAL),
         };
-        let at = self.again(|| self.client.seek(cred, ino, offset, to)).await?;
+        let at = self.again(|| self.client.seek(who, ino, offset, to)).await?;
         let mut out = Vec::with_capacity(8);
         abi::put64(&mut out, at);
         Ok(out)
@@ -612,7 +634,8 @@ impl Fs {
     /// lookup per file.
     async fn readdir(&self, cred: &Cred, ino: Ino, a: &mut Args<'_>, plus: bool) -> Answer {
         let (fh, mut cookie, size) = (a.u64()?, a.u64()?, a.u32()? as usize);
-        // Its opener's credentials, as for a file's data (`as_opener`).
+        // Its opener's credentials: Linux checks a listing's access at
+        // `opendir`, and the server checks each page with these.
         let opener = self.handles.dir_opener(fh).unwrap_or_else(|| cred.clone());
         let cred = &opener;
         let mut out = Vec::with_capacity(size);

@@ -16,8 +16,8 @@ use crate::log::Seq;
 use crate::mutation::{Gone, Mutation};
 use crate::namespace::{Namespace, check_name, xattr_permission};
 use crate::types::{
-    Attr, Cred, FILE_SIZE_MAX, Fallocate, FileType, Ino, LINK_MAX, Nanos, ROOT, RenameFlags, SYMLINK_MAX, SetAttr,
-    TimeSet, XATTR_SIZE_MAX, XattrMode,
+    Attr, Caller, Cred, FILE_SIZE_MAX, Fallocate, FileType, Ino, LINK_MAX, Nanos, ROOT, RenameFlags, SYMLINK_MAX,
+    SetAttr, TimeSet, XATTR_SIZE_MAX, XattrMode,
 };
 
 /// The most one `copy_range_with` copies: the destination's lock (a
@@ -467,12 +467,11 @@ impl Namespace {
         Ok((i.attr(), seq))
     }
 
-    /// A regular file the caller may read (its owner always may, as an
-    /// NFS server lets the owner of a file it opened read it), and its
+    /// A regular file the caller may read (see [`may_use`]), and its
     /// attributes. O(1) expected.
-    pub fn readable(&self, cred: &Cred, ino: Ino) -> Result<Attr> {
+    pub fn readable(&self, who: Caller, ino: Ino) -> Result<Attr> {
         let i = self.inode(ino)?;
-        may_use(cred, &i, access::READ)?;
+        may_use(who, &i, access::READ)?;
         Ok(i.attr())
     }
 
@@ -483,18 +482,17 @@ impl Namespace {
     /// the new size (if it grew) and times are recorded, all under the
     /// inode's lock, so size and data agree.
     /// A write by anyone but root clears setuid and setgid as Linux's
-    /// `file_remove_privs` does ([`access::dropped_by_data`]). O(1)
-    /// expected, plus
-    /// `put`.
+    /// `file_remove_privs` does ([`access::dropped_by_data`], for the
+    /// writer). O(1) expected, plus `put`.
     pub fn write_with(
         &self,
-        cred: &Cred,
+        who: Caller,
         ino: Ino,
         (offset, len): (Option<u64>, u64),
         now: Nanos,
         put: impl FnOnce(u64) -> Result<u64>,
     ) -> Result<(Attr, Seq)> {
-        self.change_data(cred, ino, (offset, len), true, now, put)
+        self.change_data(who, ino, (offset, len), true, now, put)
     }
 
     /// `fallocate(2)` of `len` bytes at `offset` of regular file `ino`:
@@ -507,7 +505,7 @@ impl Namespace {
     /// O(1) expected, plus `put`.
     pub fn fallocate_with(
         &self,
-        cred: &Cred,
+        who: Caller,
         ino: Ino,
         how: Fallocate,
         (offset, len): (u64, u64),
@@ -517,7 +515,7 @@ impl Namespace {
         if len == 0 {
             return Err(Errno::EINVAL);
         }
-        self.change_data(cred, ino, (Some(offset), len), how.grows(), now, |_| put())
+        self.change_data(who, ino, (Some(offset), len), how.grows(), now, |_| put())
     }
 
     /// What a write and a `fallocate` share: `put` changes `len` bytes
@@ -526,7 +524,7 @@ impl Namespace {
     /// the data then takes.
     fn change_data(
         &self,
-        cred: &Cred,
+        who: Caller,
         ino: Ino,
         (offset, len): (Option<u64>, u64),
         grow: bool,
@@ -536,15 +534,15 @@ impl Namespace {
         let i = self.inode(ino)?;
         let _held = self.stripes.lock(&[], &[Self::ino_lock(ino)]);
         self.inode(ino)?;
-        let o = may_use(cred, &i, WRITE)?;
+        let o = may_use(who, &i, WRITE)?;
         // An append takes the size under the inode's lock: appends from
         // any number of clients never overwrite each other.
         let offset = offset.unwrap_or_else(|| i.size.load(Relaxed));
         let end = offset.checked_add(len).filter(|&e| e <= FILE_SIZE_MAX).ok_or(Errno::EFBIG)?;
         i.blocks.store(put(offset)?, Relaxed);
         let size = (grow && end > i.size.load(Relaxed)).then_some(end);
-        let perm = access::dropped_by_data(cred, &o);
-        let seq = self.commit(cred, &Mutation::Write { ino, size, perm, time: now })?;
+        let perm = access::dropped_by_data(who.cred, &o);
+        let seq = self.commit(who.cred, &Mutation::Write { ino, size, perm, time: now })?;
         Ok((i.attr(), seq))
     }
 
@@ -561,24 +559,24 @@ impl Namespace {
     /// destination's attributes. O(1) expected, plus `put`.
     pub fn copy_range_with(
         &self,
-        cred: &Cred,
+        who: Caller,
         (src, src_off): (Ino, u64),
         (dst, dst_off): (Ino, u64),
         len: u64,
         now: Nanos,
         put: impl FnOnce(u64) -> Result<u64>,
     ) -> Result<(u64, Attr, Seq)> {
-        let size = self.readable(cred, src)?.size;
+        let size = self.readable(who, src)?.size;
         let n = len.min(size.saturating_sub(src_off)).min(COPY_MAX);
         if src == dst && dst_off < src_off.saturating_add(n) && src_off < dst_off.saturating_add(n) {
             return Err(Errno::EINVAL);
         }
         if n == 0 {
             let i = self.inode(dst)?;
-            may_use(cred, &i, WRITE)?;
+            may_use(who, &i, WRITE)?;
             return Ok((0, i.attr(), 0));
         }
-        let (a, seq) = self.change_data(cred, dst, (Some(dst_off), n), true, now, |_| put(n))?;
+        let (a, seq) = self.change_data(who, dst, (Some(dst_off), n), true, now, |_| put(n))?;
         Ok((n, a, seq))
     }
 
@@ -620,14 +618,21 @@ impl Namespace {
         self.commit(cred, &m)
     }
 
-    /// An open handle of `ino`: it lives while any is open, names or not.
-    /// Open handles are not journaled (they are a session's, like its
-    /// locks); an orphan outlives a restart because its removal said so.
-    pub fn open(&self, ino: Ino) -> Result<Attr> {
+    /// An open handle of `ino` for `want` (`access(2)`'s bits: read,
+    /// write, execute; none for a handle opened again in a new session),
+    /// checked as Linux checks an open, once: the data calls made through
+    /// the handle are not checked again (see [`Caller`]). It lives while
+    /// any is open, names or not. Open handles are not journaled (they
+    /// are a session's, like its locks); an orphan outlives a restart
+    /// because its removal said so. O(1) expected.
+    pub fn open(&self, cred: &Cred, ino: Ino, want: u32) -> Result<Attr> {
         let i = self.inode(ino)?;
         let _held = self.stripes.lock(&[], &[Self::ino_lock(ino)]);
         // Freed between the look-up and the lock.
         self.inode(ino)?;
+        if want != 0 {
+            access::check(cred, &i.owner(), want)?;
+        }
         i.opens.fetch_add(1, Relaxed);
         Ok(i.attr())
     }
@@ -674,14 +679,15 @@ impl Namespace {
 }
 
 /// The checks of a use of `i`'s data (`want`: read or write): a regular
-/// file the caller may use so (its owner always may, as an NFS server
-/// lets the owner of a file it opened read and write it). Its owner and
-/// mode, read once.
-fn may_use(cred: &Cred, i: &Inode, want: u32) -> Result<Owner> {
+/// file, and, unless the use is through a handle opened for it (checked
+/// at its open), one the caller may use so (its owner always may, as an
+/// NFS server lets the owner of a file it opened read and write it). Its
+/// owner and mode, read once.
+fn may_use(who: Caller, i: &Inode, want: u32) -> Result<Owner> {
     regular(i)?;
     let o = i.owner();
-    if cred.uid != o.uid {
-        access::check(cred, &o, want)?;
+    if !who.opened && who.cred.uid != o.uid {
+        access::check(who.cred, &o, want)?;
     }
     Ok(o)
 }

@@ -38,7 +38,7 @@ use crate::log::{Log, Seq};
 use crate::mutation::{Gone, Mutation};
 use crate::namespace::Namespace;
 use crate::record;
-use crate::types::{Attr, Cred, Fallocate, Ino, Nanos, ReadFrom, SeekTo, SetAttr, StatFs};
+use crate::types::{Attr, Caller, Cred, Fallocate, Ino, Nanos, ReadFrom, SeekTo, SetAttr, StatFs};
 
 /// How a store keeps its journal and changelog.
 #[derive(Clone, Debug, Default)]
@@ -189,8 +189,8 @@ impl Store {
 
     /// `len` bytes of regular file `ino` from `offset` (fewer at its end);
     /// `EAGAIN` if `from` is the cache and they are not all in it.
-    pub fn read(&self, cred: &Cred, ino: Ino, (offset, len): (u64, usize), from: ReadFrom) -> Result<Vec<u8>> {
-        let a = self.ns.readable(cred, ino)?;
+    pub fn read(&self, who: Caller, ino: Ino, (offset, len): (u64, usize), from: ReadFrom) -> Result<Vec<u8>> {
+        let a = self.ns.readable(who, ino)?;
         self.data.read(ino, offset, len, a.size, from)
     }
 
@@ -200,9 +200,9 @@ impl Store {
     /// is in the journal's files when this returns (see `written`).
     /// `offset` `None` appends: the write goes at the end of the file, as
     /// the file is under the inode's lock.
-    pub fn write(&self, cred: &Cred, ino: Ino, offset: Option<u64>, bytes: &[u8], now: Nanos) -> Result<(Attr, Seq)> {
+    pub fn write(&self, who: Caller, ino: Ino, offset: Option<u64>, bytes: &[u8], now: Nanos) -> Result<(Attr, Seq)> {
         let (a, seq) =
-            self.ns.write_with(cred, ino, (offset, bytes.len() as u64), now, |at| self.data.write(ino, at, bytes))?;
+            self.ns.write_with(who, ino, (offset, bytes.len() as u64), now, |at| self.data.write(ino, at, bytes))?;
         self.written(seq)?;
         Ok((a, seq))
     }
@@ -212,8 +212,8 @@ impl Store {
     /// zeroed as `how` says, then the size and times, which reach the
     /// disk with the record, as a write's do (in the journal's files on
     /// return, durable at [`fsync`](Store::fsync)).
-    pub fn fallocate(&self, cred: &Cred, ino: Ino, how: Fallocate, at: (u64, u64), now: Nanos) -> Result<(Attr, Seq)> {
-        let (a, seq) = self.ns.fallocate_with(cred, ino, how, at, now, || self.data.fallocate(ino, how, at.0, at.1))?;
+    pub fn fallocate(&self, who: Caller, ino: Ino, how: Fallocate, at: (u64, u64), now: Nanos) -> Result<(Attr, Seq)> {
+        let (a, seq) = self.ns.fallocate_with(who, ino, how, at, now, || self.data.fallocate(ino, how, at.0, at.1))?;
         self.written(seq)?;
         Ok((a, seq))
     }
@@ -221,8 +221,8 @@ impl Store {
     /// `lseek(2)`'s `SEEK_DATA` or `SEEK_HOLE` in regular file `ino`
     /// (checked as a read is): see `Data::seek`. O(1) expected, plus the
     /// local file system's extent look-up.
-    pub fn seek(&self, cred: &Cred, ino: Ino, at: u64, to: SeekTo) -> Result<u64> {
-        let size = self.ns.readable(cred, ino)?.size;
+    pub fn seek(&self, who: Caller, ino: Ino, at: u64, to: SeekTo) -> Result<u64> {
+        let size = self.ns.readable(who, ino)?.size;
         self.data.seek(ino, at, to, size)
     }
 
@@ -233,13 +233,13 @@ impl Store {
     /// write's are. Returns how many bytes.
     pub fn copy_range(
         &self,
-        cred: &Cred,
+        who: Caller,
         src: (Ino, u64),
         dst: (Ino, u64),
         len: u64,
         now: Nanos,
     ) -> Result<(u64, Attr, Seq)> {
-        let (n, attr, seq) = self.ns.copy_range_with(cred, src, dst, len, now, |n| self.data.copy(src, dst, n))?;
+        let (n, attr, seq) = self.ns.copy_range_with(who, src, dst, len, now, |n| self.data.copy(src, dst, n))?;
         self.written(seq)?;
         Ok((n, attr, seq))
     }

@@ -122,6 +122,31 @@ impl Cred {
     }
 }
 
+/// Who uses a file's data, and how that use is checked: with `opened`,
+/// through a handle opened for it, whose access was checked then (Linux
+/// checks an open file's access once, at `open`: a chmod after it takes
+/// nothing from the handle); otherwise on each call. Either way a write's
+/// dropped setuid and setgid are `cred`'s to decide (Linux's
+/// `file_remove_privs` looks at the writer, not at who opened the file).
+#[derive(Clone, Copy, Debug)]
+pub struct Caller<'a> {
+    pub cred: &'a Cred,
+    pub opened: bool,
+}
+
+impl<'a> Caller<'a> {
+    /// A call checked on its own: no handle vouches for it.
+    pub fn checked(cred: &'a Cred) -> Caller<'a> {
+        Caller { cred, opened: false }
+    }
+}
+
+impl<'a> From<&'a Cred> for Caller<'a> {
+    fn from(cred: &'a Cred) -> Caller<'a> {
+        Caller::checked(cred)
+    }
+}
+
 /// A time to set: now, or a given time (`utimensat`'s `UTIME_NOW` and a
 /// value; `UTIME_OMIT` is `None` in [`SetAttr`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -75,7 +75,7 @@ fn worker() {
                     let (made, s) = ns.create(&root, a, f.as_bytes(), file(), b"", n as i64).unwrap();
                     store.wait(s).unwrap();
                     say(&out, 'C', t, n);
-                    store.write(&root, made.ino, Some(0), data(round, t, n).as_bytes(), 1).unwrap();
+                    store.write((&root).into(), made.ino, Some(0), data(round, t, n).as_bytes(), 1).unwrap();
                     say(&out, 'W', t, n);
                     let s = ns.rename(&root, (a, f.as_bytes()), (b, g.as_bytes()), RenameFlags::default(), 1).unwrap();
                     store.wait(s).unwrap();
@@ -196,7 +196,7 @@ fn kill_9_under_load_keeps_every_acknowledged_change_once() {
                 assert!(ok, "round {round}: {name} is in {place:?}, last acknowledged {:?}", acked.get(&key));
                 let dir = if place == Place::F { a } else { b };
                 let ino = store.ns().lookup(&root, dir, name.as_bytes()).unwrap().ino;
-                let held = store.read(&root, ino, (0, 100), ReadFrom::Disk).unwrap();
+                let held = store.read((&root).into(), ino, (0, 100), ReadFrom::Disk).unwrap();
                 let want = data(key.0, key.1, key.2).into_bytes();
                 let written = matches!(acked.get(&key), Some('W' | 'R'));
                 assert!(

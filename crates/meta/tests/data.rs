@@ -83,7 +83,7 @@ proptest! {
             match *op {
                 Op::Write(f, off, len, b) => {
                     let bytes = vec![b; len];
-                    let (a, seq) = store.write(&root, inos[f], Some(off), &bytes, 10 + t as i64).unwrap();
+                    let (a, seq) = store.write((&root).into(), inos[f], Some(off), &bytes, 10 + t as i64).unwrap();
                     store.wait(seq).unwrap();
                     kernel[f].write_all_at(&bytes, off).unwrap();
                     prop_assert_eq!(a.size, kernel[f].metadata().unwrap().len(), "size after the write");
@@ -95,14 +95,14 @@ proptest! {
                     kernel[f].set_len(size).unwrap();
                 }
                 Op::Fallocate(f, how, off, len) => {
-                    let (a, seq) = store.fallocate(&root, inos[f], how, (off, len), 10 + t as i64).unwrap();
+                    let (a, seq) = store.fallocate((&root).into(), inos[f], how, (off, len), 10 + t as i64).unwrap();
                     store.wait(seq).unwrap();
                     let mode = FallocateFlags::from_bits_retain(how.mode() as i32);
                     fallocate(&kernel[f], mode, off as i64, len as i64).unwrap();
                     prop_assert_eq!(a.size, kernel[f].metadata().unwrap().len(), "size after {:?}", how);
                 }
                 Op::Copy((from, at), (to, to_at), len) => {
-                    let ours = store.copy_range(&root, (inos[from], at), (inos[to], to_at), len, 10 + t as i64);
+                    let ours = store.copy_range((&root).into(), (inos[from], at), (inos[to], to_at), len, 10 + t as i64);
                     let (mut a, mut b) = (at as i64, to_at as i64);
                     let theirs = copy_file_range(&kernel[from], Some(&mut a), &kernel[to], Some(&mut b), len as usize);
                     match (ours, theirs) {
@@ -120,13 +120,13 @@ proptest! {
                     let bytes = read(&store, inos[f], 0, size as usize);
                     let zeros = |from: u64, to: u64| bytes[from as usize..to as usize].iter().all(|&b| b == 0);
                     let first = (off..size).find(|&p| bytes[p as usize] != 0);
-                    match store.seek(&root, inos[f], off, SeekTo::Data) {
+                    match store.seek((&root).into(), inos[f], off, SeekTo::Data) {
                         Ok(d) => prop_assert!(off <= d && d < size && zeros(off, d), "data at {} from {} of {}", d, off, size),
                         Err(e) => prop_assert!(e == Errno::ENXIO && first.is_none(), "{:?} from {}: data at {:?}", e, off, first),
                     }
-                    match store.seek(&root, inos[f], off, SeekTo::Hole) {
+                    match store.seek((&root).into(), inos[f], off, SeekTo::Hole) {
                         Ok(h) => {
-                            let next = store.seek(&root, inos[f], h, SeekTo::Data).unwrap_or(size);
+                            let next = store.seek((&root).into(), inos[f], h, SeekTo::Data).unwrap_or(size);
                             // A hole starts at h: no data there, zeros up to the next.
                             let hole = h == size || (next > h && zeros(h, next));
                             prop_assert!(off <= h && h <= size && hole, "hole at {} (to {}) from {}", h, next, off);
@@ -138,7 +138,7 @@ proptest! {
                     let want = kernel_read(&kernel[f], off, len);
                     prop_assert!(read(&store, inos[f], off, len) == want, "read {} bytes at {} of f{}", len, off, f);
                     // From the page cache: the same bytes, or EAGAIN.
-                    let cached = store.read(&root, inos[f], (off, len), ReadFrom::Cache);
+                    let cached = store.read((&root).into(), inos[f], (off, len), ReadFrom::Cache);
                     prop_assert!(cached.as_ref().map_or_else(|e| *e == Errno::EAGAIN, |c| *c == want), "cached read of {} bytes at {} of f{}", len, off, f);
                 }
                 Op::Reopen => {
@@ -163,7 +163,7 @@ proptest! {
 
 /// `len` bytes of `ino` from `at`, as root, from the disk if need be.
 fn read(store: &Store, ino: Ino, at: u64, len: usize) -> Vec<u8> {
-    store.read(&Cred::root(), ino, (at, len), ReadFrom::Disk).unwrap()
+    store.read((&Cred::root()).into(), ino, (at, len), ReadFrom::Disk).unwrap()
 }
 
 /// A store in a fresh directory with two empty regular files, `a` and `b`.
@@ -191,7 +191,7 @@ fn a_freed_files_data_goes() {
     let (tmp, store, files) = store_with_files();
     let root = Cred::root();
     for (i, ino) in files.into_iter().enumerate() {
-        store.write(&root, ino, Some(1 << 30), b"far out", 3).unwrap();
+        store.write((&root).into(), ino, Some(1 << 30), b"far out", 3).unwrap();
         assert_eq!(store.ns().getattr(ino).unwrap().size, (1 << 30) + 7, "a sparse file of a GiB ({i})");
     }
     assert_eq!(data_files(tmp.path()), 2);
@@ -212,13 +212,13 @@ fn a_copy_keeps_the_sources_holes() {
     let (tmp, store, files) = store_with_files();
     let (root, [a, b]) = (Cred::root(), files);
     const FAR: u64 = 64 << 20;
-    store.write(&root, a, Some(0), b"head", 3).unwrap();
-    store.write(&root, a, Some(FAR), b"tail", 3).unwrap();
-    store.write(&root, b, Some(FAR / 2), &[9u8; 8192], 3).unwrap();
+    store.write((&root).into(), a, Some(0), b"head", 3).unwrap();
+    store.write((&root).into(), a, Some(FAR), b"tail", 3).unwrap();
+    store.write((&root).into(), b, Some(FAR / 2), &[9u8; 8192], 3).unwrap();
     // As `cp` does: each call copies at most COPY_MAX, and it goes on.
     let mut done = 0;
     while done < FAR + 4 {
-        let (n, attr, _) = store.copy_range(&root, (a, done), (b, done), FAR + 4 - done, 4).unwrap();
+        let (n, attr, _) = store.copy_range((&root).into(), (a, done), (b, done), FAR + 4 - done, 4).unwrap();
         assert!(n > 0 && n <= COPY_MAX, "{n} bytes a call");
         done += n;
         assert_eq!(attr.size, done.max(FAR / 2 + 8192));
@@ -252,9 +252,9 @@ fn a_read_from_the_cache_fails_with_eagain_until_the_data_is_in_it() {
     let new = || NewInode { kind: FileType::Regular, perm: 0o644, rdev: 0 };
     let ino = store.ns().create(&root, ROOT, b"f", new(), b"", 2).unwrap().0.ino;
     let bytes: Vec<u8> = (0..1u32 << 20).map(|i| (i % 251) as u8).collect();
-    store.write(&root, ino, Some(0), &bytes, 3).unwrap();
+    store.write((&root).into(), ino, Some(0), &bytes, 3).unwrap();
     store.fsync(ino).unwrap();
-    let cached = || store.read(&root, ino, (4096, 65536), ReadFrom::Cache);
+    let cached = || store.read((&root).into(), ino, (4096, 65536), ReadFrom::Cache);
     assert_eq!(cached().as_deref(), Ok(&bytes[4096..69632]), "just written: in the cache");
     // Clean once synced, so the kernel drops them.
     let file = std::fs::File::open(data_path(tmp.path(), ino)).unwrap();
@@ -265,5 +265,5 @@ fn a_read_from_the_cache_fails_with_eagain_until_the_data_is_in_it() {
     // A file with no data file yet reads as zeros from anywhere.
     let empty = store.ns().create(&root, ROOT, b"e", new(), b"", 4).unwrap().0.ino;
     store.setattr(&root, empty, &SetAttr { size: Some(100), ..SetAttr::default() }, 5).unwrap();
-    assert_eq!(store.read(&root, empty, (0, 100), ReadFrom::Cache), Ok(vec![0; 100]));
+    assert_eq!(store.read((&root).into(), empty, (0, 100), ReadFrom::Cache), Ok(vec![0; 100]));
 }

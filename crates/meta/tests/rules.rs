@@ -4,7 +4,7 @@
 mod common;
 
 use interlock_meta::{
-    COPY_MAX, Cred, Errno, Fallocate, FileType, Namespace, NewInode, ROOT, RenameFlags, SetAttr, XattrMode,
+    COPY_MAX, Caller, Cred, Errno, Fallocate, FileType, Namespace, NewInode, ROOT, RenameFlags, SetAttr, XattrMode,
 };
 
 fn user() -> Cred {
@@ -62,7 +62,7 @@ fn bad_input_gets_its_errno_and_changes_nothing() {
     let (gone, _) = ns.create(&root, ROOT, b"gone", new(FileType::Regular, 0o644), b"", 3).unwrap();
     ns.unlink(&root, ROOT, b"gone", 4).unwrap();
     let (dead, _) = ns.create(&root, ROOT, b"dead", new(FileType::Directory, 0o755), b"", 5).unwrap();
-    ns.open(dead.ino).unwrap();
+    ns.open(&Cred::root(), dead.ino, 0).unwrap();
     ns.rmdir(&root, ROOT, b"dead", 6).unwrap();
     let long = vec![b'x'; 256];
     let flags = RenameFlags::default();
@@ -181,7 +181,7 @@ fn fallocate_is_checked_as_a_write_and_grows_the_file_only_when_asked() {
     let f = ns.getattr(f.ino).unwrap();
     let reserve = Fallocate::Allocate { keep_size: false };
     let refused = |cred: &Cred, ino, range| {
-        ns.fallocate_with(cred, ino, reserve, range, 2, || panic!("the data file is not touched")).map(drop)
+        ns.fallocate_with(cred.into(), ino, reserve, range, 2, || panic!("the data file is not touched")).map(drop)
     };
     assert_eq!(refused(&root, f.ino, (0, 0)), Err(Errno::EINVAL));
     assert_eq!(refused(&root, d.ino, (0, 10)), Err(Errno::EISDIR));
@@ -200,7 +200,7 @@ fn fallocate_is_checked_as_a_write_and_grows_the_file_only_when_asked() {
         let now = 10 + t as i64;
         let mut put = 0;
         let (a, _) = ns
-            .fallocate_with(&root, f.ino, how, range, now, || {
+            .fallocate_with((&root).into(), f.ino, how, range, now, || {
                 put += 1;
                 Ok(8 * now as u64)
             })
@@ -211,7 +211,7 @@ fn fallocate_is_checked_as_a_write_and_grows_the_file_only_when_asked() {
     }
     let all = SetAttr { perm: Some(0o4777), ..SetAttr::default() };
     ns.setattr(&root, f.ino, &all, 20).unwrap();
-    let (a, _) = ns.fallocate_with(&user(), f.ino, reserve, (0, 1), 21, || Ok(0)).unwrap();
+    let (a, _) = ns.fallocate_with((&user()).into(), f.ino, reserve, (0, 1), 21, || Ok(0)).unwrap();
     assert_eq!(a.perm, 0o777, "a user's fallocate clears setuid");
 }
 
@@ -227,12 +227,12 @@ fn copy_range_is_checked_as_a_read_and_a_write() {
     let file = |name: &[u8], perm| ns.create(&root, ROOT, name, new(FileType::Regular, perm), b"", 1).unwrap().0.ino;
     let (src, dst, secret) = (file(b"src", 0o644), file(b"dst", 0o644), file(b"secret", 0o600));
     let (d, _) = ns.create(&root, ROOT, b"d", new(FileType::Directory, 0o777), b"", 1).unwrap();
-    ns.write_with(&root, src, (Some(0), 1000), 2, |_| Ok(0)).unwrap();
+    ns.write_with((&root).into(), src, (Some(0), 1000), 2, |_| Ok(0)).unwrap();
     let clock = std::cell::Cell::new(10);
     let copied = |cred: &Cred, from, to, len| {
         let (mut put, now) = (None, clock.get() + 1);
         clock.set(now);
-        let r = ns.copy_range_with(cred, from, to, len, now, |n| {
+        let r = ns.copy_range_with(cred.into(), from, to, len, now, |n| {
             put = Some(n);
             Ok(0)
         });
@@ -254,7 +254,43 @@ fn copy_range_is_checked_as_a_read_and_a_write() {
     assert_eq!(copied(&root, (src, 900), (dst, 50), 500), (Ok((100, 150, true)), Some(100)));
     assert_eq!(copied(&root, (src, 1000), (dst, 0), 500), (Ok((0, 150, false)), None), "nothing to copy");
     assert_eq!(copied(&user(), (src, 1000), (secret, 0), 5), refused(Errno::EACCES), "checked even then");
-    ns.write_with(&root, src, (Some(COPY_MAX * 3), 1), 5, |_| Ok(0)).unwrap();
+    ns.write_with((&root).into(), src, (Some(COPY_MAX * 3), 1), 5, |_| Ok(0)).unwrap();
     let most = Ok((COPY_MAX, COPY_MAX + 100, true));
     assert_eq!(copied(&root, (src, 0), (dst, 100), COPY_MAX * 2), (most, Some(COPY_MAX)), "at most COPY_MAX a call");
+}
+
+/// An open is checked as Linux checks it, for what it asks (an
+/// execute-only program may be opened to run, not to read); the data
+/// calls made through the handle are not checked again, so a chmod after
+/// the open takes nothing from it, where a call with no handle is checked
+/// as it comes (before session 31 every call was, with the opener's ids).
+/// Either way the privileges a write drops are the writer's: root's
+/// write through a user's handle keeps setuid, a user's write through
+/// root's drops it.
+#[test]
+fn an_open_is_checked_once_and_a_write_drops_privileges_by_its_writer() {
+    let ns = Namespace::new(1, 0);
+    let root = Cred::root();
+    let file = |name: &[u8], perm| ns.create(&root, ROOT, name, new(FileType::Regular, perm), b"", 1).unwrap().0.ino;
+    let (private, program, shared) = (file(b"private", 0o600), file(b"program", 0o711), file(b"shared", 0o6777));
+    let (r, w, x) = (libc::R_OK as u32, libc::W_OK as u32, libc::X_OK as u32);
+    assert_eq!(ns.open(&user(), private, r).map(drop), Err(Errno::EACCES));
+    assert_eq!(ns.open(&user(), private, w).map(drop), Err(Errno::EACCES));
+    assert!(ns.open(&root, private, r | w).is_ok(), "root may");
+    assert!(ns.open(&user(), private, 0).is_ok(), "a handle opened again asks for nothing");
+    assert!(ns.open(&user(), program, x).is_ok(), "run");
+    assert_eq!(ns.open(&user(), program, r).map(drop), Err(Errno::EACCES), "not read");
+
+    ns.open(&user(), shared, r | w).unwrap();
+    ns.setattr(&root, shared, &SetAttr { perm: Some(0o4000), ..SetAttr::default() }, 2).unwrap();
+    let someone = user();
+    let (through, alone) = (Caller { cred: &someone, opened: true }, Caller::checked(&someone));
+    assert_eq!(ns.readable(alone, shared).map(drop), Err(Errno::EACCES), "a call with no handle is checked");
+    assert_eq!(ns.write_with(alone, shared, (Some(0), 1), 3, |_| Ok(0)).map(drop), Err(Errno::EACCES));
+    assert!(ns.readable(through, shared).is_ok(), "a handle keeps its access");
+    let root_through = Caller { cred: &root, opened: true };
+    let (a, _) = ns.write_with(root_through, shared, (Some(0), 1), 4, |_| Ok(0)).unwrap();
+    assert_eq!(a.perm, 0o4000, "root writes through the user's handle: setuid stays");
+    let (a, _) = ns.write_with(through, shared, (Some(0), 1), 5, |_| Ok(0)).unwrap();
+    assert_eq!((a.perm, a.size, a.mtime), (0, 1, 5), "the user writes: setuid goes");
 }

@@ -139,7 +139,7 @@ fn run(store: &Store, op: &Op, t: i64, open: &mut Vec<Ino>) {
         }
         Op::Open(d, n) => {
             if let Some(i) = ino(ns, d, n)
-                && ns.open(i).is_ok()
+                && ns.open(&root, i, 0).is_ok()
             {
                 open.push(i);
             }

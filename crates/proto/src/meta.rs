@@ -1,4 +1,4 @@
-//! The namespace's operations on the wire (protocol 9): each request
+//! The namespace's operations on the wire (protocol 11): each request
 //! carries the caller's credentials, which the server checks permissions
 //! with, as a local file system checks a process's; each answer is a
 //! [`MetaReply`] or the errno the operation failed with, which the mount
@@ -99,9 +99,12 @@ pub enum MetaOp {
     Statfs,
     /// An open handle of `ino`, held by the session: an inode unlinked
     /// while open lives until its last handle is released (or its session
-    /// ends).
+    /// ends). Checked for `want`, `access(2)`'s bits (read 4, write 2,
+    /// execute 1; version 11), as Linux checks an open: the data calls
+    /// made through the handle (`opened`) are not checked again.
     Open {
         ino: Ino,
+        want: u32,
     },
     Release {
         ino: Ino,
@@ -112,6 +115,9 @@ pub enum MetaOp {
         ino: Ino,
         offset: u64,
         size: u32,
+        /// Through a handle this session opened for reading (version
+        /// 11): not checked again. Otherwise checked as an open would be.
+        opened: bool,
     },
     /// Writes `data` (at most [`MAX_DATA`] bytes) at `offset`:
     /// [`MetaReply::Attr`] with the new size. Answered before it is
@@ -124,6 +130,10 @@ pub enum MetaOp {
         append: bool,
         #[serde(with = "serde_bytes")]
         data: Vec<u8>,
+        /// Through a handle this session opened for writing (version
+        /// 11): not checked again (as `Read`'s). The privileges a write
+        /// drops are the request's caller's to decide either way.
+        opened: bool,
     },
     /// `fallocate(2)` of `len` bytes at `offset` (version 9):
     /// [`MetaReply::Attr`] with the size after it. Answered before it is
@@ -133,6 +143,8 @@ pub enum MetaOp {
         how: Fallocate,
         offset: u64,
         len: u64,
+        /// As `Write`'s.
+        opened: bool,
     },
     /// `copy_file_range(2)` (version 9): up to `len` bytes of `src` from
     /// `src_off` into `dst` at `dst_off`, copied on the server, no byte
@@ -144,6 +156,9 @@ pub enum MetaOp {
         dst: Ino,
         dst_off: u64,
         len: u64,
+        /// Both through handles this session opened, `src` for reading
+        /// and `dst` for writing (as `Write`'s).
+        opened: bool,
     },
     /// `lseek(2)`'s `SEEK_DATA` or `SEEK_HOLE` from `offset` (version 9):
     /// [`MetaReply::Offset`], or `ENXIO`.
@@ -151,6 +166,8 @@ pub enum MetaOp {
         ino: Ino,
         offset: u64,
         to: SeekTo,
+        /// As `Read`'s.
+        opened: bool,
     },
     /// Makes the file's data and every change made so far durable.
     Fsync {

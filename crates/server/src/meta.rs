@@ -18,7 +18,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use interlock_journal::changelog::{Consumer, Mask};
 use interlock_meta::ReadFrom::{Cache, Disk};
-use interlock_meta::{Cred, Errno, FileType, Ino, NewInode, Seq};
+use interlock_meta::{Caller, Cred, Errno, FileType, Ino, NewInode, Seq};
 use interlock_proto::Reply;
 use interlock_proto::meta::{
     ChangelogOp, ChangelogRecord, ChangelogReply, ConsumerInfo, Entry, MAX_DATA, MetaOp, MetaReply,
@@ -68,6 +68,11 @@ impl Opens {
             .unwrap_or(false)
     }
 
+    /// Whether the session holds `ino` open. O(1) expected.
+    fn holds(&self, sid: u64, ino: Ino) -> bool {
+        self.0.read_sync(&sid, |_, m| m.contains_key(&ino)).unwrap_or(false)
+    }
+
     /// Every handle of a session that ended.
     fn end(&self, sid: u64) -> HashMap<Ino, u32> {
         self.0.remove_sync(&sid).map(|(_, m)| m).unwrap_or_default()
@@ -93,11 +98,13 @@ pub(crate) fn request(inner: &Inner, sid: u64, id: u64, cred: &Cred, op: MetaOp)
         // A read the page cache holds is served here; one that would
         // wait for the disk (milliseconds on a spinning disk, more under
         // load) is not.
-        &MetaOp::Read { ino, offset, size } => match inner.store.read(cred, ino, (offset, read_len(size)), Cache) {
-            Ok(bytes) => return Some(Reply::Meta(MetaReply::Bytes(bytes))),
-            Err(Errno::EAGAIN) => true,
-            Err(e) => return Some(Reply::Errno(stale_or(inner, e, [Some(ino), None]).0)),
-        },
+        &MetaOp::Read { ino, offset, size, opened } => {
+            match inner.store.read(caller(inner, sid, cred, opened, &[ino]), ino, (offset, read_len(size)), Cache) {
+                Ok(bytes) => return Some(Reply::Meta(MetaReply::Bytes(bytes))),
+                Err(Errno::EAGAIN) => true,
+                Err(e) => return Some(Reply::Errno(stale_or(inner, e, [Some(ino), None]).0)),
+            }
+        }
         _ => false,
     };
     if offload {
@@ -179,8 +186,8 @@ fn perform(inner: &Inner, sid: u64, cred: &Cred, op: MetaOp) -> Result<(MetaRepl
         }
         MetaOp::Removexattr { ino, name } => done(ns.removexattr(cred, ino, &name, now)?),
         MetaOp::Statfs => (MetaReply::StatFs(inner.store.statfs()?), 0),
-        MetaOp::Open { ino } => {
-            let a = ns.open(ino)?;
+        MetaOp::Open { ino, want } => {
+            let a = ns.open(cred, ino, want)?;
             inner.opens.add(sid, ino);
             (MetaReply::Attr(a), 0)
         }
@@ -190,10 +197,11 @@ fn perform(inner: &Inner, sid: u64, cred: &Cred, op: MetaOp) -> Result<(MetaRepl
             }
             done(ns.release(cred, ino)?)
         }
-        MetaOp::Read { ino, offset, size } => {
-            (MetaReply::Bytes(inner.store.read(cred, ino, (offset, read_len(size)), Disk)?), 0)
+        MetaOp::Read { ino, offset, size, opened } => {
+            let who = caller(inner, sid, cred, opened, &[ino]);
+            (MetaReply::Bytes(inner.store.read(who, ino, (offset, read_len(size)), Disk)?), 0)
         }
-        MetaOp::Write { ino, offset, append, data } => {
+        MetaOp::Write { ino, offset, append, data, opened } => {
             if data.len() > MAX_DATA {
                 return Err(Errno::EINVAL);
             }
@@ -202,23 +210,36 @@ fn perform(inner: &Inner, sid: u64, cred: &Cred, op: MetaOp) -> Result<(MetaRepl
             // before its data is on disk: the record, like the data, is
             // durable by the next fsync (which waits for every record so
             // far), and a crash of this process loses neither.
-            let (a, _durable_at) = inner.store.write(cred, ino, (!append).then_some(offset), &data, now)?;
+            let who = caller(inner, sid, cred, opened, &[ino]);
+            let (a, _durable_at) = inner.store.write(who, ino, (!append).then_some(offset), &data, now)?;
             (MetaReply::Attr(a), 0)
         }
-        MetaOp::Fallocate { ino, how, offset, len } => {
+        MetaOp::Fallocate { ino, how, offset, len, opened } => {
             // Answered as a write is (and as fallocate(2) on a local
             // file system returns before a sync).
-            (MetaReply::Attr(inner.store.fallocate(cred, ino, how, (offset, len), now)?.0), 0)
+            let who = caller(inner, sid, cred, opened, &[ino]);
+            (MetaReply::Attr(inner.store.fallocate(who, ino, how, (offset, len), now)?.0), 0)
         }
-        MetaOp::CopyRange { src, src_off, dst, dst_off, len } => {
+        MetaOp::CopyRange { src, src_off, dst, dst_off, len, opened } => {
             // Answered as a write is: once its record is in the
             // journal's file, not once durable.
-            let (bytes, attr, _) = inner.store.copy_range(cred, (src, src_off), (dst, dst_off), len, now)?;
+            let who = caller(inner, sid, cred, opened, &[src, dst]);
+            let (bytes, attr, _) = inner.store.copy_range(who, (src, src_off), (dst, dst_off), len, now)?;
             (MetaReply::Copied { bytes, attr }, 0)
         }
-        MetaOp::Seek { ino, offset, to } => (MetaReply::Offset(inner.store.seek(cred, ino, offset, to)?), 0),
+        MetaOp::Seek { ino, offset, to, opened } => {
+            (MetaReply::Offset(inner.store.seek(caller(inner, sid, cred, opened, &[ino]), ino, offset, to)?), 0)
+        }
         MetaOp::Fsync { ino } => done(inner.store.fsync(ino)?),
     })
+}
+
+/// Who makes a data call: through handles the session opened (and so
+/// not checked again) only if it still holds every one of `inos` open;
+/// a handle the server no longer knows of (its session ended, and the
+/// file was gone before the client opened it again) vouches for nothing.
+fn caller<'a>(inner: &Inner, sid: u64, cred: &'a Cred, opened: bool, inos: &[Ino]) -> Caller<'a> {
+    Caller { cred, opened: opened && inos.iter().all(|&ino| inner.opens.holds(sid, ino)) }
 }
 
 /// The bytes a read of `size` returns at most: what fits a frame.

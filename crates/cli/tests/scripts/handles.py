@@ -1,0 +1,105 @@
+# Run as root in DIR: what a handle may do once opened, and whose ids
+# decide the privileges a write drops. One line per case, compared
+# between tmpfs and the mount.
+import os, shutil, socket, sys
+
+d = sys.argv[1]
+USER = 1000
+
+
+def path(name):
+    p = os.path.join(d, name)
+    if os.path.lexists(p):
+        os.unlink(p)
+    return p
+
+
+def make(name, mode, data=b"data"):
+    p = path(name)
+    with open(p, "wb") as f:
+        f.write(data)
+    os.chmod(p, mode)
+    return p
+
+
+def as_user(f):
+    """f() in a child with the user's ids; its line on stdout."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        os.setgroups([])
+        os.setgid(USER)
+        os.setuid(USER)
+        try:
+            out = f()
+        except OSError as e:
+            out = "error " + (e.strerror or str(e))
+        os.write(w, str(out).encode())
+        os._exit(0)
+    os.close(w)
+    out = os.read(r, 4096).decode()
+    os.waitpid(pid, 0)
+    return out
+
+
+def attempt(f):
+    try:
+        return str(f())
+    except OSError as e:
+        return "error " + (e.strerror or str(e))
+
+
+# 1. The user opens a file they may write; the owner then takes every
+# permission away; the handle still reads and writes.
+p = make("shared", 0o666)
+r, w = os.pipe()
+go_r, go_w = os.pipe()
+pid = os.fork()
+if pid == 0:
+    os.setgroups([]); os.setgid(USER); os.setuid(USER)
+    fd = os.open(p, os.O_RDWR)
+    os.write(w, b"opened")
+    os.read(go_r, 1)
+    out = [attempt(lambda: os.pwrite(fd, b"W", 0)), attempt(lambda: os.pread(fd, 4, 0)),
+           attempt(lambda: os.lseek(fd, 0, os.SEEK_DATA)), attempt(lambda: os.posix_fallocate(fd, 0, 10))]
+    os.write(w, " ".join(out).encode())
+    os._exit(0)
+os.read(r, 6)
+os.chmod(p, 0o000)
+os.write(go_w, b"x")
+print("chmod 000 after open:", os.read(r, 4096).decode())
+os.waitpid(pid, 0)
+
+# 2. Opening checks the mode: the user may not open root's 0600 file,
+# and may run a program they may only execute.
+p = make("private", 0o600)
+print("open 0600 of another:", as_user(lambda: os.open(p, os.O_RDONLY) and "opened"))
+exe = path("exec-only")
+shutil.copyfile("/bin/true", exe)
+os.chmod(exe, 0o711)
+print("run 0711:", as_user(lambda: os.waitpid(os.spawnv(os.P_NOWAIT, exe, [exe]), 0)[1]))
+
+# 3. Root opens a setuid file, then drops to the user and writes: the
+# write drops setuid and setgid (the writer has no CAP_FSETID).
+for mode in (0o6777, 0o2767, 0o4766):
+    p = make("suid", mode)
+    fd = os.open(p, os.O_WRONLY)
+    out = as_user(lambda: os.pwrite(fd, b"x", 0))
+    os.close(fd)
+    print(f"root's handle, user writes {mode:o}:", out, oct(os.stat(p).st_mode & 0o7777))
+
+# 4. The user opens a world-writable setuid file and hands the handle to
+# root, who writes: root keeps the bits.
+for mode in (0o6777, 0o4777):
+    p = make("suid", mode)
+    parent, child = socket.socketpair(socket.AF_UNIX)
+    pid = os.fork()
+    if pid == 0:
+        os.setgroups([]); os.setgid(USER); os.setuid(USER)
+        socket.send_fds(child, [b"fd"], [os.open(p, os.O_WRONLY)])
+        os._exit(0)
+    _, fds, _, _ = socket.recv_fds(parent, 2, 1)
+    os.waitpid(pid, 0)
+    print(f"user's handle, root writes {mode:o}:", os.pwrite(fds[0], b"x", 0), oct(os.stat(p).st_mode & 0o7777))
+    os.close(fds[0])
