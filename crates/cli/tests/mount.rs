@@ -1546,6 +1546,36 @@ fn a_handle_keeps_its_access_and_a_write_drops_privileges_by_its_writer() {
     assert_eq!(mount.lines().count(), 8, "{mount}");
 }
 
+/// `open(O_TMPFILE)` and `linkat` on a mount as on tmpfs
+/// (`tests/scripts/tmpfile.py` prints a line per step): a file with no
+/// name, listed nowhere, that `linkat` names (by its descriptor and by
+/// `/proc/self/fd`), unless it was made `O_EXCL`. Before session 31 the
+/// mount answered `FUSE_TMPFILE` `ENOSYS`, which the kernel turns into
+/// `EOPNOTSUPP`. The server then has only the named file: the unnamed
+/// one went at its last close.
+#[test]
+fn an_o_tmpfile_is_made_and_linked_as_on_tmpfs() {
+    let Some((data, server, m)) = one_mount("an_o_tmpfile_is_made_and_linked_as_on_tmpfs") else {
+        return;
+    };
+    let Some(python) = tool("python3", "python3") else { return };
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/scripts/tmpfile.py");
+    let tmpfs = tempfile::tempdir_in("/dev/shm").unwrap();
+    let run = |dir: &Path| {
+        let out = Command::new(&python).arg(&script).arg(dir).output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let (kernel, mount) = (run(tmpfs.path()), run(m.path()));
+    assert_eq!(kernel.lines().count(), 6, "{kernel}");
+    assert_eq!(mount, kernel);
+    drop(m);
+    drop(server);
+    let fsck = Command::new(env!("CARGO_BIN_EXE_interlock")).arg("fsck").arg(data.path()).output().unwrap();
+    let report = String::from_utf8_lossy(&fsck.stdout);
+    assert!(fsck.status.success() && report.contains("0 orphans"), "{report}");
+}
+
 /// A directory its reader may read but not search lists, `..` included,
 /// as on tmpfs. The mount looked `..` up with the reader's ids, which
 /// needs search permission, and the listing failed with `EACCES`.

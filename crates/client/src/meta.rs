@@ -116,6 +116,14 @@ impl Client {
         self.opening(cred, MetaOp::CreateOpen { parent, name: name.to_vec(), perm }).await
     }
 
+    /// `open(O_TMPFILE)` in `parent`: a regular file with no name, open
+    /// as [`create_open`](Client::create_open) opens it, freed at its last
+    /// release unless [`link`](Client::link) names it first, which it may
+    /// only if `linkable` (made without `O_EXCL`).
+    pub async fn tmpfile(&self, cred: &Cred, parent: Ino, perm: u32, linkable: bool) -> Result<Attr, ClientError> {
+        self.opening(cred, MetaOp::Tmpfile { parent, perm, linkable }).await
+    }
+
     pub async fn link(&self, cred: &Cred, ino: Ino, parent: Ino, name: &[u8]) -> Result<Attr, ClientError> {
         self.attr(cred, MetaOp::Link { ino, parent, name: name.to_vec() }).await
     }

@@ -56,6 +56,7 @@ pub mod op {
     pub const LSEEK: u32 = 46;
     pub const COPY_FILE_RANGE: u32 = 47;
     pub const RENAME2: u32 = 45;
+    pub const TMPFILE: u32 = 51;
 }
 
 /// `fuse_init_out` flags (bits 32.. go in `flags2`).

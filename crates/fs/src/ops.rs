@@ -184,6 +184,7 @@ impl Fs {
             op::SETLK => self.setlk(ino, &mut a, None).await,
             op::SETLKW => self.setlk(ino, &mut a, cancel).await,
             op::CREATE => self.create(&cred, ino, &mut a).await,
+            op::TMPFILE => self.tmpfile(&cred, ino, &mut a).await,
             _ => Err(libc::ENOSYS),
         };
         Some(r)
@@ -400,9 +401,26 @@ impl Fs {
         a.skip(8)?;
         let name = a.cstr()?;
         let attr = self.create_or_open(cred, parent, name, mode & 0o7777, flags as i32).await?;
-        let mut out = self.entry(&attr);
+        Ok(self.opened(&attr))
+    }
+
+    /// `FUSE_TMPFILE`: `open(O_TMPFILE)` in directory `parent`, a file
+    /// with no name, open (the name the kernel sends is its placeholder,
+    /// `/`). A `linkat` may name it, unless the open asked for `O_EXCL`
+    /// (the kernel refuses that link itself; the server too).
+    async fn tmpfile(&self, cred: &Cred, parent: Ino, a: &mut Args<'_>) -> Answer {
+        self.writable()?;
+        let (flags, mode) = (a.u32()?, a.u32()?);
+        let linkable = flags as i32 & libc::O_EXCL == 0;
+        let attr = call(self.client.tmpfile(cred, parent, mode & 0o7777, linkable).await)?;
+        Ok(self.opened(&attr))
+    }
+
+    /// The answer to a create that opens: the new entry, then a handle.
+    fn opened(&self, attr: &Attr) -> Vec<u8> {
+        let mut out = self.entry(attr);
         out.extend_from_slice(&abi::open_out(self.handles.insert(attr.ino), abi::FOPEN_DIRECT_IO));
-        Ok(out)
+        out
     }
 
     /// `open(2)` with `O_CREAT` of a name the kernel found missing: made

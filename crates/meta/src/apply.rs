@@ -36,19 +36,24 @@ impl Namespace {
     pub(crate) fn apply_held(&self, m: &Mutation, held: &[&Inode]) {
         match m {
             Mutation::Create { parent, name, ino, kind, perm, uid, gid, rdev, target, time } => {
-                // Read first: a live create's number is below it already,
-                // and a write would pass the line between creators' cores.
-                if self.next_ino.load(Relaxed) <= *ino {
-                    self.next_ino.fetch_max(ino + 1, Relaxed);
-                }
                 let owner = Owner { kind: *kind, perm: *perm, uid: *uid, gid: *gid };
-                let inode = Arc::new(Inode::new(*ino, owner, Meta::new(*time, target, *rdev), *time, *parent));
-                self.put_inode(inode);
+                self.put_inode(self.made(*ino, owner, Meta::new(*time, target, *rdev), *time, *parent));
                 self.add_entry(held, *parent, name, *ino, *kind == FileType::Directory, *time);
+            }
+            Mutation::Tmpfile { parent, ino, perm, uid, gid, linkable, time } => {
+                let owner = Owner { kind: FileType::Regular, perm: *perm, uid: *uid, gid: *gid };
+                let i = self.made(*ino, owner, Meta::new(*time, b"", 0), *time, *parent);
+                i.nlink.store(0, Relaxed);
+                i.orphan.store(true, Relaxed);
+                i.linkable.store(*linkable, Relaxed);
+                self.put_inode(i);
             }
             Mutation::Link { parent, name, ino, time } => {
                 if let Ok(i) = self.find(held, *ino) {
                     i.nlink.fetch_add(1, Relaxed);
+                    // An `O_TMPFILE` named: no orphan now.
+                    i.orphan.store(false, Relaxed);
+                    i.linkable.store(false, Relaxed);
                     i.changed(*time);
                 }
                 self.add_entry(held, *parent, name, *ino, false, *time);
@@ -139,6 +144,16 @@ impl Namespace {
                 let _ = self.inodes.remove_sync(ino);
             }
         }
+    }
+
+    /// A new inode, its number taken from the numbers still free.
+    fn made(&self, ino: Ino, owner: Owner, meta: Meta, time: Nanos, parent: Ino) -> Arc<Inode> {
+        // Read first: a live create's number is below it already, and a
+        // write would pass the line between creators' cores.
+        if self.next_ino.load(Relaxed) <= ino {
+            self.next_ino.fetch_max(ino + 1, Relaxed);
+        }
+        Arc::new(Inode::new(ino, owner, meta, time, parent))
     }
 
     /// A new entry `name` → `ino` in `parent` (a directory if `dir`).

@@ -79,7 +79,10 @@ struct InodeImage {
     atime: Nanos,
     mtime: Nanos,
     ctime: Nanos,
-    orphan: bool,
+    /// 0: named (or a directory); 1: an orphan; 2: an orphan a link may
+    /// name (a linkable `O_TMPFILE`). A `bool` until session 31, which
+    /// postcard writes as the byte 0 or 1: older checkpoints read alike.
+    orphan: u8,
     xattrs: Vec<(serde_bytes::ByteBuf, serde_bytes::ByteBuf)>,
     #[serde(with = "serde_bytes")]
     target: Vec<u8>,
@@ -101,7 +104,7 @@ impl InodeImage {
             atime: m.atime,
             mtime,
             ctime,
-            orphan: i.orphan.load(Relaxed),
+            orphan: u8::from(i.orphan.load(Relaxed)) + u8::from(i.linkable.load(Relaxed)),
             xattrs: m.xattrs().iter().map(|(n, v)| (n.to_vec().into(), v.to_vec().into())).collect(),
             target: m.target().to_vec(),
         }
@@ -117,7 +120,8 @@ impl InodeImage {
         let i = Inode::new(self.ino, owner, meta, self.mtime, self.ino);
         i.size.store(self.size, Relaxed);
         i.set_times(None, self.ctime);
-        i.orphan.store(self.orphan, Relaxed);
+        i.orphan.store(self.orphan > 0, Relaxed);
+        i.linkable.store(self.orphan > 1, Relaxed);
         i
     }
 }

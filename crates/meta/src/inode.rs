@@ -43,9 +43,14 @@ pub(crate) struct Inode {
     /// Open handles anywhere in the cluster: an inode with no links left
     /// lives on (an orphan) until the last is closed.
     pub opens: AtomicU32,
-    /// It lost its last name while open: it lives until the last close,
-    /// and across a restart until its holders' recovery ends.
+    /// It lost its last name while open (or never had one: an
+    /// `O_TMPFILE`): it lives until the last close, and across a restart
+    /// until its holders' recovery ends.
     pub orphan: AtomicBool,
+    /// An orphan that a link may name: an `O_TMPFILE` made without
+    /// `O_EXCL` (Linux's `I_LINKABLE`); any other orphan's link is
+    /// `ENOENT`.
+    pub linkable: AtomicBool,
     pub dir: Option<Box<Dir>>,
 }
 
@@ -135,6 +140,7 @@ impl Inode {
             ctime: AtomicI64::new(time),
             opens: AtomicU32::new(0),
             orphan: AtomicBool::new(false),
+            linkable: AtomicBool::new(false),
             dir,
         }
     }

@@ -102,6 +102,18 @@ pub enum Mutation {
     Forget {
         ino: Ino,
     },
+    /// A regular file with no name, open (`open(O_TMPFILE)` in `parent`):
+    /// an orphan from its start, which a [`Link`](Mutation::Link) may name
+    /// if `linkable` (made without `O_EXCL`).
+    Tmpfile {
+        parent: Ino,
+        ino: Ino,
+        perm: u32,
+        uid: u32,
+        gid: u32,
+        linkable: bool,
+        time: Nanos,
+    },
 }
 
 /// What a removal did to the inode that lost a name: decided by the live

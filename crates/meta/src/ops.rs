@@ -111,24 +111,7 @@ impl Namespace {
         if new.kind == FileType::Directory && dir.nlink.load(Relaxed) >= LINK_MAX {
             return Err(Errno::EMLINK);
         }
-        let sgid_dir = owner.perm & libc::S_ISGID != 0;
-        let gid = if sgid_dir { owner.gid } else { cred.gid };
-        let mut perm = new.perm & 0o7777;
-        if new.kind == FileType::Directory {
-            // mkdir keeps only the sticky bit of the special ones; setgid
-            // comes from the parent.
-            perm &= 0o1777;
-            if sgid_dir {
-                perm |= libc::S_ISGID;
-            }
-        }
-        // A setgid file in a group the caller is not in loses the bit.
-        if new.kind != FileType::Directory && perm & libc::S_ISGID != 0 && !cred.is_root() && !cred.in_group(gid) {
-            perm &= !libc::S_ISGID;
-        }
-        if new.kind == FileType::Symlink {
-            perm = 0o777;
-        }
+        let (perm, gid) = new_owner(cred, &owner, new.kind, new.perm);
         let ino = early.unwrap_or_else(|| self.new_ino());
         let m = Mutation::Create {
             parent,
@@ -150,7 +133,34 @@ impl Namespace {
         Ok((i.attr(), seq))
     }
 
-    /// A new name `name` in `parent` for `ino`. O(log n).
+    /// `open(O_TMPFILE)` in directory `parent`: a regular file with no
+    /// name, checked, owned and moded as a file created there would be,
+    /// and open (one handle, as [`open`](Self::open) counts): an orphan
+    /// from the start, freed at its last close unless [`link`](Self::link)
+    /// names it first, which it may only if `linkable` (made without
+    /// `O_EXCL`, Linux's `I_LINKABLE`). The directory does not change (no
+    /// entry, no time). O(1) expected.
+    pub fn tmpfile(&self, cred: &Cred, parent: Ino, perm: u32, linkable: bool, now: Nanos) -> Result<(Attr, Seq)> {
+        let guard = scc::Guard::new();
+        let dir = self.inode_in(parent, &guard)?;
+        if !dir.is_dir() {
+            return Err(Errno::ENOTDIR);
+        }
+        let ino = self.new_ino();
+        let _held = self.stripes.lock(&[(dir, false)], &[Self::ino_lock(ino)]);
+        let owner = dir.owner();
+        access::check(cred, &owner, WRITE | EXEC)?;
+        let (perm, gid) = new_owner(cred, &owner, FileType::Regular, perm);
+        let m = Mutation::Tmpfile { parent, ino, perm, uid: cred.uid, gid, linkable, time: now };
+        let seq = self.commit(cred, &m)?;
+        let i = self.inode(ino)?;
+        i.opens.fetch_add(1, Relaxed);
+        Ok((i.attr(), seq))
+    }
+
+    /// A new name `name` in `parent` for `ino`: any inode but a
+    /// directory, and an inode with no name only if it is a linkable
+    /// `O_TMPFILE` (see [`tmpfile`](Self::tmpfile)). O(log n).
     pub fn link(&self, cred: &Cred, ino: Ino, parent: Ino, name: &[u8], now: Nanos) -> Result<(Attr, Seq)> {
         check_name(name)?;
         let guard = scc::Guard::new();
@@ -168,8 +178,9 @@ impl Namespace {
         if target.is_dir() {
             return Err(Errno::EPERM);
         }
-        // An open file whose last name went cannot be linked again.
-        if target.nlink.load(Relaxed) == 0 {
+        // An open file whose last name went cannot be linked again; an
+        // `O_TMPFILE` made without `O_EXCL` can.
+        if target.nlink.load(Relaxed) == 0 && !target.linkable.load(Relaxed) {
             return Err(Errno::ENOENT);
         }
         if target.nlink.load(Relaxed) >= LINK_MAX {
@@ -690,6 +701,31 @@ fn may_use(who: Caller, i: &Inode, want: u32) -> Result<Owner> {
         access::check(who.cred, &o, want)?;
     }
     Ok(o)
+}
+
+/// The permission bits and group of a new inode of `kind` asked for with
+/// `perm`, made by `cred` in a directory owned as `dir`: the group is the
+/// caller's, or the directory's if it is setgid (and then a new
+/// directory is setgid too); mkdir keeps only the sticky bit of the
+/// special ones; a setgid file in a group the caller is not in loses the
+/// bit; a symlink is 0777.
+fn new_owner(cred: &Cred, dir: &Owner, kind: FileType, perm: u32) -> (u32, u32) {
+    let sgid_dir = dir.perm & libc::S_ISGID != 0;
+    let gid = if sgid_dir { dir.gid } else { cred.gid };
+    let mut perm = perm & 0o7777;
+    if kind == FileType::Directory {
+        perm &= 0o1777;
+        if sgid_dir {
+            perm |= libc::S_ISGID;
+        }
+    }
+    if kind != FileType::Directory && perm & libc::S_ISGID != 0 && !cred.is_root() && !cred.in_group(gid) {
+        perm &= !libc::S_ISGID;
+    }
+    if kind == FileType::Symlink {
+        perm = 0o777;
+    }
+    (perm, gid)
 }
 
 /// Data operations work on regular files only.

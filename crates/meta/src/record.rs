@@ -152,6 +152,9 @@ pub fn project(bytes: &[u8]) -> Result<Option<Record>, Error> {
         Mutation::SetXattr { ino, name, time, .. } | Mutation::RemoveXattr { ino, name, time } => {
             record(RecordType::XATTR, time, ino, 0, name)
         }
+        // Made with no name: the name a link gives it later comes as an
+        // `HLINK`.
+        Mutation::Tmpfile { parent, ino, time, .. } => record(RecordType::CREAT, time, ino, parent, Vec::new()),
         Mutation::Forget { .. } => return Ok(None),
     }))
 }
@@ -177,5 +180,20 @@ mod tests {
             let back = decode(&bytes).unwrap();
             assert_eq!((back.uid, back.gid, back.m), (3, 4, m));
         }
+    }
+
+    /// An `O_TMPFILE` shows as a `CREAT` in its directory with no name;
+    /// the link that names it later, as an `HLINK`.
+    #[test]
+    fn an_o_tmpfile_is_a_creat_with_no_name_and_its_naming_an_hlink() {
+        let cred = Cred { uid: 3, gid: 4, groups: vec![] };
+        let made = Mutation::Tmpfile { parent: 2, ino: 9, perm: 0o600, uid: 3, gid: 4, linkable: true, time: 5 };
+        let named = Mutation::Link { parent: 7, name: b"kept".to_vec(), ino: 9, time: 6 };
+        let seen: Vec<_> = [made, named]
+            .iter()
+            .map(|m| project(&encoded(&cred, m, <[u8]>::to_vec)).unwrap().unwrap())
+            .map(|r| (r.rtype, r.target, r.parent, r.name, r.time_ns))
+            .collect();
+        assert_eq!(seen, [(RecordType::CREAT, 9, 2, vec![], 5), (RecordType::HLINK, 9, 7, b"kept".to_vec(), 6)]);
     }
 }

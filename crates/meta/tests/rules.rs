@@ -294,3 +294,40 @@ fn an_open_is_checked_once_and_a_write_drops_privileges_by_its_writer() {
     let (a, _) = ns.write_with(through, shared, (Some(0), 1), 5, |_| Ok(0)).unwrap();
     assert_eq!((a.perm, a.size, a.mtime), (0, 1, 5), "the user writes: setuid goes");
 }
+
+/// `O_TMPFILE`: a file with no name, checked and owned as a create in its
+/// directory is (a user may not make one where they may not write; a
+/// setgid directory gives its group), which the directory does not list
+/// and which does not change it; `link` names it unless it was made
+/// `O_EXCL`, as it never names an open file that lost its last name;
+/// one nobody names goes at its last close.
+#[test]
+fn an_o_tmpfile_has_no_name_until_linked_and_goes_at_its_last_close() {
+    let ns = Namespace::new(1, 0);
+    let root = Cred::root();
+    let (d, _) = ns.create(&root, ROOT, b"d", new(FileType::Directory, 0o2755), b"", 1).unwrap();
+    let sgid = SetAttr { perm: Some(0o2755), gid: Some(5), chown: true, ..SetAttr::default() };
+    let (d, _) = ns.setattr(&root, d.ino, &sgid, 1).unwrap();
+    let (shared, _) = ns.create(&root, ROOT, b"shared", new(FileType::Directory, 0o777), b"", 1).unwrap();
+    assert_eq!(ns.tmpfile(&user(), d.ino, 0o600, true, 2).map(drop), Err(Errno::EACCES));
+    let (t, _) = ns.tmpfile(&root, d.ino, 0o2640, true, 3).unwrap();
+    assert_eq!((t.kind, t.nlink, t.perm, t.gid), (FileType::Regular, 0, 0o2640, 5));
+    assert_eq!(ns.getattr(d.ino).unwrap(), d, "the directory is as it was");
+    assert!(ns.readdir(&root, d.ino, 0, 10).unwrap().is_empty());
+    let (named, _) = ns.link(&root, t.ino, shared.ino, b"kept", 4).unwrap();
+    assert_eq!((named.ino, named.nlink), (t.ino, 1));
+    assert_eq!(ns.lookup(&root, shared.ino, b"kept").unwrap().ino, t.ino);
+
+    let (excl, _) = ns.tmpfile(&user(), shared.ino, 0o600, false, 5).unwrap();
+    assert_eq!((excl.uid, excl.gid), (1000, 1000));
+    assert_eq!(ns.link(&user(), excl.ino, shared.ino, b"x", 6).map(drop), Err(Errno::ENOENT), "O_EXCL");
+    let (f, _) = ns.create(&root, shared.ino, b"f", new(FileType::Regular, 0o644), b"", 7).unwrap();
+    ns.open(&root, f.ino, 0).unwrap();
+    ns.unlink(&root, shared.ino, b"f", 8).unwrap();
+    assert_eq!(ns.link(&root, f.ino, shared.ino, b"back", 9).map(drop), Err(Errno::ENOENT), "an unlinked file");
+
+    ns.release(&user(), excl.ino).unwrap();
+    assert!(ns.getattr(excl.ino).is_err(), "nobody named it: gone at its last close");
+    ns.release(&root, t.ino).unwrap();
+    assert_eq!(ns.getattr(t.ino).unwrap().nlink, 1, "named: it stays");
+}

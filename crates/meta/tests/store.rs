@@ -6,6 +6,7 @@
 
 mod common;
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -34,6 +35,11 @@ enum Op {
     RemoveXattr(u8, u8, u8),
     Open(u8, u8),
     Close(u8),
+    /// `O_TMPFILE` in a directory, linkable or not: held open.
+    Tmpfile(u8, bool),
+    /// A link of the `k`th inode held open to a name (a linkable
+    /// `O_TMPFILE` is named; any other orphan's link fails).
+    LinkOpen(u8, u8, u8),
     Checkpoint,
 }
 
@@ -59,6 +65,8 @@ fn op() -> impl Strategy<Value = Op> {
         (d.clone(), n.clone(), 0u8..3).prop_map(|(d, n, x)| Op::RemoveXattr(d, n, x)),
         (d.clone(), n.clone()).prop_map(|(d, n)| Op::Open(d, n)),
         (0u8..4).prop_map(Op::Close),
+        (d.clone(), any::<bool>()).prop_map(|(d, l)| Op::Tmpfile(d, l)),
+        (0u8..4, d.clone(), n.clone()).prop_map(|(k, d, n)| Op::LinkOpen(k, d, n)),
         Just(Op::Checkpoint),
     ]
 }
@@ -87,7 +95,9 @@ fn ino(ns: &Namespace, d: u8, n: u8) -> Option<Ino> {
 
 /// Runs `op` at time `t`; every change is waited on as a server would
 /// before acknowledging it.
-fn run(store: &Store, op: &Op, t: i64, open: &mut Vec<Ino>) {
+/// `open` holds the inodes held open, `linkable` the `O_TMPFILE`s made
+/// linkable and not linked since.
+fn run(store: &Store, op: &Op, t: i64, open: &mut Vec<Ino>, linkable: &mut HashSet<Ino>) {
     let ns = store.ns();
     let root = Cred::root();
     let name = |n: u8| NAMES[n as usize];
@@ -153,6 +163,25 @@ fn run(store: &Store, op: &Op, t: i64, open: &mut Vec<Ino>) {
                 Some(ns.release(&root, i).unwrap())
             }
         }
+        Op::Tmpfile(d, may_link) => dir(ns, d).and_then(|p| {
+            let (a, seq) = ns.tmpfile(&root, p, 0o600, may_link, t).ok()?;
+            open.push(a.ino);
+            if may_link {
+                linkable.insert(a.ino);
+            }
+            Some(seq)
+        }),
+        Op::LinkOpen(k, d, n) => match (open.is_empty(), dir(ns, d)) {
+            (false, Some(q)) => {
+                let i = open[k as usize % open.len()];
+                let linked = ns.link(&root, i, q, name(n), t).ok();
+                if linked.is_some() {
+                    linkable.remove(&i);
+                }
+                linked.map(|r| r.1)
+            }
+            _ => None,
+        },
         Op::Checkpoint => {
             store.checkpoint().unwrap();
             None
@@ -175,9 +204,9 @@ proptest! {
     fn a_reopened_store_is_the_store_that_was(ops in prop::collection::vec(op(), 1..80)) {
         let tmp = tempfile::tempdir().unwrap();
         let (store, _) = Store::open(tmp.path(), StoreOptions::default(), 1).unwrap();
-        let mut open = Vec::new();
+        let (mut open, mut linkable) = (Vec::new(), HashSet::new());
         for (t, op) in ops.iter().enumerate() {
-            run(&store, op, 10 + t as i64, &mut open);
+            run(&store, op, 10 + t as i64, &mut open, &mut linkable);
         }
         let before = dump(store.ns(), &open);
         let inodes = store.ns().inode_count();
@@ -186,6 +215,16 @@ proptest! {
         prop_assert!(opened.dangling.is_empty(), "dangling entries {:?}", opened.dangling);
         prop_assert_eq!(dump(again.ns(), &open), before);
         prop_assert_eq!(again.ns().inode_count(), inodes, "inodes (orphans included)");
+        // Which orphans a link may name came back too: a file held open
+        // may be linked if it has a name, or is an `O_TMPFILE` made
+        // linkable and not linked since.
+        let root = Cred::root();
+        for (k, &i) in open.iter().enumerate() {
+            let a = again.ns().getattr(i).unwrap();
+            let may = a.kind != FileType::Directory && (a.nlink > 0 || linkable.contains(&i));
+            let linked = again.ns().link(&root, i, ROOT, format!("relinked{k}").as_bytes(), 99_999);
+            prop_assert_eq!(linked.is_ok(), may, "link of #{} ({:?})", i, linked.map(drop));
+        }
     }
 }
 

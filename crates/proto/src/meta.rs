@@ -183,6 +183,16 @@ pub enum MetaOp {
         /// Permission bits, the caller's umask applied.
         perm: u32,
     },
+    /// `open(O_TMPFILE)` in directory `parent` (version 11): a regular
+    /// file with no name, opened as `CreateOpen` opens (close it with
+    /// `Release`), freed at its last close unless a `Link` names it first,
+    /// which it may only if `linkable` (made without `O_EXCL`):
+    /// [`MetaReply::Attr`], `nlink` 0.
+    Tmpfile {
+        parent: Ino,
+        perm: u32,
+        linkable: bool,
+    },
 }
 
 impl MetaOp {
@@ -225,6 +235,7 @@ impl MetaOp {
             | Lookup { .. }
             | Create { .. }
             | CreateOpen { .. }
+            | Tmpfile { .. }
             | Unlink { .. }
             | Rmdir { .. }
             | Rename { .. }

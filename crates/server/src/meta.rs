@@ -171,6 +171,11 @@ fn perform(inner: &Inner, sid: u64, cred: &Cred, op: MetaOp) -> Result<(MetaRepl
             inner.opens.add(sid, a.ino);
             (MetaReply::Attr(a), seq)
         }
+        MetaOp::Tmpfile { parent, perm, linkable } => {
+            let (a, seq) = ns.tmpfile(cred, parent, perm, linkable, now)?;
+            inner.opens.add(sid, a.ino);
+            (MetaReply::Attr(a), seq)
+        }
         MetaOp::Link { ino, parent, name } => attr(ns.link(cred, ino, parent, &name, now)?),
         MetaOp::Unlink { parent, name } => done(ns.unlink(cred, parent, &name, now)?),
         MetaOp::Rmdir { parent, name } => done(ns.rmdir(cred, parent, &name, now)?),
