@@ -1530,20 +1530,27 @@ fn a_handle_keeps_its_access_and_a_write_drops_privileges_by_its_writer() {
     else {
         return;
     };
-    let Some(python) = tool("python3", "python3") else { return };
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/scripts/handles.py");
-    let tmpfs = tempfile::tempdir_in("/dev/shm").unwrap();
-    let run = |dir: &Path| {
-        let out = Command::new(&python).arg(&script).arg(dir).output().unwrap();
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-        String::from_utf8(out.stdout).unwrap()
-    };
-    let (kernel, mount) = (run(tmpfs.path()), run(m.path()));
+    let Some((kernel, mount)) = script_on_both("handles.py", m.path()) else { return };
     assert_eq!(kernel.lines().count(), 8, "{kernel}");
     for (k, ours) in kernel.lines().zip(mount.lines()) {
         assert_eq!(ours, k);
     }
     assert_eq!(mount.lines().count(), 8, "{mount}");
+}
+
+/// What Python script `tests/scripts/NAME`, run as root with a directory,
+/// prints for a tmpfs directory and for `mount` (`None` if Python is
+/// missing where it may be).
+fn script_on_both(name: &str, mount: &Path) -> Option<(String, String)> {
+    let python = tool("python3", "python3")?;
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/scripts").join(name);
+    let tmpfs = tempfile::tempdir_in("/dev/shm").unwrap();
+    let run = |dir: &Path| {
+        let out = Command::new(&python).arg(&script).arg(dir).output().unwrap();
+        assert!(out.status.success(), "{name}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap()
+    };
+    Some((run(tmpfs.path()), run(mount)))
 }
 
 /// `open(O_TMPFILE)` and `linkat` on a mount as on tmpfs
@@ -1558,15 +1565,7 @@ fn an_o_tmpfile_is_made_and_linked_as_on_tmpfs() {
     let Some((data, server, m)) = one_mount("an_o_tmpfile_is_made_and_linked_as_on_tmpfs") else {
         return;
     };
-    let Some(python) = tool("python3", "python3") else { return };
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/scripts/tmpfile.py");
-    let tmpfs = tempfile::tempdir_in("/dev/shm").unwrap();
-    let run = |dir: &Path| {
-        let out = Command::new(&python).arg(&script).arg(dir).output().unwrap();
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-        String::from_utf8(out.stdout).unwrap()
-    };
-    let (kernel, mount) = (run(tmpfs.path()), run(m.path()));
+    let Some((kernel, mount)) = script_on_both("tmpfile.py", m.path()) else { return };
     assert_eq!(kernel.lines().count(), 6, "{kernel}");
     assert_eq!(mount, kernel);
     drop(m);
