@@ -946,9 +946,7 @@ fn fs_op() -> impl proptest::strategy::Strategy<Value = FsOp> {
         1 => (p(), any::<bool>()).prop_map(|(path, now)| FsOp::Utime { path, now }),
         1 => (
             p(),
-            // Not `trusted.*`: the test's unprivileged user is root with
-            // other file-system ids, which keeps `CAP_SYS_ADMIN`.
-            proptest::sample::select(&["user.a", "user.b"][..]),
+            proptest::sample::select(&["user.a", "user.b", "trusted.a"][..]),
             proptest::sample::select(&[0, libc::XATTR_CREATE, libc::XATTR_REPLACE][..])
         )
             .prop_map(|(path, name, flags)| FsOp::Xattr { path, name, flags }),
@@ -1103,9 +1101,12 @@ fn tree(root: &Path) -> Vec<String> {
     out
 }
 
-/// Runs `f` with this thread's file-system ids those of user 1000 (whose
-/// calls the kernel then checks without root's capabilities) if `user`,
-/// else as root.
+/// Runs `f` with this thread's file-system ids those of user 1000, and
+/// none of its capabilities in effect, if `user`, else as root. A new
+/// file-system id drops only the file-system capabilities
+/// (`CAP_DAC_OVERRIDE`, `CAP_FOWNER`, ...); `CAP_SYS_ADMIN` would let the
+/// user set `trusted.*` xattrs on tmpfs (and the kernel let them through
+/// to the mount, whose server refuses them to user 1000).
 fn as_user<T>(user: bool, f: impl FnOnce() -> T) -> T {
     if !user {
         return f();
@@ -1116,13 +1117,34 @@ fn as_user<T>(user: bool, f: impl FnOnce() -> T) -> T {
         libc::setfsgid(1000);
         libc::setfsuid(1000);
     }
+    in_effect(false);
     let out = f();
+    in_effect(true);
     // SAFETY: as above.
     unsafe {
         libc::setfsuid(0);
         libc::setfsgid(0);
     }
     out
+}
+
+/// Puts every capability this thread is permitted in effect, or none
+/// (`capset(2)`; the permitted set stays, so they can come back).
+fn in_effect(all: bool) {
+    const VERSION_3: u32 = 0x2008_0522;
+    let mut header = [VERSION_3, 0];
+    let mut data = [[0u32; 3]; 2];
+    // SAFETY: a version 3 header for this thread and room for the two
+    // data blocks version 3 reads and writes.
+    let got = unsafe { libc::syscall(libc::SYS_capget, header.as_mut_ptr(), data.as_mut_ptr()) };
+    assert_eq!(got, 0, "capget: {}", std::io::Error::last_os_error());
+    for d in &mut data {
+        // (effective, permitted, inheritable)
+        d[0] = if all { d[1] } else { 0 };
+    }
+    // SAFETY: as above.
+    let set = unsafe { libc::syscall(libc::SYS_capset, header.as_mut_ptr(), data.as_ptr()) };
+    assert_eq!(set, 0, "capset: {}", std::io::Error::last_os_error());
 }
 
 /// A call that went differently on the two sides, as a test failure.
