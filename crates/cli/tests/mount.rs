@@ -905,6 +905,14 @@ enum FsOp {
     Mkfifo {
         path: &'static str,
     },
+    /// `open(O_TMPFILE)` in `dir` (with `O_EXCL` or not), a write, then
+    /// `linkat` of it by `/proc/self/fd` to `link`: the new name's mode,
+    /// group and links.
+    Tmpfile {
+        dir: &'static str,
+        link: &'static str,
+        excl: bool,
+    },
 }
 
 const PATHS: &[&str] = &["a", "b", "d", "e", "d/a", "d/b", "d/e", "e/a"];
@@ -955,6 +963,8 @@ fn fs_op() -> impl proptest::strategy::Strategy<Value = FsOp> {
         1 => (p(), p(), proptest::sample::select(&[libc::RENAME_NOREPLACE, libc::RENAME_EXCHANGE][..]))
             .prop_map(|(from, to, flags)| FsOp::RenameFlags { from, to, flags }),
         1 => p().prop_map(|path| FsOp::Mkfifo { path }),
+        1 => (proptest::sample::select(&[".", "d", "e", "a"][..]), p(), any::<bool>())
+            .prop_map(|(dir, link, excl)| FsOp::Tmpfile { dir, link, excl }),
     ]
 }
 
@@ -980,6 +990,26 @@ fn apply(root: &Path, op: &FsOp) -> Result<Vec<String>, i32> {
     let errno = |e: std::io::Error| e.raw_os_error().unwrap_or(-1);
     let none = |r: std::io::Result<()>| r.map(|()| Vec::new()).map_err(errno);
     match *op {
+        FsOp::Tmpfile { dir, link, excl } => {
+            use std::os::unix::ffi::OsStrExt;
+            use std::os::unix::fs::OpenOptionsExt;
+            let flags = libc::O_TMPFILE | if excl { libc::O_EXCL } else { 0 };
+            let mut f = OpenOptions::new().read(true).write(true).custom_flags(flags).mode(0o2640).open(at(dir));
+            f = f.and_then(|mut f| f.write_all(b"tmp").map(|()| f));
+            let f = f.map_err(errno)?;
+            let from =
+                std::ffi::CString::new(format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&f))).unwrap();
+            let to = std::ffi::CString::new(at(link).as_os_str().as_bytes()).unwrap();
+            // SAFETY: two NUL-terminated paths.
+            if unsafe {
+                libc::linkat(libc::AT_FDCWD, from.as_ptr(), libc::AT_FDCWD, to.as_ptr(), libc::AT_SYMLINK_FOLLOW)
+            } < 0
+            {
+                return Err(errno(std::io::Error::last_os_error()));
+            }
+            let m = std::fs::symlink_metadata(at(link)).map_err(errno)?;
+            Ok(vec![format!("{:o} {} {}", m.mode(), m.gid(), m.nlink())])
+        }
         FsOp::Create { path, excl, trunc } => {
             none(nonblocking().write(true).create(!excl).create_new(excl).truncate(trunc).open(at(path)).map(drop))
         }
