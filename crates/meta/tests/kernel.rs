@@ -1,9 +1,10 @@
 //! Differential test against the Linux kernel: random sequences of
-//! namespace operations run on a tmpfs directory and on a `Namespace`
-//! must give the same errno for every operation and the same final tree
-//! (names, types, modes, sizes, link counts, user xattrs). Operations
-//! run as root or as an unprivileged user (the kernel side switches the
-//! thread's fsuid and fsgid), so permission checks are compared too.
+//! namespace operations (`O_TMPFILE` and its `linkat` among them) run on
+//! a tmpfs directory and on a `Namespace` must give the same errno for
+//! every operation and the same final tree (names, types, modes, sizes,
+//! link counts, user xattrs). Operations run as root or as an
+//! unprivileged user (the kernel side switches the thread's fsuid and
+//! fsgid), so permission checks are compared too.
 //!
 //! Needs a tmpfs (`/dev/shm`) and root (to switch ids); without them it
 //! says loudly that it skipped.
@@ -36,6 +37,10 @@ enum Op {
     Truncate(usize, u64),
     SetXattr(usize, u8, u8),
     RemoveXattr(usize, u8),
+    /// `open(O_TMPFILE)` in a directory (`PATHS.len()`: the top one) with
+    /// a mode, `O_EXCL` or not; then `linkat` of it to a path; then
+    /// `close`.
+    Tmpfile(usize, usize, u32, bool),
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -55,7 +60,14 @@ fn op() -> impl Strategy<Value = Op> {
         (p.clone(), any::<bool>(), any::<bool>()).prop_map(|(p, u, g)| Op::Chown(p, u, g)),
         (p.clone(), 0u64..5000).prop_map(|(p, s)| Op::Truncate(p, s)),
         (p.clone(), 0u8..3, 0u8..3).prop_map(|(p, n, f)| Op::SetXattr(p, n, f)),
-        (p, 0u8..3).prop_map(|(p, n)| Op::RemoveXattr(p, n)),
+        (p.clone(), 0u8..3).prop_map(|(p, n)| Op::RemoveXattr(p, n)),
+        (
+            prop_oneof![3 => Just(PATHS.len()), 1 => p.clone()],
+            p,
+            prop_oneof![Just(0o640u32), Just(0o2755)],
+            any::<bool>()
+        )
+            .prop_map(|(d, l, m, x)| Op::Tmpfile(d, l, m, x)),
     ]
 }
 
@@ -146,6 +158,25 @@ impl Kernel {
                     Op::RemoveXattr(p, n) => {
                         let name = CString::new(xname(n)).unwrap();
                         errno(libc::lremovexattr(self.path(p).as_ptr(), name.as_ptr()))
+                    }
+                    Op::Tmpfile(d, l, m, excl) => {
+                        let dir = if d == PATHS.len() { c(&self.base) } else { self.path(d) };
+                        let flags = libc::O_TMPFILE | libc::O_WRONLY | if excl { libc::O_EXCL } else { 0 };
+                        let fd = libc::open(dir.as_ptr(), flags, m);
+                        if fd < 0 {
+                            return errno(fd);
+                        }
+                        let proc = CString::new(format!("/proc/self/fd/{fd}")).unwrap();
+                        let to = self.path(l);
+                        let r = errno(libc::linkat(
+                            libc::AT_FDCWD,
+                            proc.as_ptr(),
+                            libc::AT_FDCWD,
+                            to.as_ptr(),
+                            libc::AT_SYMLINK_FOLLOW,
+                        ));
+                        libc::close(fd);
+                        r
                     }
                 }
             }
@@ -264,6 +295,16 @@ impl Ours {
             Op::RemoveXattr(p, n) => {
                 let ino = self.named(&cr, PATHS[p])?;
                 self.ns.removexattr(&cr, ino, xname(n).as_bytes(), now).map(drop)
+            }
+            Op::Tmpfile(d, l, m, excl) => {
+                let dir = if d == PATHS.len() { ROOT } else { self.resolve(&cr, PATHS[d])? };
+                if self.ns.getattr(dir)?.kind != FileType::Directory {
+                    return Err(Errno::ENOTDIR);
+                }
+                let (t, _) = self.ns.tmpfile(&cr, dir, m & !0o022, !excl, now)?;
+                let linked = self.parent(&cr, PATHS[l]).and_then(|(d, n)| self.ns.link(&cr, t.ino, d, n, now));
+                self.ns.release(&cr, t.ino)?;
+                linked.map(drop)
             }
         })();
         r.err().map_or(0, |e| e.0)
