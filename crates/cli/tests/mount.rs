@@ -895,7 +895,8 @@ enum FsOp {
     Stat {
         path: &'static str,
     },
-    /// `renameat2(2)` with `RENAME_NOREPLACE` or `RENAME_EXCHANGE`.
+    /// `renameat2(2)` with `RENAME_NOREPLACE`, `RENAME_EXCHANGE` or
+    /// `RENAME_WHITEOUT`.
     RenameFlags {
         from: &'static str,
         to: &'static str,
@@ -960,7 +961,7 @@ fn fs_op() -> impl proptest::strategy::Strategy<Value = FsOp> {
             .prop_map(|(path, name, flags)| FsOp::Xattr { path, name, flags }),
         1 => p().prop_map(|path| FsOp::Read { path }),
         1 => p().prop_map(|path| FsOp::Stat { path }),
-        1 => (p(), p(), proptest::sample::select(&[libc::RENAME_NOREPLACE, libc::RENAME_EXCHANGE][..]))
+        1 => (p(), p(), proptest::sample::select(&[libc::RENAME_NOREPLACE, libc::RENAME_EXCHANGE, libc::RENAME_WHITEOUT][..]))
             .prop_map(|(from, to, flags)| FsOp::RenameFlags { from, to, flags }),
         1 => p().prop_map(|path| FsOp::Mkfifo { path }),
         1 => (proptest::sample::select(&[".", "d", "e", "a"][..]), p(), any::<bool>())
@@ -1112,6 +1113,8 @@ fn tree(root: &Path) -> Vec<String> {
             format!("link {}", std::fs::read_link(&path).unwrap().display())
         } else if std::os::unix::fs::FileTypeExt::is_fifo(&m.file_type()) {
             "fifo".to_string()
+        } else if std::os::unix::fs::FileTypeExt::is_char_device(&m.file_type()) {
+            format!("char device {:x}", m.rdev())
         } else if m.is_dir() {
             "dir".to_string()
         } else {
@@ -1183,7 +1186,7 @@ type Differs = proptest::test_runner::TestCaseError;
 /// Runs `cases` random sequences of up to `most` calls, each by root or,
 /// one in three, by an unprivileged user (its file-system ids, which the
 /// kernel checks and the mount sends), in a fresh directory both may
-/// write to under `mount` and under a tmpfs directory: `call` makes each
+/// write to under `mount` and under a tmpfs (`nodev`, as the mount is): `call` makes each
 /// call on both (`i`, the call, whether by the user, and the two
 /// directories), and `end` looks at the two directories after the last.
 fn random_calls(
@@ -1193,7 +1196,7 @@ fn random_calls(
     end: impl Fn(&Path, &Path) -> Result<(), Differs>,
 ) {
     use proptest::test_runner::{Config, TestRunner};
-    let shm = tempfile::tempdir_in("/dev/shm").expect("tmpfs at /dev/shm");
+    let shm = Tmpfs::nodev();
     let case = std::cell::Cell::new(0);
     let mut runner = TestRunner::new(Config { cases, failure_persistence: None, ..Config::default() });
     let ops = proptest::collection::vec((fs_op(), proptest::bool::weighted(1.0 / 3.0)), 1..most);
@@ -1216,6 +1219,34 @@ fn random_calls(
             end(&ours, &kernel)
         })
         .unwrap();
+}
+
+/// A tmpfs of its own, mounted `nodev` as the mount is (FUSE mounts are),
+/// so that opening a device node (a whiteout, say) fails alike on both
+/// sides: `/dev/shm` may or may not be `nodev`. Unmounted when dropped.
+struct Tmpfs(tempfile::TempDir);
+
+impl Tmpfs {
+    fn nodev() -> Tmpfs {
+        let dir = tempfile::tempdir().unwrap();
+        let mounted = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", "nodev,size=1g,mode=0777", "interlock-test"])
+            .arg(dir.path())
+            .status()
+            .unwrap();
+        assert!(mounted.success(), "mount a tmpfs at {}", dir.path().display());
+        Tmpfs(dir)
+    }
+
+    fn path(&self) -> &Path {
+        self.0.path()
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("--lazy").arg(self.0.path()).status();
+    }
 }
 
 /// Who made a call, as a failure names them.
@@ -1590,15 +1621,16 @@ fn a_handle_keeps_its_access_and_a_write_drops_privileges_by_its_writer() {
     assert_eq!(mount.lines().count(), 8, "{mount}");
 }
 
-/// What Python script `tests/scripts/NAME`, run as root with a directory,
-/// prints for a tmpfs directory and for `mount` (`None` if Python is
-/// missing where it may be).
+/// What script `tests/scripts/NAME` (Python's for `.py`, the shell's
+/// otherwise), run as root with a directory, prints for a tmpfs (`nodev`,
+/// as the mount is) and for `mount` (`None` if Python is missing where it
+/// may be).
 fn script_on_both(name: &str, mount: &Path) -> Option<(String, String)> {
-    let python = tool("python3", "python3")?;
+    let shell = if name.ends_with(".py") { tool("python3", "python3")? } else { PathBuf::from("/bin/sh") };
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/scripts").join(name);
-    let tmpfs = tempfile::tempdir_in("/dev/shm").unwrap();
+    let tmpfs = Tmpfs::nodev();
     let run = |dir: &Path| {
-        let out = Command::new(&python).arg(&script).arg(dir).output().unwrap();
+        let out = Command::new(&shell).arg(&script).arg(dir).output().unwrap();
         assert!(out.status.success(), "{name}: {}", String::from_utf8_lossy(&out.stderr));
         String::from_utf8(out.stdout).unwrap()
     };
@@ -1625,6 +1657,30 @@ fn an_o_tmpfile_is_made_and_linked_as_on_tmpfs() {
     let fsck = Command::new(env!("CARGO_BIN_EXE_interlock")).arg("fsck").arg(data.path()).output().unwrap();
     let report = String::from_utf8_lossy(&fsck.stdout);
     assert!(fsck.status.success() && report.contains("0 orphans"), "{report}");
+}
+
+/// An overlay file system (what container engines stack images with) runs
+/// with its upper layer and work directory on a mount as on tmpfs
+/// (`tests/scripts/overlay.sh`): files made, appended to (copied up),
+/// removed and renamed from the lower layer, a directory made and renamed,
+/// another removed; what the overlay shows, what its upper layer holds
+/// (the whiteouts, character devices 0:0, among it), and what the overlay
+/// shows mounted again. Before session 31 the kernel refused the mount:
+/// "upper fs does not support RENAME_WHITEOUT".
+#[test]
+fn an_overlay_file_system_runs_with_its_upper_layer_on_the_mount() {
+    let Some((_data, _server, m)) = one_mount("an_overlay_file_system_runs_with_its_upper_layer_on_the_mount") else {
+        return;
+    };
+    let _ = Command::new("modprobe").arg("overlay").status();
+    let known = std::fs::read_to_string("/proc/filesystems").unwrap_or_default();
+    if !known.lines().any(|l| l.ends_with("\toverlay")) {
+        eprintln!("SKIPPED the overlay test: this kernel has no overlay file system");
+        return;
+    }
+    let Some((kernel, mount)) = script_on_both("overlay.sh", m.path()) else { return };
+    assert!(kernel.contains("./sub character special file 0 0:0"), "{kernel}");
+    assert_eq!(mount, kernel);
 }
 
 /// A directory its reader may read but not search lists, `..` included,

@@ -363,11 +363,14 @@ impl Fs {
         if two {
             let f = a.u32()?;
             a.skip(4)?;
-            if f & !(libc::RENAME_NOREPLACE | libc::RENAME_EXCHANGE) != 0 {
+            if f & !(libc::RENAME_NOREPLACE | libc::RENAME_EXCHANGE | libc::RENAME_WHITEOUT) != 0 {
                 return Err(libc::EINVAL);
             }
             flags.noreplace = f & libc::RENAME_NOREPLACE != 0;
             flags.exchange = f & libc::RENAME_EXCHANGE != 0;
+            // What an overlay file system asks of its upper layer (which
+            // refuses a layer without it).
+            flags.whiteout = f & libc::RENAME_WHITEOUT != 0;
         }
         let (name, new_name) = (a.cstr()?, a.cstr()?);
         call(self.client.rename(cred, (parent, name), (new_parent, new_name), flags).await).map(|()| Vec::new())

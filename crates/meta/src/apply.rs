@@ -15,7 +15,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use crate::access::Owner;
 use crate::entries::Entry;
 use crate::inode::{Inode, Meta};
-use crate::mutation::{Gone, Mutation};
+use crate::mutation::{Gone, Mutation, Renamed};
 use crate::namespace::Namespace;
 use crate::types::{FileType, Ino, Nanos, ROOT};
 
@@ -65,36 +65,12 @@ impl Namespace {
                     self.drop_link(&p, &i, *gone, *time);
                 }
             }
-            Mutation::Rename { parent, name, ino, new_parent, new_name, victim, gone, exchange, time } => {
-                let (Ok(p), Ok(np)) = (self.find(held, *parent), self.find(held, *new_parent)) else { return };
-                let moved = self.find(held, *ino).ok();
-                let replaced = victim.and_then(|v| self.find(held, v).ok());
-                if *exchange {
-                    if let Some(v) = victim {
-                        self.entries.upsert(self.key(*parent, name), *v);
-                    }
-                    self.entries.upsert(self.key(*new_parent, new_name), *ino);
-                    if let Some(v) = &replaced {
-                        reparent(v, &np, &p);
-                        v.changed(*time);
-                    }
-                } else {
-                    let added = self.entries.upsert(self.key(*new_parent, new_name), *ino);
-                    self.remove_entry(&p, name, *time);
-                    match &replaced {
-                        Some(v) => self.drop_link(&np, v, *gone, *time),
-                        None if added && victim.is_none() => {
-                            np.dir().intent.add();
-                        }
-                        None => {}
-                    }
-                }
-                if let Some(m) = &moved {
-                    reparent(m, &p, &np);
-                    m.changed(*time);
-                }
-                p.modified(*time);
-                np.modified(*time);
+            Mutation::Rename(r) => self.renamed(held, r),
+            Mutation::RenameWhiteout { rename: r, whiteout, uid, gid } => {
+                self.renamed(held, r);
+                let owner = Owner { kind: FileType::CharDevice, perm: 0, uid: *uid, gid: *gid };
+                self.put_inode(self.made(*whiteout, owner, Meta::new(r.time, b"", 0), r.time, r.parent));
+                self.add_entry(held, r.parent, &r.name, *whiteout, false, r.time);
             }
             Mutation::SetAttr { ino, perm, uid, gid, size, atime, mtime, ctime } => {
                 let Ok(i) = self.find(held, *ino) else { return };
@@ -144,6 +120,40 @@ impl Namespace {
                 let _ = self.inodes.remove_sync(ino);
             }
         }
+    }
+
+    /// Applies a rename (see [`Renamed`]).
+    fn renamed(&self, held: &[&Inode], r: &Renamed) {
+        let Renamed { parent, ref name, ino, new_parent, ref new_name, victim, gone, exchange, time } = *r;
+        let (Ok(p), Ok(np)) = (self.find(held, parent), self.find(held, new_parent)) else { return };
+        let moved = self.find(held, ino).ok();
+        let replaced = victim.and_then(|v| self.find(held, v).ok());
+        if exchange {
+            if let Some(v) = victim {
+                self.entries.upsert(self.key(parent, name), v);
+            }
+            self.entries.upsert(self.key(new_parent, new_name), ino);
+            if let Some(v) = &replaced {
+                reparent(v, &np, &p);
+                v.changed(time);
+            }
+        } else {
+            let added = self.entries.upsert(self.key(new_parent, new_name), ino);
+            self.remove_entry(&p, name, time);
+            match &replaced {
+                Some(v) => self.drop_link(&np, v, gone, time),
+                None if added && victim.is_none() => {
+                    np.dir().intent.add();
+                }
+                None => {}
+            }
+        }
+        if let Some(m) = &moved {
+            reparent(m, &p, &np);
+            m.changed(time);
+        }
+        p.modified(time);
+        np.modified(time);
     }
 
     /// A new inode, its number taken from the numbers still free.

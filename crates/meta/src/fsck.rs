@@ -24,7 +24,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use interlock_journal::Error;
 
 use crate::checkpoint;
-use crate::mutation::{Gone, Mutation};
+use crate::mutation::{Gone, Mutation, Renamed};
 use crate::namespace::Namespace;
 use crate::record;
 use crate::types::{Ino, ROOT};
@@ -177,7 +177,7 @@ impl Namespace {
                     out.push(remove(*parent, name, *ino))
                 }
                 Damage::ManyParents { dir, extra } => out.extend(extra.iter().map(|(p, n)| remove(*p, n, *dir))),
-                Damage::Unreachable { dir, at } => out.push(Mutation::Rename {
+                Damage::Unreachable { dir, at } => out.push(Mutation::Rename(Renamed {
                     parent: at.0,
                     name: at.1.clone(),
                     ino: *dir,
@@ -187,7 +187,7 @@ impl Namespace {
                     gone: Gone::Linked,
                     exchange: false,
                     time,
-                }),
+                })),
                 Damage::Leaked { ino } => out.push(Mutation::Forget { ino: *ino }),
             }
         }

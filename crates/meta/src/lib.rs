@@ -52,7 +52,7 @@ mod types;
 pub use checkpoint::Written;
 pub use errno::{Errno, Result};
 pub use log::{Log, Seq};
-pub use mutation::{Gone, Mutation};
+pub use mutation::{Gone, Mutation, Renamed};
 pub use namespace::{FIRST_COOKIE, Namespace};
 pub use ops::{COPY_MAX, NewInode};
 pub use record::{FLAG_LAST, project};

@@ -13,7 +13,7 @@ use crate::errno::{Errno, Result};
 use crate::inode::Inode;
 use crate::locks::stripe;
 use crate::log::Seq;
-use crate::mutation::{Gone, Mutation};
+use crate::mutation::{Gone, Mutation, Renamed};
 use crate::namespace::{Namespace, check_name, xattr_permission};
 use crate::types::{
     Attr, Caller, Cred, FILE_SIZE_MAX, Fallocate, FileType, Ino, LINK_MAX, Nanos, ROOT, RenameFlags, SYMLINK_MAX,
@@ -108,6 +108,12 @@ impl Namespace {
             return Err(Errno::ENOENT);
         }
         access::check(cred, &owner, WRITE | EXEC)?;
+        // Device nodes are root's (`CAP_MKNOD`), but for a whiteout, the
+        // character device 0:0, which anyone may make (Linux 5.8 on).
+        let device = matches!(new.kind, FileType::CharDevice | FileType::BlockDevice);
+        if device && !(new.kind == FileType::CharDevice && new.rdev == 0) && !cred.is_root() {
+            return Err(Errno::EPERM);
+        }
         if new.kind == FileType::Directory && dir.nlink.load(Relaxed) >= LINK_MAX {
             return Err(Errno::EMLINK);
         }
@@ -234,9 +240,12 @@ impl Namespace {
         }
     }
 
-    /// `rename` and `renameat2`'s `RENAME_NOREPLACE` and
-    /// `RENAME_EXCHANGE`; nothing changes (nothing is journaled, [`Seq`]
-    /// 0) when the two names already name one inode. O(log n), plus
+    /// `rename` and `renameat2`'s `RENAME_NOREPLACE`, `RENAME_EXCHANGE`
+    /// and `RENAME_WHITEOUT` (a whiteout, a character device 0:0 with no
+    /// permission bits, is left at the old name in the same record, owned
+    /// as a node made there would be; anyone may, as on Linux since 5.8);
+    /// nothing changes (nothing is journaled,
+    /// [`Seq`] 0) when the two names already name one inode. O(log n), plus
     /// O(depth) for a directory moved to another directory (the loop
     /// check).
     pub fn rename(
@@ -247,7 +256,7 @@ impl Namespace {
         flags: RenameFlags,
         now: Nanos,
     ) -> Result<Seq> {
-        if flags.noreplace && flags.exchange {
+        if flags.exchange && (flags.noreplace || flags.whiteout) {
             return Err(Errno::EINVAL);
         }
         check_name(name)?;
@@ -333,7 +342,7 @@ impl Namespace {
             if parent != new_parent && moved.is_dir() && victim.is_none() && np.nlink.load(Relaxed) >= LINK_MAX {
                 return Err(Errno::EMLINK);
             }
-            let m = Mutation::Rename {
+            let rename = Renamed {
                 parent,
                 name: name.to_vec(),
                 ino,
@@ -346,6 +355,12 @@ impl Namespace {
                 },
                 exchange: flags.exchange,
                 time: now,
+            };
+            let m = if flags.whiteout {
+                let (_, gid) = new_owner(cred, &p.owner(), FileType::CharDevice, 0);
+                Mutation::RenameWhiteout { rename, whiteout: self.new_ino(), uid: cred.uid, gid }
+            } else {
+                Mutation::Rename(rename)
             };
             return self.commit(cred, &m);
         }

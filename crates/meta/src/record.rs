@@ -12,7 +12,7 @@ use interlock_journal::Error;
 use interlock_journal::changelog::{Record, RecordType, RenameSource};
 use serde::{Deserialize, Serialize};
 
-use crate::mutation::{Gone, Mutation};
+use crate::mutation::{Gone, Mutation, Renamed};
 use crate::namespace::Namespace;
 use crate::types::{Cred, FileType, Nanos};
 
@@ -129,7 +129,13 @@ pub fn project(bytes: &[u8]) -> Result<Option<Record>, Error> {
             let t = if dir { RecordType::RMDIR } else { RecordType::UNLNK };
             Record { flags: last(gone), ..record(t, time, ino, parent, name) }
         }
-        Mutation::Rename { parent, name, ino, new_parent, new_name, victim, gone, time, .. } => Record {
+        // A whiteout left at the old name is not shown: it is the
+        // rename's, as an overlay file system's upper layer makes it.
+        Mutation::Rename(Renamed { parent, name, ino, new_parent, new_name, victim, gone, time, .. })
+        | Mutation::RenameWhiteout {
+            rename: Renamed { parent, name, ino, new_parent, new_name, victim, gone, time, .. },
+            ..
+        } => Record {
             flags: last(gone),
             source: Some(RenameSource { parent, name, target: ino }),
             ..record(RecordType::RENME, time, victim.unwrap_or(0), new_parent, new_name)

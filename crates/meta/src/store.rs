@@ -35,7 +35,7 @@ use crate::checkpoint::{self, Written};
 use crate::data::Data;
 use crate::errno::{Errno, Result};
 use crate::log::{Log, Seq};
-use crate::mutation::{Gone, Mutation};
+use crate::mutation::{Gone, Mutation, Renamed};
 use crate::namespace::Namespace;
 use crate::record;
 use crate::types::{Attr, Caller, Cred, Fallocate, Ino, Nanos, ReadFrom, SeekTo, SetAttr, StatFs};
@@ -100,7 +100,8 @@ impl Log for JournalLog {
         })?;
         let freed = match m {
             Mutation::Remove { ino, gone: Gone::Freed, .. } | Mutation::Forget { ino } => Some(*ino),
-            Mutation::Rename { victim: Some(v), gone: Gone::Freed, exchange: false, .. } => Some(*v),
+            Mutation::Rename(Renamed { victim: Some(v), gone: Gone::Freed, exchange: false, .. })
+            | Mutation::RenameWhiteout { rename: Renamed { victim: Some(v), gone: Gone::Freed, .. }, .. } => Some(*v),
             _ => None,
         };
         if let Some(ino) = freed {

@@ -180,6 +180,10 @@ pub struct RenameFlags {
     pub noreplace: bool,
     /// `RENAME_EXCHANGE`: swap the two names.
     pub exchange: bool,
+    /// `RENAME_WHITEOUT` (not with `exchange`): leave a whiteout at the
+    /// old name, a character device 0:0, in the same step (what an
+    /// overlay file system's upper layer asks for).
+    pub whiteout: bool,
 }
 
 /// `setxattr` flags.

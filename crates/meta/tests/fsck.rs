@@ -6,7 +6,7 @@
 mod common;
 
 use interlock_meta::fsck::{Damage, check_dir};
-use interlock_meta::{Cred, FileType, Gone, Mutation, NewInode, ROOT, Store, StoreOptions};
+use interlock_meta::{Cred, FileType, Gone, Mutation, NewInode, ROOT, Renamed, Store, StoreOptions};
 
 fn new(kind: FileType) -> NewInode {
     NewInode { kind, perm: 0o755, rdev: 0 }
@@ -49,7 +49,7 @@ fn each_kind_of_damage_is_found_and_repaired() {
     // A second name for directory b.
     ns.apply(&Mutation::Link { parent: ROOT, name: b"b2".to_vec(), ino: b.ino, time: 3 });
     // c moved under its own child d: a cycle the root does not reach.
-    ns.apply(&Mutation::Rename {
+    ns.apply(&Mutation::Rename(Renamed {
         parent: ROOT,
         name: b"c".to_vec(),
         ino: c.ino,
@@ -59,7 +59,7 @@ fn each_kind_of_damage_is_found_and_repaired() {
         gone: Gone::Linked,
         exchange: false,
         time: 3,
-    });
+    }));
     // leak's only name gone, but the inode kept.
     ns.apply(&Mutation::Remove {
         parent: ROOT,

@@ -21,12 +21,16 @@ use proptest::prelude::*;
 /// Paths the operations use: a small pool, so they meet.
 const PATHS: &[&str] = &["a", "b", "d", "e", "d/a", "d/b", "d/e", "e/a", "e/d", "d/e/a", "d/e/b"];
 const USER: u32 = 1000;
+/// The nodes `mknod` makes: a fifo, a character device (root's to make)
+/// and a whiteout (the character device 0:0, anyone's).
+const NODES: &[(FileType, u64)] = &[(FileType::Fifo, 0), (FileType::CharDevice, 0x103), (FileType::CharDevice, 0)];
 
 #[derive(Clone, Debug)]
 enum Op {
     Create(usize, u32),
     Mkdir(usize, u32),
-    Mknod(usize),
+    /// `mknod(2)` of `NODES[k]`.
+    Mknod(usize, usize),
     Symlink(usize),
     Unlink(usize),
     Rmdir(usize),
@@ -50,11 +54,11 @@ fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         (p.clone(), mode.clone()).prop_map(|(p, m)| Op::Create(p, m)),
         (p.clone(), mode.clone()).prop_map(|(p, m)| Op::Mkdir(p, m)),
-        p.clone().prop_map(Op::Mknod),
+        (p.clone(), 0..NODES.len()).prop_map(|(p, k)| Op::Mknod(p, k)),
         p.clone().prop_map(Op::Symlink),
         p.clone().prop_map(Op::Unlink),
         p.clone().prop_map(Op::Rmdir),
-        (p.clone(), p.clone(), 0u8..3).prop_map(|(a, b, f)| Op::Rename(a, b, f)),
+        (p.clone(), p.clone(), 0u8..4).prop_map(|(a, b, f)| Op::Rename(a, b, f)),
         (p.clone(), p.clone()).prop_map(|(a, b)| Op::Link(a, b)),
         (p.clone(), mode).prop_map(|(p, m)| Op::Chmod(p, m)),
         (p.clone(), any::<bool>(), any::<bool>()).prop_map(|(p, u, g)| Op::Chown(p, u, g)),
@@ -127,12 +131,16 @@ impl Kernel {
                         errno(fd)
                     }
                     Op::Mkdir(p, m) => errno(libc::mkdir(self.path(p).as_ptr(), m)),
-                    Op::Mknod(p) => errno(libc::mknod(self.path(p).as_ptr(), libc::S_IFIFO | 0o640, 0)),
+                    Op::Mknod(p, k) => {
+                        let (kind, rdev) = NODES[k];
+                        errno(libc::mknod(self.path(p).as_ptr(), kind.mode_bits() | 0o640, rdev))
+                    }
                     Op::Symlink(p) => errno(libc::symlink(c"/nonexistent".as_ptr(), self.path(p).as_ptr())),
                     Op::Unlink(p) => errno(libc::unlink(self.path(p).as_ptr())),
                     Op::Rmdir(p) => errno(libc::rmdir(self.path(p).as_ptr())),
                     Op::Rename(a, b, f) => {
-                        let flags = [0, libc::RENAME_NOREPLACE, libc::RENAME_EXCHANGE][f as usize];
+                        let flags =
+                            [0, libc::RENAME_NOREPLACE, libc::RENAME_EXCHANGE, libc::RENAME_WHITEOUT][f as usize];
                         errno(libc::renameat2(
                             libc::AT_FDCWD,
                             self.path(a).as_ptr(),
@@ -247,9 +255,10 @@ impl Ours {
                 let (d, n) = self.parent(&cr, PATHS[p])?;
                 self.ns.create(&cr, d, n, new(FileType::Directory, m), b"", now).map(drop)
             }
-            Op::Mknod(p) => {
+            Op::Mknod(p, k) => {
                 let (d, n) = self.parent(&cr, PATHS[p])?;
-                self.ns.create(&cr, d, n, new(FileType::Fifo, 0o640), b"", now).map(drop)
+                let (kind, rdev) = NODES[k];
+                self.ns.create(&cr, d, n, NewInode { rdev, ..new(kind, 0o640) }, b"", now).map(drop)
             }
             Op::Symlink(p) => {
                 let (d, n) = self.parent(&cr, PATHS[p])?;
@@ -266,7 +275,7 @@ impl Ours {
             Op::Rename(a, b, f) => {
                 let from = self.parent(&cr, PATHS[a])?;
                 let to = self.parent(&cr, PATHS[b])?;
-                let flags = RenameFlags { noreplace: f == 1, exchange: f == 2 };
+                let flags = RenameFlags { noreplace: f == 1, exchange: f == 2, whiteout: f == 3 };
                 self.ns.rename(&cr, from, to, flags, now).map(drop)
             }
             Op::Link(a, b) => {

@@ -85,8 +85,14 @@ fn bad_input_gets_its_errno_and_changes_nothing() {
         ("unlink of a directory", ns.unlink(&root, ROOT, b"d", 9).map(drop), Errno::EISDIR),
         (
             "rename both flags",
-            ns.rename(&root, (d.ino, b"f"), (d.ino, b"g"), RenameFlags { noreplace: true, exchange: true }, 9)
-                .map(drop),
+            ns.rename(
+                &root,
+                (d.ino, b"f"),
+                (d.ino, b"g"),
+                RenameFlags { noreplace: true, exchange: true, whiteout: false },
+                9,
+            )
+            .map(drop),
             Errno::EINVAL,
         ),
         (
@@ -330,4 +336,30 @@ fn an_o_tmpfile_has_no_name_until_linked_and_goes_at_its_last_close() {
     assert!(ns.getattr(excl.ino).is_err(), "nobody named it: gone at its last close");
     ns.release(&root, t.ino).unwrap();
     assert_eq!(ns.getattr(t.ino).unwrap().nlink, 1, "named: it stays");
+}
+
+/// `RENAME_WHITEOUT` leaves a whiteout (a character device 0:0 with no
+/// permission bits, the renamer's) at the old name in the same step, and
+/// goes with `RENAME_NOREPLACE` but not with `RENAME_EXCHANGE`; anyone
+/// may make a whiteout, as on Linux since 5.8, but only root another
+/// device node.
+#[test]
+fn a_rename_with_whiteout_leaves_a_character_device_0_0_behind() {
+    let ns = Namespace::new(1, 0);
+    let root = Cred::root();
+    let (d, _) = ns.create(&root, ROOT, b"d", new(FileType::Directory, 0o777), b"", 1).unwrap();
+    let (f, _) = ns.create(&user(), d.ino, b"f", new(FileType::Regular, 0o644), b"", 2).unwrap();
+    let whiteout = RenameFlags { whiteout: true, ..RenameFlags::default() };
+    let both = RenameFlags { exchange: true, ..whiteout };
+    assert_eq!(ns.rename(&user(), (d.ino, b"f"), (d.ino, b"g"), both, 3), Err(Errno::EINVAL));
+    ns.rename(&user(), (d.ino, b"f"), (d.ino, b"g"), RenameFlags { noreplace: true, ..whiteout }, 4).unwrap();
+    assert_eq!(ns.lookup(&root, d.ino, b"g").unwrap().ino, f.ino);
+    let w = ns.lookup(&root, d.ino, b"f").unwrap();
+    assert_eq!((w.kind, w.rdev, w.perm, w.uid, w.nlink, w.ctime), (FileType::CharDevice, 0, 0, 1000, 1, 4));
+    assert_eq!(ns.readdir(&root, d.ino, 0, 10).unwrap().len(), 2, "f (the whiteout) and g");
+
+    let device = |rdev| NewInode { rdev, ..new(FileType::CharDevice, 0o600) };
+    assert_eq!(ns.create(&user(), d.ino, b"null", device(0x103), b"", 5).map(drop), Err(Errno::EPERM));
+    assert!(ns.create(&user(), d.ino, b"w", device(0), b"", 5).is_ok(), "a whiteout is anyone's");
+    assert!(ns.create(&root, d.ino, b"null", device(0x103), b"", 5).is_ok());
 }

@@ -54,7 +54,7 @@ fn op() -> impl Strategy<Value = Op> {
         (d.clone(), n.clone()).prop_map(|(d, n)| Op::Symlink(d, n)),
         (d.clone(), n.clone()).prop_map(|(d, n)| Op::Unlink(d, n)),
         (d.clone(), n.clone()).prop_map(|(d, n)| Op::Rmdir(d, n)),
-        (d.clone(), n.clone(), d.clone(), n.clone(), 0u8..3).prop_map(|(a, b, c, e, f)| Op::Rename(a, b, c, e, f)),
+        (d.clone(), n.clone(), d.clone(), n.clone(), 0u8..4).prop_map(|(a, b, c, e, f)| Op::Rename(a, b, c, e, f)),
         (d.clone(), n.clone(), d.clone(), n.clone()).prop_map(|(a, b, c, e)| Op::Link(a, b, c, e)),
         (d.clone(), n.clone(), prop_oneof![Just(0o755u32), Just(0o600), Just(0o2755)])
             .prop_map(|(d, n, m)| Op::Chmod(d, n, m)),
@@ -114,7 +114,7 @@ fn run(store: &Store, op: &Op, t: i64, open: &mut Vec<Ino>, linkable: &mut HashS
         Op::Unlink(d, n) => dir(ns, d).and_then(|p| ns.unlink(&root, p, name(n), t).ok()),
         Op::Rmdir(d, n) => dir(ns, d).and_then(|p| ns.rmdir(&root, p, name(n), t).ok()),
         Op::Rename(a, b, c, e, f) => {
-            let flags = RenameFlags { noreplace: f == 1, exchange: f == 2 };
+            let flags = RenameFlags { noreplace: f == 1, exchange: f == 2, whiteout: f == 3 };
             match (dir(ns, a), dir(ns, c)) {
                 (Some(p), Some(q)) => ns.rename(&root, (p, name(b)), (q, name(e)), flags, t).ok(),
                 _ => None,
