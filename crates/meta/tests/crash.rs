@@ -4,8 +4,9 @@
 //! and again on the same store. After each kill the store must open with
 //! no dangling entry; every acknowledged change must be there; a change
 //! not acknowledged must be wholly there or wholly absent (a file renamed
-//! is under one name, never two or none; a write's data all there or
-//! none); and the changelog must hold each change once, in order, without
+//! is under one name, never two or none; one renamed with
+//! `RENAME_WHITEOUT` left its whiteout behind or was not moved; a write's
+//! data all there or none); and the changelog must hold each change once, in order, without
 //! gaps. A write counts as acknowledged when `Store::write` returns, not
 //! synced: a crash of the process must not lose it.
 //!
@@ -38,8 +39,8 @@ fn data(round: u64, t: u64, n: u64) -> String {
 }
 
 /// The child: three threads, each making `f.R.T.N` in `a`, writing
-/// [`data`] into it, renaming it to `g.R.T.N` in `b`, and unlinking every
-/// other one, printing `C|W|R|U T N` once each change is durable (the
+/// [`data`] into it, renaming it to `g.R.T.N` in `b` (the odd ones with a
+/// whiteout left at the old name), and unlinking the even ones, printing `C|W|R|U T N` once each change is durable (the
 /// write: once it returns); a fourth thread checkpoints.
 #[test]
 fn worker() {
@@ -77,7 +78,9 @@ fn worker() {
                     say(&out, 'C', t, n);
                     store.write((&root).into(), made.ino, Some(0), data(round, t, n).as_bytes(), 1).unwrap();
                     say(&out, 'W', t, n);
-                    let s = ns.rename(&root, (a, f.as_bytes()), (b, g.as_bytes()), RenameFlags::default(), 1).unwrap();
+                    // Every other file leaves a whiteout behind it in `a`.
+                    let flags = RenameFlags { whiteout: n % 2 == 1, ..RenameFlags::default() };
+                    let s = ns.rename(&root, (a, f.as_bytes()), (b, g.as_bytes()), flags, 1).unwrap();
                     store.wait(s).unwrap();
                     say(&out, 'R', t, n);
                     if n % 2 == 0 {
@@ -179,11 +182,18 @@ fn kill_9_under_load_keeps_every_acknowledged_change_once() {
         assert_eq!(attr(a).size, 20 * (in_a.len() as u64 + 2), "round {round}: a's entry count");
         assert_eq!(attr(b).size, 20 * (in_b.len() as u64 + 2), "round {round}: b's entry count");
         assert_eq!(attr(ROOT).nlink, 4, "round {round}: root links");
-        let mut seen = BTreeSet::new();
+        let (mut seen, mut whiteouts) = (BTreeSet::new(), BTreeSet::new());
         for (set, place) in [(&in_a, Place::F), (&in_b, Place::G)] {
             for name in set {
                 let k: Vec<u64> = name.split('.').skip(1).map(|x| x.parse().unwrap()).collect();
                 let key = (k[0], k[1], k[2]);
+                let dir = if place == Place::F { a } else { b };
+                let ino = store.ns().lookup(&root, dir, name.as_bytes()).unwrap().ino;
+                if store.ns().getattr(ino).unwrap().kind == FileType::CharDevice {
+                    assert_eq!((place, key.2 % 2), (Place::F, 1), "round {round}: a whiteout at {name}");
+                    whiteouts.insert(key);
+                    continue;
+                }
                 assert!(seen.insert(key), "round {round}: {key:?} under two names");
                 let ok = match acked.get(&key) {
                     Some('C' | 'W') => true,
@@ -194,8 +204,11 @@ fn kill_9_under_load_keeps_every_acknowledged_change_once() {
                     None => place == Place::F && (k[2] == 0 || acked.contains_key(&(k[0], k[1], k[2] - 1))),
                 };
                 assert!(ok, "round {round}: {name} is in {place:?}, last acknowledged {:?}", acked.get(&key));
-                let dir = if place == Place::F { a } else { b };
-                let ino = store.ns().lookup(&root, dir, name.as_bytes()).unwrap().ino;
+                // A rename with a whiteout moved the file and left the
+                // whiteout in one step: both or neither.
+                if key.2 % 2 == 1 && place == Place::G {
+                    assert!(whiteouts.contains(&key), "round {round}: {name} moved, and no whiteout left");
+                }
                 let held = store.read((&root).into(), ino, (0, 100), ReadFrom::Disk).unwrap();
                 let want = data(key.0, key.1, key.2).into_bytes();
                 let written = matches!(acked.get(&key), Some('W' | 'R'));
@@ -207,6 +220,11 @@ fn kill_9_under_load_keeps_every_acknowledged_change_once() {
                 );
             }
         }
+        assert!(
+            whiteouts.is_subset(&seen),
+            "round {round}: whiteouts {:?} of files not in b",
+            whiteouts.difference(&seen)
+        );
         for (key, c) in &acked {
             let there = seen.contains(key);
             let expect = match c {
