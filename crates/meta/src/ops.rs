@@ -244,10 +244,9 @@ impl Namespace {
     /// and `RENAME_WHITEOUT` (a whiteout, a character device 0:0 with no
     /// permission bits, is left at the old name in the same record, owned
     /// as a node made there would be; anyone may, as on Linux since 5.8);
-    /// nothing changes (nothing is journaled,
-    /// [`Seq`] 0) when the two names already name one inode. O(log n), plus
-    /// O(depth) for a directory moved to another directory (the loop
-    /// check).
+    /// nothing changes (nothing is journaled, [`Seq`] 0) when the two
+    /// names already name one inode. O(log n), plus O(depth) for a
+    /// directory moved to another directory (the loop check).
     pub fn rename(
         &self,
         cred: &Cred,
