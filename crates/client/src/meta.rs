@@ -157,13 +157,14 @@ impl Client {
     /// listing is listed exactly once.
     pub async fn readdir(
         &self,
-        cred: &Cred,
+        who: impl Into<Caller<'_>>,
         ino: Ino,
         cookie: u64,
         max: u32,
         plus: bool,
     ) -> Result<(Vec<Entry>, bool), ClientError> {
-        match self.meta(cred, MetaOp::Readdir { ino, cookie, max, plus }).await? {
+        let Caller { cred, opened } = who.into();
+        match self.meta(cred, MetaOp::Readdir { ino, cookie, max, plus, opened }).await? {
             MetaReply::Entries { entries, end } => Ok((entries, end)),
             other => Err(unexpected(other)),
         }

@@ -655,10 +655,15 @@ impl Fs {
     /// lookup per file.
     async fn readdir(&self, cred: &Cred, ino: Ino, a: &mut Args<'_>, plus: bool) -> Answer {
         let (fh, mut cookie, size) = (a.u64()?, a.u64()?, a.u32()? as usize);
-        // Its opener's credentials: Linux checks a listing's access at
-        // `opendir`, and the server checks each page with these.
+        // Its opener's credentials, which the server checks a listing
+        // from the start with; one that goes on (from a cookie the
+        // server gave) is not checked again, as Linux checks a
+        // directory's access at `opendir`: a chmod while a program lists
+        // takes nothing from it (before session 31 the next page failed
+        // with `EACCES`).
         let opener = self.handles.dir_opener(fh).unwrap_or_else(|| cred.clone());
         let cred = &opener;
+        let who = |after: u64| Caller { cred, opened: after != 0 };
         let mut out = Vec::with_capacity(size);
         let dir = abi::dtype(FileType::Directory);
         let put = |out: &mut Vec<u8>, entry: Option<&Attr>, ino, cookie, kind, name: &[u8]| {
@@ -706,7 +711,9 @@ impl Fs {
                 };
                 let (page, end) = match ahead {
                     Some(page) => page,
-                    None => self.again(|| self.client.readdir(cred, ino, listing.after, PAGE, plus)).await?,
+                    None => {
+                        self.again(|| self.client.readdir(who(listing.after), ino, listing.after, PAGE, plus)).await?
+                    }
                 };
                 listing.end = end || page.is_empty();
                 listing.entries = page.into();
@@ -725,7 +732,9 @@ impl Fs {
         // Ask for the next page while the kernel takes this one's rest.
         if !listing.end && listing.ahead.is_none() && listing.entries.len() < PAGE as usize / 2 {
             let (client, cred, after) = (self.client.clone(), cred.clone(), listing.next_cookie());
-            listing.ahead = Some(tokio::spawn(async move { client.readdir(&cred, ino, after, PAGE, plus).await }));
+            listing.ahead = Some(tokio::spawn(async move {
+                client.readdir(Caller { cred: &cred, opened: after != 0 }, ino, after, PAGE, plus).await
+            }));
         }
         self.handles.keep_listing(fh, listing);
         Ok(out)

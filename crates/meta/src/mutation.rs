@@ -150,43 +150,16 @@ pub enum Gone {
 mod tests {
     use super::*;
 
-    /// A rename as journals before session 31 wrote it: a struct variant,
-    /// fourth of the enum.
-    #[derive(Serialize)]
-    #[expect(dead_code, reason = "the first three place the rename at its index")]
-    enum Before {
-        Create,
-        Link,
-        Remove,
-        Rename {
-            parent: Ino,
-            name: Vec<u8>,
-            ino: Ino,
-            new_parent: Ino,
-            new_name: Vec<u8>,
-            victim: Option<Ino>,
-            gone: Gone,
-            exchange: bool,
-            time: Nanos,
-        },
-    }
-
-    /// Older journals' renames read as the newtype of [`Renamed`].
+    /// A rename as journals before session 31 wrote it (a struct variant,
+    /// the fourth: its index, then its fields in order, postcard's
+    /// varints) reads as the newtype of [`Renamed`].
     #[test]
     fn a_rename_journaled_before_renamed_existed_reads_the_same() {
-        let old = Before::Rename {
-            parent: 1,
-            name: b"a".to_vec(),
-            ino: 7,
-            new_parent: 2,
-            new_name: b"b".to_vec(),
-            victim: Some(9),
-            gone: Gone::Orphaned,
-            exchange: false,
-            time: 5,
-        };
-        let bytes = postcard::to_stdvec(&old).unwrap();
-        let read: Mutation = postcard::from_bytes(&bytes).unwrap();
+        // parent 1, name "a", ino 7, new_parent 2, new_name "b",
+        // victim Some(9), gone Orphaned (2), exchange false, time 5
+        // (zigzag: 10).
+        let before: &[u8] = &[3, 1, 1, b'a', 7, 2, 1, b'b', 1, 9, 2, 0, 10];
+        let read: Mutation = postcard::from_bytes(before).unwrap();
         let want = Renamed {
             parent: 1,
             name: b"a".to_vec(),
@@ -198,6 +171,7 @@ mod tests {
             exchange: false,
             time: 5,
         };
-        assert_eq!(read, Mutation::Rename(want));
+        assert_eq!(read, Mutation::Rename(want.clone()));
+        assert_eq!(postcard::to_stdvec(&Mutation::Rename(want)).unwrap(), before, "and is written as before");
     }
 }

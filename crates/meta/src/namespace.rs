@@ -23,7 +23,9 @@ use crate::inode::{Inode, Meta};
 use crate::locks::Stripes;
 use crate::log::Log;
 use crate::spread;
-use crate::types::{Attr, Cred, DirEntry, FileType, Ino, NAME_MAX, Nanos, ROOT, STATFS_BLOCK, StatFs, XATTR_NAME_MAX};
+use crate::types::{
+    Attr, Caller, Cred, DirEntry, FileType, Ino, NAME_MAX, Nanos, ROOT, STATFS_BLOCK, StatFs, XATTR_NAME_MAX,
+};
 
 /// Inode numbers a thread's block takes at once (see
 /// [`Namespace::new_ino`]).
@@ -204,13 +206,19 @@ impl Namespace {
     /// whatever is created and removed meanwhile (two names of one
     /// directory whose 62-bit hashes meet could share a cookie: with a
     /// seeded hash, odds of 1 in 10^13 for a million entries). Needs read
-    /// permission. O(log n + max).
-    pub fn readdir(&self, cred: &Cred, ino: Ino, cookie: u64, max: usize) -> Result<Vec<DirEntry>> {
+    /// permission, unless the caller lists through a directory handle
+    /// whose listing was checked when it began (`opened`: Linux checks a
+    /// directory's access at `opendir`, so a chmod while a program lists
+    /// takes nothing from it). O(log n + max).
+    pub fn readdir<'a>(&self, who: impl Into<Caller<'a>>, ino: Ino, cookie: u64, max: usize) -> Result<Vec<DirEntry>> {
+        let who = who.into();
         let dir = self.inode(ino)?;
         if !dir.is_dir() {
             return Err(Errno::ENOTDIR);
         }
-        access::check(cred, &dir.owner(), READ)?;
+        if !who.opened {
+            access::check(who.cred, &dir.owner(), READ)?;
+        }
         let guard = scc::Guard::new();
         let mut out = Vec::new();
         for e in self.entries.range(ino, cookie.max(FIRST_COOKIE - 1) + 1, &guard) {
@@ -228,9 +236,15 @@ impl Namespace {
     /// need, in one call). An entry removed between the listing and its
     /// attributes comes without them, not left out: a page shorter than
     /// `max` means the listing is over, and only then. O(log n + max).
-    pub fn readdirplus(&self, cred: &Cred, ino: Ino, cookie: u64, max: usize) -> Result<Vec<(DirEntry, Option<Attr>)>> {
+    pub fn readdirplus<'a>(
+        &self,
+        who: impl Into<Caller<'a>>,
+        ino: Ino,
+        cookie: u64,
+        max: usize,
+    ) -> Result<Vec<(DirEntry, Option<Attr>)>> {
         Ok(self
-            .readdir(cred, ino, cookie, max)?
+            .readdir(who, ino, cookie, max)?
             .into_iter()
             .map(|e| {
                 let a = self.getattr(e.ino).ok();

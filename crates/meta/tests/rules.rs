@@ -272,7 +272,8 @@ fn copy_range_is_checked_as_a_read_and_a_write() {
 /// as it comes (before session 31 every call was, with the opener's ids).
 /// Either way the privileges a write drops are the writer's: root's
 /// write through a user's handle keeps setuid, a user's write through
-/// root's drops it.
+/// root's drops it. A listing through a directory handle is not checked
+/// again either.
 #[test]
 fn an_open_is_checked_once_and_a_write_drops_privileges_by_its_writer() {
     let ns = Namespace::new(1, 0);
@@ -299,6 +300,12 @@ fn an_open_is_checked_once_and_a_write_drops_privileges_by_its_writer() {
     assert_eq!(a.perm, 0o4000, "root writes through the user's handle: setuid stays");
     let (a, _) = ns.write_with(through, shared, (Some(0), 1), 5, |_| Ok(0)).unwrap();
     assert_eq!((a.perm, a.size, a.mtime), (0, 1, 5), "the user writes: setuid goes");
+
+    // A listing that goes on through a directory handle, likewise.
+    let (d, _) = ns.create(&root, ROOT, b"d", new(FileType::Directory, 0o700), b"", 6).unwrap();
+    ns.create(&root, d.ino, b"x", new(FileType::Regular, 0o600), b"", 7).unwrap();
+    assert_eq!(ns.readdir(alone, d.ino, 0, 10).map(drop), Err(Errno::EACCES));
+    assert_eq!(ns.readdir(through, d.ino, 0, 10).unwrap().len(), 1);
 }
 
 /// `O_TMPFILE`: a file with no name, checked and owned as a create in its

@@ -74,6 +74,10 @@ pub enum MetaOp {
         cookie: u64,
         max: u32,
         plus: bool,
+        /// A listing through a directory handle, going on from a page
+        /// already checked (version 11): not checked again, as Linux
+        /// checks a directory's access at `opendir`.
+        opened: bool,
     },
     Getxattr {
         ino: Ino,

@@ -183,7 +183,13 @@ fn perform(inner: &Inner, sid: u64, cred: &Cred, op: MetaOp) -> Result<(MetaRepl
             done(ns.rename(cred, (parent, &name), (new_parent, &new_name), flags, now)?)
         }
         MetaOp::Readlink { ino } => (MetaReply::Bytes(ns.readlink(ino)?), 0),
-        MetaOp::Readdir { ino, cookie, max, plus } => (listing(inner, cred, ino, cookie, max, plus)?, 0),
+        // A listing that goes on from a page already checked is taken at
+        // the client's word, as `Setattr`'s `opened_for_write` is: a
+        // directory handle is the mount's alone (the server sees no
+        // `opendir`).
+        MetaOp::Readdir { ino, cookie, max, plus, opened } => {
+            (listing(inner, Caller { cred, opened }, ino, (cookie, max), plus)?, 0)
+        }
         MetaOp::Getxattr { ino, name } => (MetaReply::Bytes(ns.getxattr(cred, ino, &name)?), 0),
         MetaOp::Setxattr { ino, name, value, mode } => done(ns.setxattr(cred, ino, &name, &value, mode, now)?),
         MetaOp::Listxattr { ino } => {
@@ -252,17 +258,18 @@ fn read_len(size: u32) -> usize {
     (size as usize).min(MAX_DATA)
 }
 
-/// A page of a listing: at most `max` entries and what fits a frame.
-fn listing(inner: &Inner, cred: &Cred, ino: Ino, cookie: u64, max: u32, plus: bool) -> Result<MetaReply, Errno> {
+/// A page of a listing: at most `max` entries after `cookie` and what fits
+/// a frame.
+fn listing(inner: &Inner, who: Caller, ino: Ino, (cookie, max): (u64, u32), plus: bool) -> Result<MetaReply, Errno> {
     let ns = inner.store.ns();
     let want = (max as usize).clamp(1, 4096);
     let page: Vec<Entry> = if plus {
-        ns.readdirplus(cred, ino, cookie, want)?
+        ns.readdirplus(who, ino, cookie, want)?
             .into_iter()
             .map(|(e, attr)| Entry { name: e.name, ino: e.ino, kind: e.kind, cookie: e.cookie, attr })
             .collect()
     } else {
-        ns.readdir(cred, ino, cookie, want)?
+        ns.readdir(who, ino, cookie, want)?
             .into_iter()
             .map(|e| Entry { name: e.name, ino: e.ino, kind: e.kind, cookie: e.cookie, attr: None })
             .collect()

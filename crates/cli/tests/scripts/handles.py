@@ -52,24 +52,32 @@ def attempt(f):
 
 # 1. The user opens a file they may write; the owner then takes every
 # permission away; the handle still reads and writes.
+def after_chmod(target, mode, begin, finish):
+    """The user runs begin() in a child; root then chmods target to mode;
+    then the child's finish(what begin returned): what it returns."""
+    r, w = os.pipe()
+    go_r, go_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.setgroups([]); os.setgid(USER); os.setuid(USER)
+        begun = begin()
+        os.write(w, b"x")
+        os.read(go_r, 1)
+        os.write(w, str(finish(begun)).encode())
+        os._exit(0)
+    os.read(r, 1)
+    os.chmod(target, mode)
+    os.write(go_w, b"x")
+    out = os.read(r, 4096).decode()
+    os.waitpid(pid, 0)
+    return out
+
+
 p = make("shared", 0o666)
-r, w = os.pipe()
-go_r, go_w = os.pipe()
-pid = os.fork()
-if pid == 0:
-    os.setgroups([]); os.setgid(USER); os.setuid(USER)
-    fd = os.open(p, os.O_RDWR)
-    os.write(w, b"opened")
-    os.read(go_r, 1)
-    out = [attempt(lambda: os.pwrite(fd, b"W", 0)), attempt(lambda: os.pread(fd, 4, 0)),
-           attempt(lambda: os.lseek(fd, 0, os.SEEK_DATA)), attempt(lambda: os.posix_fallocate(fd, 0, 10))]
-    os.write(w, " ".join(out).encode())
-    os._exit(0)
-os.read(r, 6)
-os.chmod(p, 0o000)
-os.write(go_w, b"x")
-print("chmod 000 after open:", os.read(r, 4096).decode())
-os.waitpid(pid, 0)
+uses = lambda fd: " ".join([attempt(lambda: os.pwrite(fd, b"W", 0)), attempt(lambda: os.pread(fd, 4, 0)),
+                            attempt(lambda: os.lseek(fd, 0, os.SEEK_DATA)),
+                            attempt(lambda: os.posix_fallocate(fd, 0, 10))])
+print("chmod 000 after open:", after_chmod(p, 0o000, lambda: os.open(p, os.O_RDWR), uses))
 
 # 2. Opening checks the mode: the user may not open root's 0600 file,
 # and may run a program they may only execute.
@@ -103,3 +111,18 @@ for mode in (0o6777, 0o4777):
     os.waitpid(pid, 0)
     print(f"user's handle, root writes {mode:o}:", os.pwrite(fds[0], b"x", 0), oct(os.stat(p).st_mode & 0o7777))
     os.close(fds[0])
+
+# 5. The user lists a directory of 3,000 names (more than a page the
+# mount fetches at once); root takes the user's access away midway; the
+# listing goes on to the end.
+def first_ten(d):
+    it = os.scandir(os.open(d, os.O_RDONLY | os.O_DIRECTORY))
+    return it, [next(it).name for _ in range(10)]
+
+
+d = path("big")
+os.mkdir(d)
+for i in range(3000):
+    open(os.path.join(d, f"f{i:05}"), "w").close()
+rest = lambda begun: attempt(lambda: len(begun[1]) + len([e.name for e in begun[0]]))
+print("listing after chmod 700:", after_chmod(d, 0o700, lambda: first_ten(d), rest))
