@@ -386,7 +386,7 @@ impl Namespace {
     /// chmod by the owner or root (a non-member's setgid bit dropped);
     /// chown by root, chgrp by the owner to one of their groups; either
     /// clears setuid and setgid on a non-directory as Linux does
-    /// ([`access::dropped`]); truncate needs write permission (unless
+    /// (`access::dropped`); truncate needs write permission (unless
     /// opened for writing) and a regular file, and clears them as a write
     /// does; times set to now need ownership or write
     /// permission, explicit times ownership. ctime always moves. O(1)
@@ -492,7 +492,7 @@ impl Namespace {
         Ok((i.attr(), seq))
     }
 
-    /// A regular file the caller may read (see [`may_use`]), and its
+    /// A regular file the caller may read (see `may_use`), and its
     /// attributes. O(1) expected.
     pub fn readable(&self, who: Caller, ino: Ino) -> Result<Attr> {
         let i = self.inode(ino)?;
@@ -507,7 +507,7 @@ impl Namespace {
     /// the new size (if it grew) and times are recorded, all under the
     /// inode's lock, so size and data agree.
     /// A write by anyone but root clears setuid and setgid as Linux's
-    /// `file_remove_privs` does ([`access::dropped_by_data`], for the
+    /// `file_remove_privs` does (`access::dropped_by_data`, for the
     /// writer). O(1) expected, plus `put`.
     pub fn write_with(
         &self,
