@@ -757,6 +757,10 @@ fn a_killed_mount_gives_its_locks_back_and_unmounts_cleanly() {
     assert!(std::fs::metadata(a.path()).unwrap().is_dir());
 }
 
+/// A `kill -9` of the server and a restart: open files go on, one
+/// unlinked while open (on another mount) and one made with no name
+/// (`O_TMPFILE`, named by `linkat` after the restart) among them, and a
+/// lock stays its holder's.
 #[test]
 fn a_server_restart_keeps_open_files_even_unlinked_and_locks() {
     if !fuse_ready("a_server_restart_keeps_open_files_even_unlinked_and_locks") {
@@ -775,6 +779,14 @@ fn a_server_restart_keeps_open_files_even_unlinked_and_locks() {
     orphan.write_all(b"unlinked, still open").unwrap();
     orphan.sync_all().unwrap();
     std::fs::remove_file(b.join("g")).unwrap();
+    // And a file made with no name (`O_TMPFILE`): an orphan too, but one a
+    // link may name.
+    let mut unnamed = {
+        use std::os::unix::fs::OpenOptionsExt;
+        OpenOptions::new().read(true).write(true).custom_flags(libc::O_TMPFILE).mode(0o640).open(a.path()).unwrap()
+    };
+    unnamed.write_all(b"made with no name").unwrap();
+    unnamed.sync_all().unwrap();
     server.kill9();
     let _server = ServerProc::start(data.path(), &addr, &["--lease-ms", "5000", "--recovery-ms", "2000"]);
     // The open file goes on (the write waits for the reconnect).
@@ -796,6 +808,15 @@ fn a_server_restart_keeps_open_files_even_unlinked_and_locks() {
     orphan.seek(SeekFrom::Start(0)).unwrap();
     orphan.read_to_string(&mut text).unwrap();
     assert_eq!(text, "unlinked, still open");
+    // The unnamed file too, and it may still be named (kept across the
+    // restart): b reads it under its new name.
+    let from = std::ffi::CString::new(format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&unnamed))).unwrap();
+    let to = std::ffi::CString::new(a.join("named").into_os_string().into_encoded_bytes()).unwrap();
+    // SAFETY: two NUL-terminated paths.
+    let linked =
+        unsafe { libc::linkat(libc::AT_FDCWD, from.as_ptr(), libc::AT_FDCWD, to.as_ptr(), libc::AT_SYMLINK_FOLLOW) };
+    assert_eq!(linked, 0, "{}", std::io::Error::last_os_error());
+    assert_eq!(std::fs::read_to_string(b.join("named")).unwrap(), "made with no name");
     drop(fa);
     wait_for("a's reclaimed lock to go with its file", || {
         fcntl(fb.as_fd(), FcntlArg::F_OFD_SETLK(&posix(libc::F_WRLCK, 0, 0))).is_ok()
