@@ -309,7 +309,9 @@ pub(crate) fn check_name(name: &[u8]) -> Result<()> {
 /// Who may read (`write` false) or set an extended attribute, by its
 /// namespace, as Linux's `xattr_permission`: `user.` by the file's read or
 /// write permission, and only on regular files and directories; `trusted.`
-/// by root only; `security.` by anyone who may write (set) or read; other
+/// by root only; `security.` read by anyone, set or removed by root only
+/// (Linux's capability module asks `CAP_SYS_ADMIN`; until session 31 the
+/// file's owner could too); other
 /// prefixes are not supported, `system.` among them. That one holds POSIX
 /// ACLs (`system.posix_acl_access`, `..._default`), which neither the
 /// mount's kernel nor the server would apply: stored, an ACL that denies
@@ -343,7 +345,7 @@ pub(crate) fn xattr_permission(cred: &Cred, i: &Inode, name: &[u8], write: bool)
         return access::check(cred, &o, if write { access::WRITE } else { READ });
     }
     if name.starts_with(b"security.") {
-        if write && !access::owns(cred, &o) {
+        if write && !cred.is_root() {
             return Err(Errno::EPERM);
         }
         return Ok(());

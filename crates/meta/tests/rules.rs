@@ -370,3 +370,21 @@ fn a_rename_with_whiteout_leaves_a_character_device_0_0_behind() {
     assert!(ns.create(&user(), d.ino, b"w", device(0), b"", 5).is_ok(), "a whiteout is anyone's");
     assert!(ns.create(&root, d.ino, b"null", device(0x103), b"", 5).is_ok());
 }
+
+/// `security.*` extended attributes are anyone's to read and root's to set
+/// or remove (Linux's capability module asks `CAP_SYS_ADMIN`, the file's
+/// owner or not); until session 31 the owner could set them.
+#[test]
+fn security_xattrs_are_roots_to_set_and_anyones_to_read() {
+    let ns = Namespace::new(1, 0);
+    let root = Cred::root();
+    let (f, _) = ns.create(&root, ROOT, b"f", new(FileType::Regular, 0o644), b"", 1).unwrap();
+    let mine = SetAttr { uid: Some(1000), chown: true, ..SetAttr::default() };
+    ns.setattr(&root, f.ino, &mine, 1).unwrap();
+    let set = |cred: &Cred| ns.setxattr(cred, f.ino, b"security.a", b"v", XattrMode::Any, 2).map(drop);
+    assert_eq!(set(&user()), Err(Errno::EPERM), "not even the owner");
+    assert!(set(&root).is_ok());
+    assert_eq!(ns.getxattr(&user(), f.ino, b"security.a").unwrap(), b"v");
+    assert_eq!(ns.removexattr(&user(), f.ino, b"security.a", 3), Err(Errno::EPERM));
+    assert!(ns.removexattr(&root, f.ino, b"security.a", 3).is_ok());
+}
