@@ -388,8 +388,8 @@ impl Namespace {
     /// clears setuid and setgid on a non-directory as Linux does
     /// (`access::dropped`); truncate needs write permission (unless
     /// opened for writing) and a regular file, and clears them as a write
-    /// does; times set to now need ownership or write
-    /// permission, explicit times ownership. ctime always moves. O(1)
+    /// does; both times set to now need ownership or write permission,
+    /// any other setting of times ownership. ctime always moves. O(1)
     /// expected.
     ///
     /// A directory's attributes are set under its intention lock held
@@ -473,9 +473,16 @@ impl Namespace {
             TimeSet::Now => now,
             TimeSet::At(t) => t,
         };
+        // Times set to now, both (`utimensat` with both `UTIME_NOW`, or no
+        // times: `touch`), need write permission; any other setting (a
+        // time given, or one time now and the other left as it is:
+        // `touch -a`, `touch -m`) needs ownership, as Linux has it. Times
+        // set to now with a new size are the truncate's own (the kernel's
+        // FUSE client sends a truncate's mtime as now), checked as it is.
         let times = [set.atime, set.mtime];
-        if times.iter().any(Option::is_some) && !access::owns(cred, &o) {
-            if times.iter().any(|t| matches!(t, Some(TimeSet::At(_)))) {
+        let truncates = set.size.is_some() && !times.iter().any(|t| matches!(t, Some(TimeSet::At(_))));
+        if times.iter().any(Option::is_some) && !truncates && !access::owns(cred, &o) {
+            if times != [Some(TimeSet::Now); 2] {
                 return Err(Errno::EPERM);
             }
             access::check(cred, &o, WRITE)?;

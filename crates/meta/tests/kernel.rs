@@ -1,5 +1,6 @@
 //! Differential test against the Linux kernel: random sequences of
-//! namespace operations (`O_TMPFILE` and its `linkat` among them) run on
+//! namespace operations (`O_TMPFILE` and its `linkat`, whiteouts, device
+//! nodes and `utimensat`'s settings among them) run on
 //! a tmpfs directory and on a `Namespace` must give the same errno for
 //! every operation and the same final tree (names, types, modes, sizes,
 //! link counts, user xattrs). Operations run as root or as an
@@ -15,7 +16,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
-use interlock_meta::{Cred, Errno, FileType, Ino, Namespace, NewInode, ROOT, RenameFlags, SetAttr, XattrMode};
+use interlock_meta::{Cred, Errno, FileType, Ino, Namespace, NewInode, ROOT, RenameFlags, SetAttr, TimeSet, XattrMode};
 use proptest::prelude::*;
 
 /// Paths the operations use: a small pool, so they meet.
@@ -24,6 +25,14 @@ const USER: u32 = 1000;
 /// The nodes `mknod` makes: a fifo, a character device (root's to make)
 /// and a whiteout (the character device 0:0, anyone's).
 const NODES: &[(FileType, u64)] = &[(FileType::Fifo, 0), (FileType::CharDevice, 0x103), (FileType::CharDevice, 0)];
+/// The times `utimensat` sets (atime, mtime): `None` leaves one
+/// (`UTIME_OMIT`); both now is `touch`, one now `touch -a` or `-m`.
+const TIMES: &[[Option<TimeSet>; 2]] = &[
+    [Some(TimeSet::Now), Some(TimeSet::Now)],
+    [Some(TimeSet::Now), None],
+    [None, Some(TimeSet::Now)],
+    [Some(TimeSet::At(5_000_000_000)), Some(TimeSet::Now)],
+];
 
 #[derive(Clone, Debug)]
 enum Op {
@@ -41,6 +50,9 @@ enum Op {
     Truncate(usize, u64),
     SetXattr(usize, u8, u8),
     RemoveXattr(usize, u8),
+    /// `utimensat(2)` of `TIMES[k]` (atime, mtime), not following a
+    /// final symlink.
+    Utime(usize, usize),
     /// `open(O_TMPFILE)` in a directory (`PATHS.len()`: the top one) with
     /// a mode, `O_EXCL` or not; then `linkat` of it to a path; then
     /// `close`.
@@ -65,6 +77,7 @@ fn op() -> impl Strategy<Value = Op> {
         (p.clone(), 0u64..5000).prop_map(|(p, s)| Op::Truncate(p, s)),
         (p.clone(), 0u8..3, 0u8..3).prop_map(|(p, n, f)| Op::SetXattr(p, n, f)),
         (p.clone(), 0u8..3).prop_map(|(p, n)| Op::RemoveXattr(p, n)),
+        (p.clone(), 0..TIMES.len()).prop_map(|(p, k)| Op::Utime(p, k)),
         (
             prop_oneof![3 => Just(PATHS.len()), 1 => p.clone()],
             p,
@@ -166,6 +179,22 @@ impl Kernel {
                     Op::RemoveXattr(p, n) => {
                         let name = CString::new(xname(n)).unwrap();
                         errno(libc::lremovexattr(self.path(p).as_ptr(), name.as_ptr()))
+                    }
+                    Op::Utime(p, k) => {
+                        let spec = |t: Option<TimeSet>| match t {
+                            None => libc::timespec { tv_sec: 0, tv_nsec: libc::UTIME_OMIT },
+                            Some(TimeSet::Now) => libc::timespec { tv_sec: 0, tv_nsec: libc::UTIME_NOW },
+                            Some(TimeSet::At(ns)) => {
+                                libc::timespec { tv_sec: ns / 1_000_000_000, tv_nsec: ns % 1_000_000_000 }
+                            }
+                        };
+                        let times = TIMES[k].map(spec);
+                        errno(libc::utimensat(
+                            libc::AT_FDCWD,
+                            self.path(p).as_ptr(),
+                            times.as_ptr(),
+                            libc::AT_SYMLINK_NOFOLLOW,
+                        ))
                     }
                     Op::Tmpfile(d, l, m, excl) => {
                         let dir = if d == PATHS.len() { c(&self.base) } else { self.path(d) };
@@ -304,6 +333,11 @@ impl Ours {
             Op::RemoveXattr(p, n) => {
                 let ino = self.named(&cr, PATHS[p])?;
                 self.ns.removexattr(&cr, ino, xname(n).as_bytes(), now).map(drop)
+            }
+            Op::Utime(p, k) => {
+                let ino = self.named(&cr, PATHS[p])?;
+                let [atime, mtime] = TIMES[k];
+                self.ns.setattr(&cr, ino, &SetAttr { atime, mtime, ..SetAttr::default() }, now).map(drop)
             }
             Op::Tmpfile(d, l, m, excl) => {
                 let dir = if d == PATHS.len() { ROOT } else { self.resolve(&cr, PATHS[d])? };

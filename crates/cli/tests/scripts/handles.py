@@ -76,7 +76,7 @@ def after_chmod(target, mode, begin, finish):
 p = make("shared", 0o666)
 uses = lambda fd: " ".join([attempt(lambda: os.pwrite(fd, b"W", 0)), attempt(lambda: os.pread(fd, 4, 0)),
                             attempt(lambda: os.lseek(fd, 0, os.SEEK_DATA)),
-                            attempt(lambda: os.posix_fallocate(fd, 0, 10))])
+                            attempt(lambda: os.posix_fallocate(fd, 0, 10)), attempt(lambda: os.ftruncate(fd, 3))])
 print("chmod 000 after open:", after_chmod(p, 0o000, lambda: os.open(p, os.O_RDWR), uses))
 
 # 2. Opening checks the mode: the user may not open root's 0600 file,
