@@ -81,6 +81,11 @@ impl Handles {
         self.open.lock().get(&fh).cloned()
     }
 
+    /// Whether file handle `fh` is open. O(1).
+    pub fn has(&self, fh: u64) -> bool {
+        self.open.lock().contains_key(&fh)
+    }
+
     pub fn remove(&self, fh: u64) -> Option<Arc<Handle>> {
         self.open.lock().remove(&fh)
     }

@@ -71,7 +71,7 @@ async fn repeats<T>(r: &Result<T, ClientError>, until: tokio::time::Instant) -> 
 /// through root's handle drops setuid. A handle this mount does not know
 /// (the kernel always sends one it gave) vouches for nothing.
 fn through<'a>(handles: &Handles, fh: u64, caller: &'a Cred) -> Caller<'a> {
-    Caller { cred: caller, opened: handles.get(fh).is_some() }
+    Caller { cred: caller, opened: handles.has(fh) }
 }
 
 /// What an open with `flags` asks of the file, in `access(2)`'s bits:
@@ -537,7 +537,7 @@ impl Fs {
     async fn copy_file_range(&self, cred: &Cred, src: Ino, a: &mut Args<'_>) -> Answer {
         self.writable()?;
         let (fh_in, src_off, dst, fh_out, dst_off, len) = (a.u64()?, a.u64()?, a.u64()?, a.u64()?, a.u64()?, a.u64()?);
-        let who = Caller { cred, opened: self.handles.get(fh_in).is_some() && self.handles.get(fh_out).is_some() };
+        let who = Caller { cred, opened: self.handles.has(fh_in) && self.handles.has(fh_out) };
         let len = len.min(u64::from(u32::MAX) & !0xfff);
         let (bytes, _) = self
             .on_file(dst, true, |c| async move { c.copy_range(who, (src, src_off), (dst, dst_off), len).await })
