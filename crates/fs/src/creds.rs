@@ -4,6 +4,10 @@
 //! kernel's own view of that thread; one small read per request of a
 //! non-root caller; root's are never needed, root passes every check a
 //! group could).
+//!
+//! The same files answer the one question FUSE's requests leave open:
+//! what call an attribute change with nothing in it came from (see
+//! [`in_chown`]).
 
 use interlock_client::meta::Cred;
 
@@ -19,6 +23,47 @@ pub fn of(h: &InHeader) -> Cred {
 fn groups(pid: u32) -> Vec<u32> {
     let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else { return Vec::new() };
     parse_groups(&status)
+}
+
+/// Whether thread `pid` is in a `chown(2)` call (`chown`, `fchown`,
+/// `lchown`, `fchownat`), as `/proc/PID/syscall` shows while the thread
+/// waits for our answer; false if it is gone or in another call.
+///
+/// Why: the kernel sends an attribute change that sets nothing both for a
+/// `chown(-1, -1)` (which Linux refuses someone other than the owner
+/// where it would clear setuid or setgid) and, with `HANDLE_KILLPRIV`,
+/// for a `fallocate` through a handle (whose own request clears them, and
+/// which must not fail for want of ownership); nothing in the request
+/// tells them apart. One small read, only for such a request from a
+/// caller who is neither root nor the owner, of a file open here.
+pub fn in_chown(pid: u32) -> bool {
+    syscall(pid).is_some_and(|nr| CHOWNS.contains(&nr))
+}
+
+/// The call thread `pid` is in; none if it is gone, running, or stopped
+/// outside a call.
+fn syscall(pid: u32) -> Option<libc::c_long> {
+    if pid == 0 {
+        return None;
+    }
+    parse_syscall(&std::fs::read_to_string(format!("/proc/{pid}/syscall")).ok()?)
+}
+
+/// The `chown(2)` family's numbers on this architecture (the newer ones
+/// have only the last two).
+const CHOWNS: &[libc::c_long] = &[
+    libc::SYS_fchown,
+    libc::SYS_fchownat,
+    #[cfg(any(target_arch = "x86_64", target_arch = "x86"))]
+    libc::SYS_chown,
+    #[cfg(any(target_arch = "x86_64", target_arch = "x86"))]
+    libc::SYS_lchown,
+];
+
+/// The call number `/proc/PID/syscall` begins with; none if the thread is
+/// running or stopped outside a call (`running`, `-1 …`).
+fn parse_syscall(line: &str) -> Option<libc::c_long> {
+    line.split_whitespace().next()?.parse().ok().filter(|&nr| nr >= 0)
 }
 
 fn parse_groups(status: &str) -> Vec<u32> {
@@ -38,6 +83,38 @@ mod tests {
         assert_eq!(parse_groups("Name:\tx\nGroups:\t4 24 1000 \nNSpid:\t1\n"), vec![4, 24, 1000]);
         assert_eq!(parse_groups("Groups:\t\n"), Vec::<u32>::new());
         assert_eq!(parse_groups("Name:\tx\n"), Vec::<u32>::new());
+    }
+
+    #[test]
+    fn the_call_number_leads_the_syscall_line() {
+        assert_eq!(parse_syscall("92 0x7ffd 0xffffffff 0xffffffff 0x0 0x0 0x0 0x7ffd 0x7f12\n"), Some(92));
+        assert_eq!(parse_syscall("running\n"), None);
+        assert_eq!(parse_syscall("-1 0x7ffd 0x7f12\n"), None);
+        assert_eq!(parse_syscall(""), None);
+    }
+
+    /// A thread blocked in a `read` is seen in that call, and so not in a
+    /// chown (the mount's tests see one in a chown).
+    #[test]
+    fn a_thread_is_seen_in_the_call_it_waits_in() {
+        let (r, w) = nix::unistd::pipe().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let reader = std::thread::spawn(move || {
+            // `/proc/thread-self` links to `PID/task/TID`.
+            let me = std::fs::read_link("/proc/thread-self").unwrap();
+            tx.send(me.file_name().unwrap().to_str().unwrap().parse::<u32>().unwrap()).unwrap();
+            nix::unistd::read(&r, &mut [0u8; 1])
+        });
+        let tid = rx.recv().unwrap();
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while syscall(tid) != Some(libc::SYS_read) {
+            assert!(std::time::Instant::now() < until, "never seen in read: {:?}", syscall(tid));
+            std::thread::yield_now();
+        }
+        assert!(!in_chown(tid));
+        nix::unistd::write(&w, b"x").unwrap();
+        assert_eq!(reader.join().unwrap().unwrap(), 1);
+        assert_eq!(syscall(0), None);
     }
 
     #[test]

@@ -145,7 +145,7 @@ impl Fs {
         let r = match h.opcode {
             op::LOOKUP => self.lookup(&cred, ino, &mut a).await,
             op::GETATTR => self.again(|| self.client.getattr(&cred, ino)).await.map(|at| abi::attr_out(&at, self.ttl)),
-            op::SETATTR => self.setattr(&cred, ino, &mut a).await,
+            op::SETATTR => self.setattr((&cred, h.pid), ino, &mut a).await,
             op::READLINK => self.again(|| self.client.readlink(&cred, ino)).await,
             op::SYMLINK => self.symlink(&cred, ino, &mut a).await,
             op::MKNOD => self.mknod(&cred, ino, &mut a).await,
@@ -257,7 +257,7 @@ impl Fs {
         self.again(|| self.client.lookup(cred, parent, name)).await.map(|at| self.entry(&at))
     }
 
-    async fn setattr(&self, cred: &Cred, ino: Ino, a: &mut Args<'_>) -> Answer {
+    async fn setattr(&self, (cred, pid): (&Cred, u32), ino: Ino, a: &mut Args<'_>) -> Answer {
         self.writable()?;
         let valid = a.u32()?;
         a.skip(4)?;
@@ -273,15 +273,17 @@ impl Fs {
         // ids); or the kernel asking us to drop them for a `fallocate` by
         // someone else through a handle of the file, whose request drops
         // them itself (as a write's does, which sends no such request).
-        // So it is taken as a chown unless someone other than the owner
-        // or root sends it while the file is open here (where a
-        // `chown(-1, -1)` of a setuid file is allowed, and Linux refuses
-        // it: the one case the two part).
+        // Only a file open here can be the second, and then the caller's
+        // thread tells: it waits in the call it made (`creds::in_chown`).
+        // A thread that cannot be read (gone, or in another pid
+        // namespace: pid 0) is taken for a `fallocate` by anyone but the
+        // owner.
         let chown = has(fattr::UID)
             || has(fattr::GID)
             || (valid & fattr::CHANGES == 0
                 && (cred.is_root()
                     || !self.handles.is_open(ino)
+                    || crate::creds::in_chown(pid)
                     || self.again(|| self.client.getattr(cred, ino)).await?.uid == cred.uid));
         let time = |now, set, secs: u64, nsec: u32| {
             if has(now) {

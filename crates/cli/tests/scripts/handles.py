@@ -120,9 +120,25 @@ def first_ten(d):
     return it, [next(it).name for _ in range(10)]
 
 
-d = path("big")
-os.mkdir(d)
+big = path("big")
+os.mkdir(big)
 for i in range(3000):
-    open(os.path.join(d, f"f{i:05}"), "w").close()
+    open(os.path.join(big, f"f{i:05}"), "w").close()
 rest = lambda begun: attempt(lambda: len(begun[1]) + len([e.name for e in begun[0]]))
-print("listing after chmod 700:", after_chmod(d, 0o700, lambda: first_ten(d), rest))
+print("listing after chmod 700:", after_chmod(big, 0o700, lambda: first_ten(big), rest))
+
+# 6. The user holds a handle of root's file and calls chown(-1, -1): on a
+# setuid file refused (it would clear the bit), on another allowed; and a
+# fallocate through the user's handle of a world-writable setuid file
+# succeeds and clears the bits (the mount gets an attribute change that
+# sets nothing for both calls). Before session 32 the mount let the
+# first, and left the bit.
+for mode in (0o4755, 0o0755, 0o6777):
+    p = make("held", mode)
+    def held():
+        fd = os.open(p, os.O_RDWR if mode & 0o2 else os.O_RDONLY)
+        out = attempt(lambda: os.chown(p, -1, -1))
+        if mode & 0o2:
+            out += " " + attempt(lambda: os.posix_fallocate(fd, 0, 8192))
+        return out
+    print(f"user's chown(-1, -1) of {mode:o} held:", as_user(held), oct(os.stat(p).st_mode & 0o7777))
