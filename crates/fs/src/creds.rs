@@ -27,7 +27,8 @@ fn groups(pid: u32) -> Vec<u32> {
 
 /// Whether thread `pid` is in a `chown(2)` call (`chown`, `fchown`,
 /// `lchown`, `fchownat`), as `/proc/PID/syscall` shows while the thread
-/// waits for our answer; false if it is gone or in another call.
+/// waits for our answer; false if it is gone, in another call, or hidden
+/// (Yama's `ptrace_scope` 3 hides it even from root).
 ///
 /// Why: the kernel sends an attribute change that sets nothing both for a
 /// `chown(-1, -1)` (which Linux refuses someone other than the owner
@@ -35,7 +36,8 @@ fn groups(pid: u32) -> Vec<u32> {
 /// for a `fallocate` through a handle (whose own request clears them, and
 /// which must not fail for want of ownership); nothing in the request
 /// tells them apart. One small read, only for such a request from a
-/// caller who is neither root nor the owner, of a file open here.
+/// caller other than root, of a file open here (before the look-up of
+/// its owner, a round trip to the server).
 pub fn in_chown(pid: u32) -> bool {
     syscall(pid).is_some_and(|nr| CHOWNS.contains(&nr))
 }
