@@ -32,7 +32,7 @@ use std::path::{Path, PathBuf};
 
 pub use frame::MAX_PAYLOAD;
 pub use held::in_use;
-pub use log::{DurableHook, Journal, Options, Recovery, sync_wanted_everywhere};
+pub use log::{DurableHook, Journal, Options, RESERVE, Recovery, sync_wanted_everywhere};
 
 /// What went wrong, with the file it went wrong in.
 #[derive(Debug, thiserror::Error)]
@@ -61,6 +61,17 @@ impl Error {
     pub(crate) fn io(path: &Path, source: std::io::Error) -> Error {
         Error::Io { path: path.to_path_buf(), source }
     }
+
+    /// Whether this is the disk's lack of room (`ENOSPC`, or `EDQUOT`
+    /// over a quota).
+    pub fn is_no_space(&self) -> bool {
+        matches!(self, Error::Io { source, .. } if no_space(source))
+    }
+}
+
+/// Whether an I/O error is the disk's lack of room.
+pub(crate) fn no_space(e: &std::io::Error) -> bool {
+    matches!(e.kind(), std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded)
 }
 
 /// One segment, as `interlock journal check` shows it.

@@ -15,7 +15,10 @@
 //!   [`PREALLOCATE`] of written zeros at a time, so that a group's
 //!   `fdatasync` writes over blocks the file already has: it neither
 //!   writes the file's new size nor allocates (see `docs/architecture.md`
-//!   for what each costs here).
+//!   for what each costs here). At least [`RESERVE`] of them stay ahead:
+//!   when the disk is full, records go into those instead of failing the
+//!   journal ([`Journal::space_low`] tells the callers, who then append
+//!   only changes that free space).
 //!   A group is closed at once when someone waits for one of its records
 //!   ([`Journal::want`], [`Journal::wait_for`]); while nobody does, the
 //!   flusher lets it grow as long as records keep coming, up to
@@ -173,6 +176,13 @@ struct Shared {
     space: Mutex<()>,
     space_cv: Condvar,
     failed: AtomicBool,
+    /// The disk had no room to extend the current segment the last time
+    /// the writer tried: the records go into the zeros set aside
+    /// ([`RESERVE`]) until it has room again ([`Journal::space_low`]).
+    space_low: AtomicBool,
+    /// The zeros left after the records in the segment being written, as
+    /// of the writer's last write (what [`Journal::reserve_left`] says).
+    zeros_left: AtomicU64,
     shutdown: AtomicBool,
     flusher_sleeping: AtomicBool,
     flusher: std::sync::OnceLock<Thread>,
@@ -269,6 +279,8 @@ impl Journal {
             space: Mutex::new(()),
             space_cv: Condvar::new(),
             failed: AtomicBool::new(false),
+            space_low: AtomicBool::new(false),
+            zeros_left: AtomicU64::new(u64::MAX),
             shutdown: AtomicBool::new(false),
             flusher_sleeping: AtomicBool::new(false),
             on_durable: std::sync::OnceLock::new(),
@@ -330,6 +342,32 @@ impl Journal {
     /// Whether the flusher failed: nothing more becomes durable.
     pub fn failed(&self) -> bool {
         self.shared.failed.load(Ordering::SeqCst)
+    }
+
+    /// Whether the disk is full: the last try to extend the segment being
+    /// written (or to start the next) found no room, and records now go
+    /// into the [`RESERVE`] of zeros already on disk. A caller should then
+    /// append only records of changes that free space (a removal), so
+    /// that the reserve lasts until they have freed some. The writer tries
+    /// again at each group, the idle flusher every period, and this call
+    /// itself, so room made meanwhile is seen at once. O(1); while the disk
+    /// is full, one failing `write` (after the group being written, if
+    /// one is).
+    pub fn space_low(&self) -> bool {
+        let s = &self.shared;
+        s.space_low.load(Ordering::Relaxed) && {
+            retry_room(s);
+            s.space_low.load(Ordering::Relaxed)
+        }
+    }
+
+    /// While the disk is full ([`space_low`](Journal::space_low)), the
+    /// bytes of the [`RESERVE`] that records have not yet used, as of the
+    /// writer's last write (records appended since may use some). A caller
+    /// that stops appending well before it is gone keeps the journal from
+    /// failing for want of room. O(1).
+    pub fn reserve_left(&self) -> u64 {
+        self.shared.zeros_left.load(Ordering::Relaxed)
     }
 
     /// Appends a record and waits until it is durable.
@@ -478,25 +516,30 @@ impl Journal {
     /// Returns how many. O(log s + SPARSE_EVERY + r).
     pub fn read(&self, from: u64, max: usize, mut f: impl FnMut(u64, &[u8])) -> Result<usize, Error> {
         let until = self.durable_end();
-        // Each segment's file, first index and where in it to start (its
+        // Each segment's file, first index, where in it to start (its
         // sparse index's entry at or before `from`; its start if it begins
-        // after `from`). Not the segments themselves: that copied every
-        // sparse index, O(records / SPARSE_EVERY), on every read.
-        let segments: Vec<(PathBuf, u64, u64)> = {
+        // after `from`) and where its records end (a segment rotated just
+        // before a crash may keep the zeros it set aside). Not the segments
+        // themselves: that copied every sparse index, O(records /
+        // SPARSE_EVERY), on every read.
+        let segments: Vec<(PathBuf, u64, (u64, u64))> = {
             let state = self.shared.state.lock();
             let first = state.segments[0].first;
             if from < first {
                 return Err(Error::Purged { index: from, first });
             }
             let at = state.segments.partition_point(|s| s.first <= from).saturating_sub(1);
-            state.segments[at..].iter().map(|seg| (seg.path.clone(), seg.first, seg.seek_hint(from))).collect()
+            state.segments[at..]
+                .iter()
+                .map(|seg| (seg.path.clone(), seg.first, (seg.seek_hint(from), seg.len)))
+                .collect()
         };
         let mut done = 0;
-        for (path, first, start) in &segments {
+        for (path, first, bounds) in &segments {
             if done >= max || *first >= until {
                 break;
             }
-            done += segment::read_at(path, *start, from.max(*first), until, max - done, &mut f)?;
+            done += segment::read_at(path, *bounds, from.max(*first), until, max - done, &mut f)?;
         }
         Ok(done)
     }
@@ -644,13 +687,25 @@ pub(crate) fn recover(dir: &Path, repair: bool) -> Result<(Vec<Segment>, Torn), 
 /// slower sync per this many bytes of records.
 pub const PREALLOCATE: u64 = 1 << 20;
 
-/// The segment being written. Its file reaches past the records by up to
-/// [`PREALLOCATE`] bytes of zeros, which recovery reads as the end of the
+/// Zeros a segment keeps ahead of its records (the file is extended
+/// whenever fewer would be left). When the disk is full they are what
+/// records are written into, so a full disk fails no record until this
+/// much of them has gone by with no room found meanwhile: thousands of
+/// removals, the changes that make room ([`Journal::space_low`]). Without
+/// it a full disk failed the journal at the next extension, and with it
+/// every later change, the removals that would have made room too
+/// (session 32).
+pub const RESERVE: u64 = PREALLOCATE / 2;
+
+/// The segment being written. Its file reaches past the records by
+/// [`RESERVE`] to [`RESERVE`] + [`PREALLOCATE`] bytes of zeros (fewer
+/// while the disk is full), which recovery reads as the end of the
 /// records (`segment::scan`). The zeros are written, not a hole: a
 /// group's write then lands inside the file's size on blocks it already
 /// has, so its `fdatasync` writes the data and neither the inode's size
-/// nor a new block's allocation. The zeros themselves go out with the
-/// next group's sync, one [`PREALLOCATE`] per that many bytes of records.
+/// nor a new block's allocation, and needs no room the disk may not
+/// have. The zeros themselves go out with the next group's sync, one
+/// [`PREALLOCATE`] per that many bytes of records.
 struct Tail {
     file: File,
     /// The file's size: records, then zeros.
@@ -666,22 +721,38 @@ impl Tail {
     }
 
     /// Writes `bytes` at `at`, first extending the file with zeros if
-    /// they would reach past it. O(bytes), plus O([`PREALLOCATE`]) once
-    /// per that many bytes.
-    fn write_at(&mut self, path: &Path, bytes: &[u8], at: u64) -> Result<(), Error> {
+    /// fewer than [`RESERVE`] would be left after them. O(bytes), plus
+    /// O([`PREALLOCATE`]) once per that many bytes (and one failing
+    /// `write` a call while the disk is full). Returns whether the disk
+    /// is full (`Some(true)`: the extension found no room, and `bytes`
+    /// went into the zeros already there), or `None` if no extension was
+    /// due. Fails with the disk's `ENOSPC` only when `bytes` do not fit
+    /// in the zeros left.
+    fn write_at(&mut self, path: &Path, bytes: &[u8], at: u64) -> Result<Option<bool>, Error> {
         let end = at + bytes.len() as u64;
-        if end > self.size {
-            let size = end.next_multiple_of(PREALLOCATE);
-            static ZEROS: [u8; 64 << 10] = [0; 64 << 10];
-            let mut from = self.size;
-            while from < size {
-                let n = (size - from).min(ZEROS.len() as u64);
-                self.file.write_all_at(&ZEROS[..n as usize], from).map_err(|e| Error::io(path, e))?;
-                from += n;
-            }
-            self.size = size;
+        let mut full = None;
+        if end + RESERVE > self.size {
+            let size = (end + RESERVE).next_multiple_of(PREALLOCATE);
+            full = Some(match self.extend(size) {
+                Ok(()) => false,
+                Err(e) if crate::no_space(&e) && end <= self.size => true,
+                Err(e) => return Err(Error::io(path, e)),
+            });
         }
-        self.file.write_all_at(bytes, at).map_err(|e| Error::io(path, e))
+        self.file.write_all_at(bytes, at).map_err(|e| Error::io(path, e))?;
+        Ok(full)
+    }
+
+    /// Writes zeros from the file's size to `size`; on an error, the size
+    /// is as far as they went.
+    fn extend(&mut self, size: u64) -> std::io::Result<()> {
+        static ZEROS: [u8; 64 << 10] = [0; 64 << 10];
+        while self.size < size {
+            let n = (size - self.size).min(ZEROS.len() as u64);
+            self.file.write_all_at(&ZEROS[..n as usize], self.size)?;
+            self.size += n;
+        }
+        Ok(())
     }
 
     /// Makes what was written durable (`fdatasync`, unless in the unsafe
@@ -967,8 +1038,33 @@ fn linger(s: &Shared, pos: u64) -> bool {
     false
 }
 
-/// Nothing to write: yield a little, then sleep until an appender wakes us.
+/// While the disk is full, tries again to extend the segment being
+/// written (one failing `write` a try; a group being written is waited
+/// for, and the look is not missed: a caller refused `ENOSPC` must not
+/// be refused for want of a look). Room
+/// made by anything but a record (a removed file's data, deleted once
+/// its removal is durable; another program's files) is then found by the
+/// next change that asks ([`Journal::space_low`]) or within an idle
+/// period: the writer alone would find it only at the next record, and
+/// while the disk is full every change but a removal waits for room, so
+/// none may come.
+fn retry_room(s: &Shared) {
+    if !s.space_low.load(Ordering::Relaxed) {
+        return;
+    }
+    let mut w = s.writer.lock();
+    let len = s.state.lock().segments.last().expect("a current segment").len;
+    let extended = w.file.extend((len + RESERVE).next_multiple_of(PREALLOCATE));
+    s.zeros_left.store(w.file.size - len, Ordering::Relaxed);
+    if extended.is_ok() {
+        note_space(s, false);
+    }
+}
+
+/// Nothing to write: yield a little, then sleep until an appender wakes
+/// us (looking for room first if the disk was full).
 fn idle(s: &Shared, pos: u64) {
+    retry_room(s);
     for _ in 0..32 {
         if s.ring.ready(pos) {
             return;
@@ -983,6 +1079,22 @@ fn idle(s: &Shared, pos: u64) {
         std::thread::park_timeout(Duration::from_millis(100));
     }
     s.flusher_sleeping.store(false, Ordering::Relaxed);
+}
+
+/// Records whether the disk was found full, and says so when that
+/// changes.
+fn note_space(s: &Shared, full: bool) {
+    if s.space_low.swap(full, Ordering::Relaxed) != full {
+        if full {
+            tracing::warn!(
+                dir = %s.dir.display(),
+                "the journal's disk is full: records go into the {} KiB set aside until it has room",
+                RESERVE >> 10
+            );
+        } else {
+            tracing::info!(dir = %s.dir.display(), "the journal's disk has room again");
+        }
+    }
 }
 
 /// Writes one group (records `first..end`) to the segments: as much as
@@ -1003,29 +1115,41 @@ fn write_group(
     while index < end {
         let mut state = s.state.lock();
         let cur = state.segments.last().expect("a current segment");
-        if cur.len >= s.options.segment_bytes && cur.end > cur.first {
+        // While the disk is full the current segment goes on past its
+        // size: a new one would need room, the current one has zeros.
+        let full = s.space_low.load(Ordering::Relaxed);
+        if cur.len >= s.options.segment_bytes && cur.end > cur.first && !full {
             let path = cur.path.clone();
             drop(state);
             file.sync_written(s, unsynced, &path)?;
             state = s.state.lock();
-            let cur = state.segments.last().expect("a current segment");
-            file.trim(cur);
-            let (f, seg) = segment::create(&s.dir, index, s.options.fsync)?;
-            *file = Tail { file: f, size: seg.len };
-            state.segments.push(seg);
+            match segment::create(&s.dir, index, s.options.fsync) {
+                Ok((f, seg)) => {
+                    file.trim(state.segments.last().expect("a current segment"));
+                    *file = Tail { file: f, size: seg.len };
+                    state.segments.push(seg);
+                }
+                Err(e) if e.is_no_space() => note_space(s, true),
+                Err(e) => return Err(e),
+            }
         }
         let cur = state.segments.last().expect("a current segment");
         let (path, base) = (cur.path.clone(), cur.len);
         drop(state);
+        let full = s.space_low.load(Ordering::Relaxed);
         // Whole records, at least one, until the segment is full.
         let mut starts = Vec::new();
         let mut cut = off;
-        while cut < group.len() && (starts.is_empty() || base + ((cut - off) as u64) < s.options.segment_bytes) {
+        while cut < group.len() && (starts.is_empty() || full || base + ((cut - off) as u64) < s.options.segment_bytes)
+        {
             starts.push(cut);
             let len = u32::from_le_bytes(group[cut..cut + 4].try_into().expect("4 bytes")) as usize;
             cut += frame::RECORD_HEADER + len;
         }
-        file.write_at(&path, &group[off..cut], base)?;
+        if let Some(full) = file.write_at(&path, &group[off..cut], base)? {
+            note_space(s, full);
+        }
+        s.zeros_left.store(file.size - (base + (cut - off) as u64), Ordering::Relaxed);
         *unsynced = true;
         if durably == Durably::Yes {
             file.sync_written(s, unsynced, &path)?;

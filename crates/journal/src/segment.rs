@@ -96,9 +96,14 @@ pub fn list(dir: &Path) -> Result<Vec<(u64, PathBuf)>, Error> {
 pub fn create(dir: &Path, first: u64, sync: bool) -> Result<(File, Segment), Error> {
     let path = dir.join(file_name(first));
     let mut f = OpenOptions::new().create_new(true).write(true).open(&path).map_err(|e| Error::io(&path, e))?;
-    f.write_all(&frame::segment_header(first)).map_err(|e| Error::io(&path, e))?;
+    let header = f.write_all(&frame::segment_header(first)).and_then(|()| if sync { f.sync_all() } else { Ok(()) });
+    if let Err(e) = header {
+        // Not left behind as a last segment without its header (a full
+        // disk, mostly: the writer goes on in the segment before).
+        let _ = std::fs::remove_file(&path);
+        return Err(Error::io(&path, e));
+    }
     if sync {
-        f.sync_all().map_err(|e| Error::io(&path, e))?;
         sync_dir(dir)?;
     }
     let seg = Segment { path, first, end: first, len: SEGMENT_HEADER as u64, sparse: Vec::new() };
@@ -216,15 +221,16 @@ fn acknowledged_after(bytes: &[u8], from: usize, bad: u64) -> Option<u64> {
 /// `SPARSE_EVERY` records before `from`. Never reads a byte of record
 /// `until` or later: the flusher may be writing it at this moment.
 pub fn read(seg: &Segment, from: u64, until: u64, max: usize, f: impl FnMut(u64, &[u8])) -> Result<usize, Error> {
-    read_at(&seg.path, seg.seek_hint(from), from, until, max, f)
+    read_at(&seg.path, (seg.seek_hint(from), seg.len), from, until, max, f)
 }
 
 /// [`read`] from the record boundary `start` of the segment file at
-/// `path` (at or before record `from`), without its sparse index.
-/// O(records from `start` to the last one given).
+/// `path` (at or before record `from`) to offset `end` (where its records
+/// end: a segment's file may go on with zeros, see invariant 3), without
+/// its sparse index. O(records from `start` to the last one given).
 pub fn read_at(
     path: &Path,
-    start: u64,
+    (start, end): (u64, u64),
     from: u64,
     until: u64,
     max: usize,
@@ -240,7 +246,7 @@ pub fn read_at(
     let mut payload = Vec::new();
     let mut offset = start;
     let mut count = 0;
-    while count < max {
+    while count < max && offset < end {
         if reader.read_exact(&mut header).is_err() {
             break;
         }

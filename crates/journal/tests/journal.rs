@@ -222,6 +222,41 @@ fn zeros_after_the_records_end_them_and_are_cut_at_close() {
     assert_eq!(read_all(&j, 1).len(), 101);
 }
 
+/// A segment rotated just before a crash may keep the zeros it set
+/// aside (its cut, after the next segment was made, never happened or
+/// never reached the disk): its records end where the zeros begin, and a
+/// read across it goes on into the next segment. Until session 32 a
+/// read took those zeros for a record never written and failed, though
+/// recovery had accepted them (the crash harness found it once a
+/// rotation made the next segment before cutting the last).
+#[test]
+fn a_rotated_segment_that_kept_its_zeros_reads_back_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let (j, _) = Journal::open(dir.path(), opts()).unwrap();
+        for i in 1..=2000u64 {
+            j.append(&payload(i)).unwrap();
+        }
+        j.wait_durable(2000).unwrap();
+    }
+    let mut segs: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "seg"))
+        .collect();
+    segs.sort();
+    assert!(segs.len() >= 3, "rotated: {segs:?}");
+    let first = &segs[0];
+    let records = std::fs::metadata(first).unwrap().len();
+    std::fs::OpenOptions::new().write(true).open(first).unwrap().set_len(records + (1 << 20)).unwrap();
+    let (j, rec) = Journal::open(dir.path(), opts()).unwrap();
+    assert_eq!((rec.first, rec.next, rec.torn_bytes), (1, 2001, None));
+    let all = read_all(&j, 1);
+    assert_eq!(all.len(), 2000);
+    assert!(all.iter().enumerate().all(|(k, (i, p))| *i == k as u64 + 1 && *p == payload(*i)));
+    assert_eq!(read_dir_count(dir.path()), 2000, "read offline too");
+}
+
 /// The segment being written reaches past its records with zeros that
 /// are written, not a hole: a group's sync then writes over blocks the
 /// file has, and allocates none (on ext4 here a sync of a 1.7 KB group

@@ -166,7 +166,9 @@ impl<W: Write> Summing<W> {
 /// chose it with every change quiesced, see the module docs). Operations
 /// may go on meanwhile. `durable` is called after the walk and before the
 /// image replaces the old one: it returns once every record appended so
-/// far is durable.
+/// far is durable. On an error the partial image is removed: left, it
+/// would hold the disk's room until the next checkpoint (on a full disk,
+/// all of it).
 pub fn write(
     ns: &Namespace,
     start: u64,
@@ -175,8 +177,23 @@ pub fn write(
 ) -> Result<Written, Error> {
     let path = dir.join(FILE);
     let tmp = dir.join(format!("{FILE}.tmp"));
-    let io = |e| io_error(&tmp, e);
-    let file = File::create(&tmp).map_err(io)?;
+    let written = image(ns, start, &tmp).and_then(|w| {
+        durable()?;
+        std::fs::rename(&tmp, &path).map_err(|e| io_error(&path, e))?;
+        Ok(w)
+    });
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    let written = written?;
+    sync_dir(dir)?;
+    Ok(written)
+}
+
+/// Writes and syncs `ns`'s image to `tmp`.
+fn image(ns: &Namespace, start: u64, tmp: &Path) -> Result<Written, Error> {
+    let io = |e| io_error(tmp, e);
+    let file = File::create(tmp).map_err(io)?;
     let mut out = Summing { inner: BufWriter::with_capacity(1 << 20, file), crc: 0, bytes: 0 };
     let mut buf = Vec::with_capacity(256);
     out.put(MAGIC).map_err(io)?;
@@ -207,9 +224,6 @@ pub fn write(
     out.inner.write_all(&crc.to_le_bytes()).map_err(io)?;
     let file = out.inner.into_inner().map_err(|e| io(e.into_error()))?;
     file.sync_all().map_err(io)?;
-    durable()?;
-    std::fs::rename(&tmp, &path).map_err(|e| io_error(&path, e))?;
-    sync_dir(dir)?;
     Ok(Written { start, inodes, entries, bytes: out.bytes + 4, pause: std::time::Duration::ZERO })
 }
 

@@ -9,7 +9,7 @@
 
 use std::sync::Arc;
 
-use crate::errno::Result;
+use crate::errno::{Errno, Result};
 use crate::inode::Inode;
 use crate::mutation::Mutation;
 use crate::namespace::Namespace;
@@ -27,6 +27,24 @@ pub trait Log: Send + Sync {
     /// error (`EIO`: the journal failed) fails the operation before
     /// anything changes.
     fn record(&self, cred: &Cred, m: &Mutation) -> Result<Seq>;
+
+    /// Whether the log's disk has room for its records. O(1).
+    fn room(&self) -> Room {
+        Room::Enough
+    }
+}
+
+/// How much room a log's disk has for its records.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Room {
+    Enough,
+    /// The disk is full: records go into space set aside, which only
+    /// changes that may free space use ([`Mutation::needs_room`]).
+    Reserve,
+    /// The disk is full and what was set aside is nearly used: no change
+    /// is recorded until there is room (else the log would fail, and with
+    /// it every change until a restart).
+    None,
 }
 
 impl Namespace {
@@ -42,10 +60,27 @@ impl Namespace {
         self.commit_held(cred, m, &[])
     }
 
+    /// `ENOSPC` while the log's disk is full ([`Log::room`]): for a
+    /// change to a file's data, which is made before its record. O(1).
+    pub(crate) fn room(&self) -> Result<()> {
+        match &self.log {
+            Some(log) if log.room() != Room::Enough => Err(Errno::ENOSPC),
+            _ => Ok(()),
+        }
+    }
+
     /// [`commit`](Self::commit), applying to the inodes in `held` (which
     /// the caller looked up and holds under its locks) without looking
     /// them up again: see [`Namespace::apply_held`].
+    /// While the log's disk is full, a change that needs room
+    /// ([`Mutation::needs_room`]), and once the space set aside is nearly
+    /// used any change, fails with `ENOSPC`, changing nothing.
     pub(crate) fn commit_held(&self, cred: &Cred, m: &Mutation, held: &[&Inode]) -> Result<Seq> {
+        match self.log.as_ref().map_or(Room::Enough, |log| log.room()) {
+            Room::Enough => {}
+            Room::Reserve if !m.needs_room() => {}
+            Room::Reserve | Room::None => return Err(Errno::ENOSPC),
+        }
         let seq = match &self.log {
             Some(log) => log.record(cred, m)?,
             None => 0,

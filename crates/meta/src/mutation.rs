@@ -116,6 +116,26 @@ pub enum Mutation {
     },
 }
 
+impl Mutation {
+    /// Whether recording this change needs room on the journal's disk
+    /// (see `Log::full`). A change that may free space does not (a
+    /// removal, the end of an orphan, a truncate, an attribute removed),
+    /// so that what was set aside lasts until those have made some; nor
+    /// does a change to data, which asked for room before the data
+    /// changed (`Namespace::change_data`), so that a refusal never leaves
+    /// data changed without its record.
+    pub fn needs_room(&self) -> bool {
+        !matches!(
+            self,
+            Mutation::Remove { .. }
+                | Mutation::Forget { .. }
+                | Mutation::RemoveXattr { .. }
+                | Mutation::SetAttr { size: Some(_), .. }
+                | Mutation::Write { .. }
+        )
+    }
+}
+
 /// A rename of `ino`, replacing `victim` (what `new_name` named, if
 /// anything), or with `exchange` a swap of the two.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -34,7 +34,7 @@ use parking_lot::Mutex;
 use crate::checkpoint::{self, Written};
 use crate::data::Data;
 use crate::errno::{Errno, Result};
-use crate::log::{Log, Seq};
+use crate::log::{Log, Room, Seq};
 use crate::mutation::{Gone, Mutation, Renamed};
 use crate::namespace::Namespace;
 use crate::record;
@@ -108,6 +108,21 @@ impl Log for JournalLog {
             self.freed.lock().push((seq, ino));
         }
         Ok(seq)
+    }
+
+    /// The journal's disk is full while it writes into the zeros it set
+    /// aside ([`interlock_journal::RESERVE`]); the last quarter of them is
+    /// left to records already appended when a look said there was room
+    /// (thousands of removals' records).
+    fn room(&self) -> Room {
+        let journal = self.changelog.journal();
+        if !journal.space_low() {
+            Room::Enough
+        } else if journal.reserve_left() > interlock_journal::RESERVE / 4 {
+            Room::Reserve
+        } else {
+            Room::None
+        }
     }
 }
 
