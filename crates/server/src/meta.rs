@@ -38,6 +38,11 @@ const MAX_RECORDS: u32 = 256;
 const LISTING_BYTES: usize = 192 << 10;
 /// How often the checkpointer looks at the store.
 const TICK: Duration = Duration::from_millis(500);
+/// The most ticks the checkpointer waits after failed checkpoints before
+/// it tries again (a minute): each failure doubles the wait from one
+/// tick. A checkpoint of 10M files writes ~700 MB; tried every tick on a
+/// full disk it would fill what room a removal made.
+const CHECKPOINT_BACKOFF_MAX: u64 = 120;
 
 /// The wall clock in the namespace's nanoseconds: the time a change is
 /// stamped with (the engine reads no clock; its callers pass this).
@@ -347,13 +352,18 @@ fn read(inner: &Inner, who: &str, from: Option<u64>, max: u32, wait: Option<Dura
 
 /// The checkpointer's thread: freed files' data removed once their
 /// records are durable, a checkpoint every [`CHECKPOINT_EVERY`] records
-/// (which also purges the journal behind it and the slowest consumer),
+/// (which also purges the journal behind it and the slowest consumer;
+/// none while the journal's disk is full, and after a failure not again
+/// for a wait that doubles up to [`CHECKPOINT_BACKOFF_MAX`] ticks),
 /// idle changelog consumers deregistered, and once the recovery window
 /// is over, orphans nobody reopened freed (at once when it ends: until
 /// then `status` says the server is recovering). Runs until the server
 /// is gone.
 pub(crate) fn checkpointer(inner: std::sync::Weak<Inner>) {
     let mut ticks = 0u64;
+    // After a failed checkpoint: the tick to try again at, and the wait
+    // after the next failure.
+    let (mut retry_at, mut backoff) = (0u64, 1u64);
     loop {
         let Some(server) = inner.upgrade() else { return };
         let pending = server.orphans_pending.load(Ordering::Relaxed);
@@ -369,10 +379,20 @@ pub(crate) fn checkpointer(inner: std::sync::Weak<Inner>) {
         let Some(server) = inner.upgrade() else { return };
         let store = &server.store;
         store.collect_freed();
+        // Not while the journal's disk is full: an image needs more room
+        // than a record (see `docs/namespace.md`).
         if store.since_checkpoint() >= CHECKPOINT_EVERY
-            && let Err(e) = store.checkpoint()
+            && ticks >= retry_at
+            && !store.changelog().journal().space_low()
         {
-            tracing::error!(error = %e, "checkpoint failed");
+            match store.checkpoint() {
+                Ok(_) => backoff = 1,
+                Err(e) => {
+                    tracing::error!(error = %e, retry_in_s = backoff as f64 * TICK.as_secs_f64(), "checkpoint failed");
+                    retry_at = ticks + backoff;
+                    backoff = (backoff * 2).min(CHECKPOINT_BACKOFF_MAX);
+                }
+            }
         }
         ticks += 1;
         if ticks.is_multiple_of(120)
