@@ -25,6 +25,7 @@ use std::io::ErrorKind;
 use std::io::IoSliceMut;
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
 use std::sync::atomic::Ordering::Relaxed;
 
 use nix::fcntl::{FallocateFlags, copy_file_range, fallocate};
@@ -38,6 +39,11 @@ use crate::types::{Fallocate, Ino, ReadFrom, SeekTo};
 
 pub(crate) struct Data {
     dir: PathBuf,
+    /// Whether the local file system takes `RWF_NOWAIT` reads (ext4, XFS
+    /// and btrfs do; tmpfs here answers `EOPNOTSUPP`). Once it is seen
+    /// not to, a read from the cache only is not tried: the caller reads
+    /// as from the disk.
+    nowait: AtomicBool,
 }
 
 /// A position or length as the system calls take it (every range was
@@ -105,7 +111,7 @@ impl Data {
     pub fn open(store: &Path) -> std::io::Result<Data> {
         let dir = store.join("data");
         std::fs::create_dir_all(&dir)?;
-        Ok(Data { dir })
+        Ok(Data { dir, nowait: AtomicBool::new(true) })
     }
 
     fn path(&self, ino: Ino) -> PathBuf {
@@ -123,8 +129,14 @@ impl Data {
     /// `len` bytes from `offset` of a file of `size` bytes: fewer at its
     /// end, zeros where no data was written. With `from`
     /// [`ReadFrom::Cache`], `EAGAIN` if any of them is not in the page
-    /// cache (`RWF_NOWAIT`): the read would wait for the disk.
+    /// cache (`RWF_NOWAIT`): the read would wait for the disk; and
+    /// `EAGAIN` too where the local file system cannot say (no
+    /// `RWF_NOWAIT`): until session 32 such a store (its data on tmpfs)
+    /// answered every read through a server with `EOPNOTSUPP`.
     pub fn read(&self, ino: Ino, offset: u64, len: usize, size: u64, from: ReadFrom) -> Result<Vec<u8>> {
+        if from == ReadFrom::Cache && !self.nowait.load(Relaxed) {
+            return Err(Errno::EAGAIN);
+        }
         let len = size.saturating_sub(offset).min(len as u64) as usize;
         let mut buf = vec![0u8; len];
         let Some(f) = self.file(ino)? else { return Ok(buf) };
@@ -138,6 +150,10 @@ impl Data {
                 Ok(0) => break, // past the data file's end: zeros
                 Ok(n) => done += n,
                 Err(rustix::io::Errno::INTR) => {}
+                Err(rustix::io::Errno::NOTSUP) if from == ReadFrom::Cache => {
+                    self.nowait.store(false, Relaxed);
+                    return Err(Errno::EAGAIN);
+                }
                 Err(e) => return Err(Errno(e.raw_os_error())),
             }
         }

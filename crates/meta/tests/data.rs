@@ -168,7 +168,11 @@ fn read(store: &Store, ino: Ino, at: u64, len: usize) -> Vec<u8> {
 
 /// A store in a fresh directory with two empty regular files, `a` and `b`.
 fn store_with_files() -> (tempfile::TempDir, Store, [Ino; 2]) {
-    let tmp = tempfile::tempdir().unwrap();
+    store_with_files_in(tempfile::tempdir().unwrap())
+}
+
+/// [`store_with_files`] in `tmp`.
+fn store_with_files_in(tmp: tempfile::TempDir) -> (tempfile::TempDir, Store, [Ino; 2]) {
     let (store, _) = Store::open(tmp.path(), StoreOptions::default(), 1).unwrap();
     let new = || NewInode { kind: FileType::Regular, perm: 0o644, rdev: 0 };
     let files = [b"a", b"b"].map(|name| store.ns().create(&Cred::root(), ROOT, name, new(), b"", 2).unwrap().0.ino);
@@ -182,6 +186,24 @@ fn data_path(dir: &std::path::Path, ino: Ino) -> std::path::PathBuf {
 
 fn data_files(dir: &std::path::Path) -> usize {
     std::fs::read_dir(dir.join("data")).unwrap().map(|d| std::fs::read_dir(d.unwrap().path()).unwrap().count()).sum()
+}
+
+/// A store whose data lies on a file system that cannot say whether a
+/// read would wait (no `RWF_NOWAIT`: tmpfs here) answers a read from the
+/// cache only with `EAGAIN`, which sends a server to read as from the
+/// disk, where the bytes are. Until session 32 it answered `EOPNOTSUPP`,
+/// and every read through a server whose `--data` was on tmpfs failed.
+#[test]
+fn a_store_on_tmpfs_answers_a_cache_read_with_eagain_and_reads_from_the_disk() {
+    let (_tmp, store, [a, _]) = store_with_files_in(tempfile::tempdir_in("/dev/shm").unwrap());
+    let root = Cred::root();
+    store.write((&root).into(), a, Some(0), b"data", 3).unwrap();
+    for _ in 0..2 {
+        let cached = store.read((&root).into(), a, (0, 4), ReadFrom::Cache);
+        // A kernel whose tmpfs takes RWF_NOWAIT serves it from the cache.
+        assert!(cached == Err(Errno::EAGAIN) || cached == Ok(b"data".to_vec()), "{cached:?}");
+        assert_eq!(read(&store, a, 0, 4), b"data");
+    }
 }
 
 /// A file's data goes once the record that frees it is durable; if the

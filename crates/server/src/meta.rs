@@ -381,9 +381,7 @@ pub(crate) fn checkpointer(inner: std::sync::Weak<Inner>) {
         store.collect_freed();
         // Not while the journal's disk is full: an image needs more room
         // than a record (see `docs/namespace.md`).
-        if store.since_checkpoint() >= CHECKPOINT_EVERY
-            && ticks >= retry_at
-            && !store.changelog().journal().space_low()
+        if store.since_checkpoint() >= CHECKPOINT_EVERY && ticks >= retry_at && !store.changelog().journal().space_low()
         {
             match store.checkpoint() {
                 Ok(_) => backoff = 1,
