@@ -1279,7 +1279,8 @@ impl Drop for Tmpfs {
 /// 24 MiB tmpfs): `dd` stops with `ENOSPC`; new names go on into the
 /// journal's room until it runs short, then stop with `ENOSPC` too; `rm`
 /// of the big file goes through, after which files can be made and
-/// written again, with no restart. Until session 32 the journal failed
+/// written again, with no restart; `interlock status` says when the disk
+/// is full. Until session 32 the journal failed
 /// at the first extension of its segment that found no room: every later
 /// call answered `EIO` (the `rm` too) until the server was restarted.
 #[test]
@@ -1305,10 +1306,16 @@ fn a_full_disk_answers_enospc_and_a_removal_makes_room() {
                  except OSError as e:\n    print(n, e.strerror)";
     let (ok, out) = run(Command::new(&python).arg("-c").arg(names));
     assert!(ok && out.trim_end().ends_with("No space left on device"), "names until refused: {out}");
+    let full = || {
+        let status = Command::new(BIN).args(["status", "--json", "--server", &server.addr]).output().unwrap();
+        serde_json::from_slice::<serde_json::Value>(&status.stdout).unwrap()["disk_full"].as_bool().unwrap()
+    };
+    assert!(full(), "`interlock status` says the disk is full");
     assert_eq!(sh("rm big"), (true, String::new()));
     // The removed file's data goes once its removal is durable, within a
     // tick of the server's checkpointer.
     wait_for("room after the removal", || sh("touch new").0);
+    assert!(!full(), "`interlock status` says the disk has room");
     assert_eq!(sh("echo data > new && cat new"), (true, "data\n".to_string()));
     // Every name made is there, and removals go on.
     let made: u64 = out.split(' ').next().unwrap().parse().unwrap();

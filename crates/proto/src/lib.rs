@@ -37,7 +37,7 @@ use serde::{Deserialize, Serialize};
 pub use unacked::Unacked;
 
 /// The protocol version this build speaks.
-pub const VERSION: u32 = 11;
+pub const VERSION: u32 = 12;
 /// The largest frame either side accepts, in bytes: room for an extended
 /// attribute's largest value (64 KiB) and a page of directory entries.
 pub const MAX_FRAME: usize = 256 << 10;
@@ -262,6 +262,10 @@ pub struct StatusInfo {
     /// could not be read).
     pub disk_bytes: u64,
     pub disk_available_bytes: u64,
+    /// The journal's disk is full (version 12): changes that need room
+    /// are refused with `ENOSPC` until a removal or the operator makes
+    /// some (see `docs/namespace.md`, "When the disk is full").
+    pub disk_full: bool,
 }
 
 /// One lock held or wanted, for [`Op::Inspect`].

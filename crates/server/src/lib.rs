@@ -390,6 +390,7 @@ impl Inner {
             durable: !self.config.unsafe_no_fsync,
             disk_bytes: disk.0,
             disk_available_bytes: disk.1,
+            disk_full: self.store.changelog().journal().space_low(),
             consumers: self
                 .store
                 .changelog()

@@ -149,6 +149,11 @@ fn render(inner: &Inner, m: &Metrics) -> String {
         gauge(s.disk_available_bytes),
     );
     r.register(
+        "disk_full",
+        "1 while the journal's disk is full: changes that need room are refused with ENOSPC",
+        gauge(u64::from(s.disk_full)),
+    );
+    r.register(
         "recovering_seconds",
         "Seconds left in the recovery window after a restart",
         ConstGauge::new(s.recovering_ms as f64 / 1000.0),

@@ -86,6 +86,11 @@ fn print_status(s: &StatusInfo, json: bool) {
         gib(s.disk_available_bytes),
         gib(s.disk_bytes)
     );
+    if s.disk_full {
+        println!(
+            "disk full   FULL: new files, writes and other changes that need room get ENOSPC; removals still work"
+        );
+    }
     println!(
         "journal     last record {}, {} since the checkpoint (a restart replays them)",
         s.journal_last, s.since_checkpoint
@@ -179,6 +184,7 @@ fn status_json(s: &StatusInfo, rate: f64) -> serde_json::Value {
         "requests_per_sec": rate, "recovering_ms": s.recovering_ms,
         "inodes": s.inodes, "journal_last": s.journal_last, "since_checkpoint": s.since_checkpoint,
         "durable": s.durable, "disk_bytes": s.disk_bytes, "disk_available_bytes": s.disk_available_bytes,
+        "disk_full": s.disk_full,
         "consumers": s.consumers.iter().map(|c| serde_json::json!({
             "id": c.id, "name": c.name, "cleared": c.cleared, "mask": c.mask,
             "behind": s.journal_last.saturating_sub(c.cleared),
