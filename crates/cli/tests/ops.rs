@@ -176,6 +176,7 @@ fn metrics_count_what_happened() {
                 assert!(sample(&text, "interlock_inodes") >= 1.0, "the root at least");
                 let disk = sample(&text, "interlock_disk_bytes");
                 assert!(disk > 0.0 && sample(&text, "interlock_disk_available_bytes") <= disk, "{text}");
+                assert_eq!(sample(&text, "interlock_disk_full"), 0.0, "a disk with room");
                 break;
             }
             assert!(Instant::now() < deadline, "the killed client's session never expired:\n{text}");
