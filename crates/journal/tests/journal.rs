@@ -138,14 +138,34 @@ fn followers_reading_from_where_they_stopped_get_every_record() {
     assert!(j.segments().len() > 3, "small segments rotate: {}", j.segments().len());
 }
 
-fn last_segment(dir: &std::path::Path) -> std::path::PathBuf {
+/// The segment files of `dir`, in order.
+fn segments(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
     let mut segs: Vec<_> = std::fs::read_dir(dir)
         .unwrap()
         .map(|e| e.unwrap().path())
         .filter(|p| p.extension().is_some_and(|e| e == "seg"))
         .collect();
     segs.sort();
-    segs.pop().unwrap()
+    segs
+}
+
+fn last_segment(dir: &std::path::Path) -> std::path::PathBuf {
+    segments(dir).pop().unwrap()
+}
+
+/// Records 1..=2000 in `dir`, over several segments; with `one_each`,
+/// each made durable before the next is appended (one group a record, so
+/// later records vouch for earlier ones).
+fn two_thousand_records(dir: &std::path::Path, one_each: bool) {
+    let (j, _) = Journal::open(dir, opts()).unwrap();
+    for i in 1..=2000u64 {
+        if one_each {
+            j.append_durable(&payload(i)).unwrap();
+        } else {
+            j.append(&payload(i)).unwrap();
+        }
+    }
+    j.wait_durable(2000).unwrap();
 }
 
 /// A closed log of records 1..=100 in one segment.
@@ -232,19 +252,8 @@ fn zeros_after_the_records_end_them_and_are_cut_at_close() {
 #[test]
 fn a_rotated_segment_that_kept_its_zeros_reads_back_whole() {
     let dir = tempfile::tempdir().unwrap();
-    {
-        let (j, _) = Journal::open(dir.path(), opts()).unwrap();
-        for i in 1..=2000u64 {
-            j.append(&payload(i)).unwrap();
-        }
-        j.wait_durable(2000).unwrap();
-    }
-    let mut segs: Vec<_> = std::fs::read_dir(dir.path())
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "seg"))
-        .collect();
-    segs.sort();
+    two_thousand_records(dir.path(), false);
+    let segs = segments(dir.path());
     assert!(segs.len() >= 3, "rotated: {segs:?}");
     let first = &segs[0];
     let records = std::fs::metadata(first).unwrap().len();
@@ -285,19 +294,8 @@ fn read_dir_count(dir: &std::path::Path) -> usize {
 #[test]
 fn corruption_of_acknowledged_records_is_an_error_naming_file_and_offset() {
     let dir = tempfile::tempdir().unwrap();
-    {
-        let (j, _) = Journal::open(dir.path(), opts()).unwrap();
-        for i in 1..=2000u64 {
-            // One group per record, so later records vouch for earlier ones.
-            j.append_durable(&payload(i)).unwrap();
-        }
-    }
-    let mut segs: Vec<_> = std::fs::read_dir(dir.path())
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "seg"))
-        .collect();
-    segs.sort();
+    two_thousand_records(dir.path(), true);
+    let segs = segments(dir.path());
     // A flipped bit in a sealed segment.
     let first = &segs[0];
     let mut bytes = std::fs::read(first).unwrap();
