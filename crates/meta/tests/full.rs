@@ -77,7 +77,8 @@ fn fill_with_names(store: &Store) -> (usize, Errno) {
 
 /// Data fills the disk; the store then refuses writes and new names with
 /// `ENOSPC`; removing the file is recorded, its data goes, and names can
-/// be made again; after a restart everything acknowledged is there.
+/// be made again; after a restart everything acknowledged is there, and
+/// `fsck` is clean.
 #[test]
 fn a_disk_full_of_data_refuses_changes_with_enospc_until_a_removal_makes_room() {
     let Some(disk) = SmallDisk::mount("full::data", 8 << 20) else { return };
@@ -111,13 +112,22 @@ fn a_disk_full_of_data_refuses_changes_with_enospc_until_a_removal_makes_room() 
     }
     store.ns().lookup(&root, ROOT, b"after").unwrap();
     assert_eq!(store.ns().lookup(&root, ROOT, b"big").map(|_| ()), Err(Errno::ENOENT));
+    drop(store);
+    assert_clean(disk.path());
+}
+
+/// `fsck` finds no damage in the store in `dir`.
+fn assert_clean(dir: &Path) {
+    let report = interlock_meta::fsck::check_dir(dir).unwrap();
+    assert!(report.damage.is_empty(), "fsck finds {:?}", report.damage);
 }
 
 /// Names alone fill the disk (their records): new names are refused with
 /// `ENOSPC`, removals go on into the space the journal set aside, and once
 /// it is nearly used they too are refused with `ENOSPC`, never `EIO`. The
 /// journal never fails, a checkpoint that finds no room leaves nothing
-/// behind, and a restart finds exactly the names made and not removed.
+/// behind, and a restart finds exactly the names made and not removed,
+/// with `fsck` clean.
 #[test]
 fn a_disk_full_of_records_lets_removals_use_the_reserve_and_never_fails_the_journal() {
     let Some(disk) = SmallDisk::mount("full::records", 4 << 20) else { return };
@@ -154,4 +164,6 @@ fn a_disk_full_of_records_lets_removals_use_the_reserve_and_never_fails_the_jour
         let found = store.ns().lookup(&root, ROOT, &name(i)).map(|_| ());
         assert_eq!(found, if i < removed { Err(Errno::ENOENT) } else { Ok(()) }, "name {i}");
     }
+    drop(store);
+    assert_clean(disk.path());
 }
