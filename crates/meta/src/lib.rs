@@ -51,7 +51,7 @@ mod types;
 
 pub use checkpoint::Written;
 pub use errno::{Errno, Result};
-pub use log::{Log, Seq};
+pub use log::{Log, Room, Seq};
 pub use mutation::{Gone, Mutation, Renamed};
 pub use namespace::{FIRST_COOKIE, Namespace};
 pub use ops::{COPY_MAX, NewInode};

@@ -28,7 +28,8 @@ pub trait Log: Send + Sync {
     /// anything changes.
     fn record(&self, cred: &Cred, m: &Mutation) -> Result<Seq>;
 
-    /// Whether the log's disk has room for its records. O(1).
+    /// Whether the log's disk has room for its records. O(1) while it
+    /// has (the journal's look for room while full: one `write`).
     fn room(&self) -> Room {
         Room::Enough
     }
@@ -72,6 +73,7 @@ impl Namespace {
     /// [`commit`](Self::commit), applying to the inodes in `held` (which
     /// the caller looked up and holds under its locks) without looking
     /// them up again: see [`Namespace::apply_held`].
+    ///
     /// While the log's disk is full, a change that needs room
     /// ([`Mutation::needs_room`]), and once the space set aside is nearly
     /// used any change, fails with `ENOSPC`, changing nothing.

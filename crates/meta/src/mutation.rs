@@ -118,7 +118,7 @@ pub enum Mutation {
 
 impl Mutation {
     /// Whether recording this change needs room on the journal's disk
-    /// (see `Log::full`). A change that may free space does not (a
+    /// (see `Log::room`). A change that may free space does not (a
     /// removal, the end of an orphan, a truncate, an attribute removed),
     /// so that what was set aside lasts until those have made some; nor
     /// does a change to data, which asked for room before the data
