@@ -21,11 +21,13 @@
 //!
 //! 3. A segment's file may reach past its records with zeros: the writer
 //!    extends it ahead of them (so that a sync need not write the file's
-//!    size) and cuts the rest off only when it closes the segment. Zeros
-//!    from a record's start to the end of the file are the end of the
-//!    records, not a tear. Zeros followed by anything else are not: a
-//!    group's later page that reached the disk before an earlier one did
-//!    is a torn tail (or corruption, by invariant 2), as before.
+//!    size) and cuts the rest off only when it closes the segment (after
+//!    the next one is made, and unsynced: a crash may leave them on any
+//!    segment). Zeros from a record's start to the end of the file are
+//!    the end of the records, not a tear, and reads stop there. Zeros
+//!    followed by anything else are not: a group's later page that
+//!    reached the disk before an earlier one did is a torn tail (or
+//!    corruption, by invariant 2), as before.
 
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
