@@ -469,3 +469,103 @@ fn a_long_fsync_holds_up_no_other_connection() {
         fsync.await.unwrap();
     });
 }
+
+/// An ext4 image of 256 MiB on a 48 MiB tmpfs, mounted through a loop
+/// device: once the tmpfs is full the device's writes fail, as a failing
+/// disk's do (a sync fails, ext4 then goes read-only). Unmounted on drop.
+struct FailingDisk {
+    tmpfs: tempfile::TempDir,
+    fs: tempfile::TempDir,
+}
+
+impl FailingDisk {
+    /// The disk, if this machine lets a test make one (root, loop
+    /// devices, `mkfs.ext4`); `None` said loudly, or a failure where
+    /// `INTERLOCK_REQUIRE_FUSE` promises root.
+    fn new(test: &str) -> Option<FailingDisk> {
+        let (tmpfs, fs) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let image = tmpfs.path().join("disk.img");
+        let disk = FailingDisk { tmpfs, fs };
+        let sh = |cmd: &mut Command| cmd.stderr(Stdio::null()).status().is_ok_and(|s| s.success());
+        let made = sh(Command::new("mount").args(["-t", "tmpfs", "-o", "size=48m", "tmpfs"]).arg(disk.tmpfs.path()))
+            && std::fs::File::create(&image).and_then(|f| f.set_len(256 << 20)).is_ok()
+            && sh(Command::new("mkfs.ext4").args(["-q", "-F"]).arg(&image))
+            && sh(Command::new("mount").args(["-o", "loop"]).arg(&image).arg(disk.fs.path()));
+        if made {
+            return Some(disk);
+        }
+        assert!(
+            std::env::var_os("INTERLOCK_REQUIRE_FUSE").is_none(),
+            "{test}: could not make a loop-mounted ext4 on a small tmpfs, and root was promised"
+        );
+        eprintln!("!! SKIPPING {test}: a failing disk needs root, loop devices and mkfs.ext4");
+        None
+    }
+}
+
+impl Drop for FailingDisk {
+    fn drop(&mut self) {
+        for dir in [self.fs.path(), self.tmpfs.path()] {
+            let _ = Command::new("umount").arg("--lazy").arg(dir).stderr(Stdio::null()).status();
+        }
+    }
+}
+
+/// A server whose disk fails under it stops with an error that says why,
+/// for its supervisor to restart it, rather than serve on with a journal
+/// that records nothing: until session 32 it kept answering every change
+/// `EIO` and showing, to reads, changes whose records never became
+/// durable, and nothing told a supervisor. A restart replays what is
+/// durable (`a_server_restart_keeps_open_files_even_unlinked_and_locks`
+/// in the mount's tests shows clients carrying on across one).
+#[test]
+fn a_server_whose_disk_fails_stops_with_an_error() {
+    let Some(disk) = FailingDisk::new("a_server_whose_disk_fails_stops_with_an_error") else { return };
+    let data = disk.fs.path().join("data");
+    let mut child = Command::new(BIN)
+        .args(["serve", "--listen", "127.0.0.1:0", "--data"])
+        .arg(&data)
+        .env("INTERLOCK_LOG", "off")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let addr = line.trim().strip_prefix("interlock: listening on ").expect("listening line").to_string();
+    // Killed on drop if the test fails: a server left running would hold
+    // the disk's loop device.
+    let mut server = ServerProc { child, addr: addr.clone() };
+    rt().block_on(async {
+        let (c, me) = (client(&addr).await, root());
+        let f = c.create(&me, ROOT, b"big", FileType::Regular, 0o644, b"").await.unwrap();
+        let chunk = vec![7u8; 1 << 20];
+        // Data until the disk fails (at 48 MiB at most). Then records of
+        // 60 KiB (an xattr set again and again) until one fails: the
+        // journal writes into zeros it wrote ahead, which the full device
+        // still holds, but within about a MiB it must write new ones.
+        for i in 0..256u64 {
+            if c.write(&me, f.ino, i << 20, &chunk).await.is_err() || c.fsync(&me, f.ino).await.is_err() {
+                break;
+            }
+        }
+        let value = vec![1u8; 60 << 10];
+        for _ in 0..1000 {
+            if c.setxattr(&me, f.ino, b"user.v", &value, XattrMode::Any).await.is_err() {
+                break;
+            }
+        }
+    });
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let status = loop {
+        if let Some(status) = server.child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(std::time::Instant::now() < until, "the server still runs on a failed disk");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut server.child.stderr.take().unwrap(), &mut stderr).unwrap();
+    assert_eq!(status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("the journal failed") && stderr.contains("a restart recovers"), "{stderr}");
+}

@@ -344,6 +344,11 @@ impl Journal {
         self.shared.failed.load(Ordering::SeqCst)
     }
 
+    /// Why it failed (the I/O error, naming its file), if it has.
+    pub fn failure(&self) -> Option<String> {
+        self.shared.failure.lock().clone()
+    }
+
     /// Whether the disk is full: the last try to extend the segment being
     /// written (or to start the next) found no room, and records now go
     /// into the [`RESERVE`] of zeros already on disk. A caller should then

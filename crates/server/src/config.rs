@@ -181,6 +181,12 @@ pub enum ServerError {
     DataInUse(PathBuf),
     #[error("{path}: {what}; refusing to start rather than let fencing tokens go backwards")]
     Exhausted { path: PathBuf, what: String },
+    /// The journal hit an I/O error it cannot go on from: the server
+    /// stops, and a restart recovers what is durable.
+    #[error(
+        "the journal failed ({0}); stopped so that a restart recovers exactly what is durable (nothing not yet durable was answered)"
+    )]
+    JournalFailed(String),
     #[error("cannot serve metrics on {addr}: {source}")]
     Metrics { addr: SocketAddr, source: std::io::Error },
     #[error("cannot listen on {addr}: {source}")]

@@ -85,6 +85,10 @@ pub(crate) struct Inner {
     tls: Option<tokio_rustls::TlsAcceptor>,
     /// Set when the server serves metrics.
     metrics: Option<metrics::Metrics>,
+    /// Told by the checkpointer once the journal has failed (an I/O error
+    /// it cannot go on from): [`Server::serve`] then ends with
+    /// [`ServerError::JournalFailed`].
+    pub journal_failed: tokio::sync::Notify,
 }
 
 /// A bound server, ready to serve.
@@ -164,6 +168,7 @@ impl Server {
             conns: Conns::default(),
             tls,
             metrics: metrics.is_some().then(metrics::Metrics::default),
+            journal_failed: tokio::sync::Notify::new(),
         });
         // Set once, on a journal only this server holds.
         let _ = inner.store.changelog().journal().on_durable(inner.acker.hook(inner.sessions.clone()));
@@ -185,15 +190,33 @@ impl Server {
         self.metrics.as_ref().and_then(|l| l.local_addr().ok())
     }
 
-    /// Serves until `shutdown` completes.
-    pub async fn serve(self, shutdown: impl std::future::Future<Output = ()>) {
+    /// Serves until `shutdown` completes, or until the journal fails
+    /// ([`ServerError::JournalFailed`]).
+    ///
+    /// Why stop then: a journal that hit an I/O error it cannot go on from
+    /// (a failed `fdatasync`, a file system gone read-only) records
+    /// nothing more, so every change would fail, while the namespace in
+    /// memory still shows changes whose records never became durable
+    /// (never answered, but seen). A restart replays exactly what is
+    /// durable, and clients carry on across it, as after any restart; so
+    /// the server ends with an error for its supervisor to restart it, as
+    /// etcd does when its log cannot be written and PostgreSQL when an
+    /// `fsync` fails.
+    pub async fn serve(self, shutdown: impl std::future::Future<Output = ()>) -> Result<(), ServerError> {
         let reaper = tokio::spawn(reap(self.inner.clone()));
         let metrics = self.metrics.map(|l| tokio::spawn(metrics::serve(l, self.inner.clone())));
         tokio::pin!(shutdown);
         let mut backoff = AcceptBackoff::default();
+        let mut ended = Ok(());
         loop {
             tokio::select! {
                 _ = &mut shutdown => break,
+                () = self.inner.journal_failed.notified() => {
+                    let why = self.inner.store.changelog().journal().failure().unwrap_or_default();
+                    tracing::error!(error = %why, "the journal failed: stopping, so that a restart recovers what is durable");
+                    ended = Err(ServerError::JournalFailed(why));
+                    break;
+                }
                 accepted = self.listener.accept() => match accepted {
                     Ok((stream, peer)) => {
                         backoff.reset();
@@ -207,6 +230,7 @@ impl Server {
         if let Some(m) = metrics {
             m.abort();
         }
+        ended
     }
 }
 
@@ -425,8 +449,7 @@ pub async fn run(config: Config, bound: impl FnOnce(SocketAddr, Option<SocketAdd
             let _ = ctrl_c.await;
             tracing::info!("shutting down");
         })
-        .await;
-    Ok(())
+        .await
 }
 
 /// A mutex-guarded value shared by the server's tasks.

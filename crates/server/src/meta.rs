@@ -378,6 +378,9 @@ pub(crate) fn checkpointer(inner: std::sync::Weak<Inner>) {
         std::thread::sleep(nap);
         let Some(server) = inner.upgrade() else { return };
         let store = &server.store;
+        if store.changelog().journal().failed() {
+            server.journal_failed.notify_one();
+        }
         store.collect_freed();
         // Not while the journal's disk is full: an image needs more room
         // than a record (see `docs/namespace.md`).
