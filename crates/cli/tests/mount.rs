@@ -23,7 +23,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{BIN, ServerProc};
+use common::{BIN, ServerProc, Tmpfs};
 use nix::errno::Errno;
 use nix::fcntl::{FcntlArg, FlockArg, fcntl};
 
@@ -1240,39 +1240,6 @@ fn random_calls(
             end(&ours, &kernel)
         })
         .unwrap();
-}
-
-/// A tmpfs of its own, mounted `nodev` as the mount is (FUSE mounts are),
-/// so that opening a device node (a whiteout, say) fails alike on both
-/// sides: `/dev/shm` may or may not be `nodev`. Unmounted when dropped.
-struct Tmpfs(tempfile::TempDir);
-
-impl Tmpfs {
-    fn nodev() -> Tmpfs {
-        Tmpfs::of("1g")
-    }
-
-    /// A private `nodev` tmpfs of `size` (as `mount -o size=` takes it).
-    fn of(size: &str) -> Tmpfs {
-        let dir = tempfile::tempdir().unwrap();
-        let mounted = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("nodev,size={size},mode=0777"), "interlock-test"])
-            .arg(dir.path())
-            .status()
-            .unwrap();
-        assert!(mounted.success(), "mount a tmpfs at {}", dir.path().display());
-        Tmpfs(dir)
-    }
-
-    fn path(&self) -> &Path {
-        self.0.path()
-    }
-}
-
-impl Drop for Tmpfs {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg("--lazy").arg(self.0.path()).status();
-    }
 }
 
 /// The server's disk fills up under a mount (its data directory on a

@@ -61,28 +61,33 @@ impl Namespace {
         self.commit_held(cred, m, &[])
     }
 
-    /// `ENOSPC` while the log's disk is full ([`Log::room`]): for a
-    /// change to a file's data, which is made before its record. O(1).
-    pub(crate) fn room(&self) -> Result<()> {
-        match &self.log {
-            Some(log) if log.room() != Room::Enough => Err(Errno::ENOSPC),
-            _ => Ok(()),
+    /// Whether a change may be recorded, as the log's disk has room
+    /// ([`Log::room`]): always while it has; while it is full, only one
+    /// that may free space (`frees`), and once the space set aside is
+    /// nearly used none (`ENOSPC`). Asked before anything changes: by
+    /// [`commit_held`](Self::commit_held), and by a change to a file's
+    /// data before the data changes (which then records with
+    /// [`commit_admitted`](Self::commit_admitted), not asking twice). O(1).
+    pub(crate) fn admit(&self, frees: bool) -> Result<()> {
+        match self.log.as_ref().map_or(Room::Enough, |log| log.room()) {
+            Room::Enough => Ok(()),
+            Room::Reserve if frees => Ok(()),
+            Room::Reserve | Room::None => Err(Errno::ENOSPC),
         }
     }
 
     /// [`commit`](Self::commit), applying to the inodes in `held` (which
     /// the caller looked up and holds under its locks) without looking
-    /// them up again: see [`Namespace::apply_held`].
-    ///
-    /// While the log's disk is full, a change that needs room
-    /// ([`Mutation::needs_room`]), and once the space set aside is nearly
-    /// used any change, fails with `ENOSPC`, changing nothing.
+    /// them up again: see [`Namespace::apply_held`]. Fails with `ENOSPC`,
+    /// changing nothing, where [`admit`](Self::admit) says no
+    /// ([`Mutation::needs_room`]).
     pub(crate) fn commit_held(&self, cred: &Cred, m: &Mutation, held: &[&Inode]) -> Result<Seq> {
-        match self.log.as_ref().map_or(Room::Enough, |log| log.room()) {
-            Room::Enough => {}
-            Room::Reserve if !m.needs_room() => {}
-            Room::Reserve | Room::None => return Err(Errno::ENOSPC),
-        }
+        self.admit(!m.needs_room())?;
+        self.commit_admitted(cred, m, held)
+    }
+
+    /// [`commit_held`](Self::commit_held) of a change already admitted.
+    pub(crate) fn commit_admitted(&self, cred: &Cred, m: &Mutation, held: &[&Inode]) -> Result<Seq> {
         let seq = match &self.log {
             Some(log) => log.record(cred, m)?,
             None => 0,

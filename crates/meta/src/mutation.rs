@@ -120,10 +120,10 @@ impl Mutation {
     /// Whether recording this change needs room on the journal's disk
     /// (see `Log::room`). A change that may free space does not (a
     /// removal, the end of an orphan, a truncate, an attribute removed),
-    /// so that what was set aside lasts until those have made some; nor
-    /// does a change to data, which asked for room before the data
-    /// changed (`Namespace::change_data`), so that a refusal never leaves
-    /// data changed without its record.
+    /// so that what was set aside lasts until those have made some. (A
+    /// change to data is admitted before the data changes, by
+    /// `Namespace::change_data`, so that a refusal never leaves data
+    /// changed without its record.)
     pub fn needs_room(&self) -> bool {
         !matches!(
             self,
@@ -131,7 +131,6 @@ impl Mutation {
                 | Mutation::Forget { .. }
                 | Mutation::RemoveXattr { .. }
                 | Mutation::SetAttr { size: Some(_), .. }
-                | Mutation::Write { .. }
         )
     }
 }

@@ -524,7 +524,7 @@ impl Namespace {
         now: Nanos,
         put: impl FnOnce(u64) -> Result<u64>,
     ) -> Result<(Attr, Seq)> {
-        self.change_data(who, ino, (offset, len), (true, true), now, put)
+        self.change_data(who, ino, (offset, len), (true, false), now, put)
     }
 
     /// `fallocate(2)` of `len` bytes at `offset` of regular file `ino`:
@@ -548,22 +548,22 @@ impl Namespace {
             return Err(Errno::EINVAL);
         }
         // A punch frees space, so a full disk does not refuse it.
-        let room = how != Fallocate::PunchHole;
-        self.change_data(who, ino, (Some(offset), len), (how.grows(), room), now, |_| put())
+        let frees = how == Fallocate::PunchHole;
+        self.change_data(who, ino, (Some(offset), len), (how.grows(), frees), now, |_| put())
     }
 
     /// What a write and a `fallocate` share: `put` changes `len` bytes
     /// of the data at `offset` (the end of the file for `None`), which may
     /// make the file `grow` to the range's end, and returns the blocks
-    /// the data then takes. A change that may take `room` is refused
-    /// (`ENOSPC`) before `put` while the log's disk is full
-    /// ([`Namespace::room`]): its record could not follow it.
+    /// the data then takes. It is admitted ([`Namespace::admit`]: one
+    /// that `frees` space even while the log's disk is full) before `put`,
+    /// so that a refusal (`ENOSPC`) leaves the data as it was.
     fn change_data(
         &self,
         who: Caller,
         ino: Ino,
         (offset, len): (Option<u64>, u64),
-        (grow, room): (bool, bool),
+        (grow, frees): (bool, bool),
         now: Nanos,
         put: impl FnOnce(u64) -> Result<u64>,
     ) -> Result<(Attr, Seq)> {
@@ -575,13 +575,11 @@ impl Namespace {
         // any number of clients never overwrite each other.
         let offset = offset.unwrap_or_else(|| i.size.load(Relaxed));
         let end = offset.checked_add(len).filter(|&e| e <= FILE_SIZE_MAX).ok_or(Errno::EFBIG)?;
-        if room {
-            self.room()?;
-        }
+        self.admit(frees)?;
         i.blocks.store(put(offset)?, Relaxed);
         let size = (grow && end > i.size.load(Relaxed)).then_some(end);
         let perm = access::dropped_by_data(who.cred, &o);
-        let seq = self.commit(who.cred, &Mutation::Write { ino, size, perm, time: now })?;
+        let seq = self.commit_admitted(who.cred, &Mutation::Write { ino, size, perm, time: now }, &[])?;
         Ok((i.attr(), seq))
     }
 
@@ -615,7 +613,7 @@ impl Namespace {
             may_use(who, &i, WRITE)?;
             return Ok((0, i.attr(), 0));
         }
-        let (a, seq) = self.change_data(who, dst, (Some(dst_off), n), (true, true), now, |_| put(n))?;
+        let (a, seq) = self.change_data(who, dst, (Some(dst_off), n), (true, false), now, |_| put(n))?;
         Ok((n, a, seq))
     }
 

@@ -11,7 +11,7 @@
 
 use std::path::Path;
 
-use interlock_meta::{Attr, Cred, Errno, FileType, NewInode, ROOT, Store, StoreOptions};
+use interlock_meta::{Attr, Cred, Errno, FileType, NewInode, ROOT, ReadFrom, Store, StoreOptions};
 use nix::mount::{MntFlags, MsFlags, mount, umount2};
 
 /// A tmpfs of a given size, mounted on a fresh directory for one test and
@@ -76,7 +76,7 @@ fn fill_with_names(store: &Store) -> (usize, Errno) {
 }
 
 /// Data fills the disk; the store then refuses writes and new names with
-/// `ENOSPC`; removing the file is recorded, its data goes, and names can
+/// `ENOSPC` (an overwrite before its data changes); removing the file is recorded, its data goes, and names can
 /// be made again; after a restart everything acknowledged is there, and
 /// `fsck` is clean.
 #[test]
@@ -99,6 +99,12 @@ fn a_disk_full_of_data_refuses_changes_with_enospc_until_a_removal_makes_room() 
     assert_eq!(refused, Errno::ENOSPC, "a create on a full disk, after {made}");
     let journal = store.changelog().journal();
     assert!(!journal.failed() && journal.space_low());
+    // An overwrite needs no new block of the data's, but its record
+    // needs room: refused before the data changes.
+    let over = store.write((&root).into(), big, Some(0), b"changed", 3).map(|_| ());
+    assert_eq!(over, Err(Errno::ENOSPC), "an overwrite while the journal's disk is full");
+    let head = store.read((&root).into(), big, (0, 7), ReadFrom::Disk).unwrap();
+    assert_eq!(head, vec![7u8; 7], "the refused overwrite left the data as it was");
 
     store.wait(store.ns().unlink(&root, ROOT, b"big", 3).unwrap()).unwrap();
     assert_eq!(store.collect_freed(), 1);

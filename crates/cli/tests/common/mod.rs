@@ -115,3 +115,37 @@ pub fn long_lease_server() -> (tempfile::TempDir, ServerProc) {
     let server = ServerProc::start(data.path(), "127.0.0.1:0", &["--lease-ms", "60000"]);
     (data, server)
 }
+
+/// A tmpfs of its own, mounted `nodev` as a FUSE mount is, so that
+/// opening a device node (a whiteout, say) fails alike on both sides of a
+/// comparison (`/dev/shm` may or may not be `nodev`); and of a size of
+/// its own, to fill. Needs root. Unmounted when dropped.
+pub struct Tmpfs(tempfile::TempDir);
+
+impl Tmpfs {
+    pub fn nodev() -> Tmpfs {
+        Tmpfs::of("1g")
+    }
+
+    /// A private `nodev` tmpfs of `size` (as `mount -o size=` takes it).
+    pub fn of(size: &str) -> Tmpfs {
+        let dir = tempfile::tempdir().unwrap();
+        let mounted = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("nodev,size={size},mode=0777"), "interlock-test"])
+            .arg(dir.path())
+            .status()
+            .unwrap();
+        assert!(mounted.success(), "mount a tmpfs at {}", dir.path().display());
+        Tmpfs(dir)
+    }
+
+    pub fn path(&self) -> &std::path::Path {
+        self.0.path()
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("--lazy").arg(self.0.path()).status();
+    }
+}
