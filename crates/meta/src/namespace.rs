@@ -59,6 +59,10 @@ pub struct Namespace {
     pub(crate) freed_dirs: Mutex<FreedDirs>,
     /// Where changes are recorded before they are applied (see `log`).
     pub(crate) log: Option<Arc<dyn Log>>,
+    /// Orphans closed for the last time when the log had no room to
+    /// record their end (`ENOSPC`): kept, data and all, until
+    /// [`retry_forgets`](Namespace::retry_forgets) finds room.
+    pub(crate) unforgotten: Mutex<Vec<Ino>>,
     /// Names hash with this seed, chosen when the namespace is made and
     /// kept with it: cookies stay valid across restarts, and names cannot
     /// be crafted to collide.
@@ -88,6 +92,7 @@ impl Namespace {
             rename_lock: Mutex::new(()),
             freed_dirs: Mutex::default(),
             log: None,
+            unforgotten: Mutex::default(),
             seed,
         }
     }

@@ -685,7 +685,7 @@ impl Namespace {
         }
         i.opens.store(was - 1, Relaxed);
         if was == 1 && i.nlink.load(Relaxed) == 0 {
-            return self.commit(cred, &Mutation::Forget { ino });
+            return self.forget(cred, ino);
         }
         Ok(0)
     }
@@ -703,15 +703,46 @@ impl Namespace {
             }
             true
         });
+        self.forget_idle(cred, orphans)
+    }
+
+    /// Frees the orphans whose end found no room to be recorded (see
+    /// [`release`](Namespace::release)), those the log now has room for:
+    /// what a server runs now and then (each tick of its checkpointer).
+    /// Returns the last record's [`Seq`] (0 if none went). O(1) when
+    /// there are none; else O(those).
+    pub fn retry_forgets(&self, cred: &Cred) -> Result<Seq> {
+        let waiting = std::mem::take(&mut *self.unforgotten.lock());
+        self.forget_idle(cred, waiting)
+    }
+
+    /// Frees each of `orphans` that nobody holds open and nothing names
+    /// (checked under its lock: it may have been reopened, or freed,
+    /// since it was listed). Returns the last record's [`Seq`].
+    fn forget_idle(&self, cred: &Cred, orphans: Vec<Ino>) -> Result<Seq> {
         let mut last = 0;
         for ino in orphans {
             let Ok(i) = self.inode(ino) else { continue };
             let _held = self.stripes.lock(&[], &[Self::ino_lock(ino)]);
             if i.opens.load(Relaxed) == 0 && i.nlink.load(Relaxed) == 0 && self.inode(ino).is_ok() {
-                last = self.commit(cred, &Mutation::Forget { ino })?;
+                last = self.forget(cred, ino)?.max(last);
             }
         }
         Ok(last)
+    }
+
+    /// Records and applies the end of orphan `ino`, which the caller holds
+    /// under its lock. Where the log has no room (`ENOSPC`) the orphan is
+    /// kept for [`retry_forgets`](Namespace::retry_forgets), and this is
+    /// no error: the close that ended it happened. O(1).
+    fn forget(&self, cred: &Cred, ino: Ino) -> Result<Seq> {
+        match self.commit(cred, &Mutation::Forget { ino }) {
+            Err(Errno::ENOSPC) => {
+                self.unforgotten.lock().push(ino);
+                Ok(0)
+            }
+            done => done,
+        }
     }
 }
 

@@ -173,3 +173,54 @@ fn a_disk_full_of_records_lets_removals_use_the_reserve_and_never_fails_the_jour
     drop(store);
     assert_clean(disk.path());
 }
+
+/// A file removed while open, closed once the disk has no room left even
+/// for a removal's record: the close succeeds, the orphan waits (its
+/// data kept, as its end could not be recorded), and once there is room
+/// again [`Namespace::retry_forgets`] frees it and its data. Until
+/// session 33 the close answered `ENOSPC` and the orphan, with all its
+/// data, stayed until the next restart: on a full disk, the room most
+/// wanted.
+///
+/// [`Namespace::retry_forgets`]: interlock_meta::Namespace::retry_forgets
+#[test]
+fn an_orphan_closed_on_a_full_disk_is_freed_once_there_is_room() {
+    let Some(disk) = SmallDisk::mount("full::orphan", 6 << 20) else { return };
+    // Another program's file, removed later to make room.
+    let ballast = disk.path().join("ballast");
+    std::fs::write(&ballast, vec![1u8; 2 << 20]).unwrap();
+    let dir = disk.path().join("store");
+    let (store, _) = Store::open(&dir, StoreOptions::default(), 1).unwrap();
+    let root = Cred::root();
+    let held = create(&store, b"held").unwrap().ino;
+    store.wait(store.write((&root).into(), held, Some(0), &[9u8; 64 << 10], 2).unwrap().1).unwrap();
+    store.ns().open(&root, held, 0).unwrap();
+    store.wait(store.ns().unlink(&root, ROOT, b"held", 2).unwrap()).unwrap();
+
+    let (made, _) = fill_with_names(&store);
+    let mut removed = 0;
+    while removed < made && store.ns().unlink(&root, ROOT, &name(removed), 3).and_then(|s| store.wait(s)).is_ok() {
+        removed += 1;
+    }
+    assert!(removed < made, "the reserve took every removal of {made}");
+    assert_eq!(store.collect_freed(), removed, "the removed names' inodes");
+
+    assert_eq!(store.ns().release(&root, held), Ok(0), "the last close, with no room to record the end");
+    assert!(store.ns().getattr(held).is_ok(), "the orphan is kept until its end is recorded");
+    assert_eq!(store.ns().retry_forgets(&root), Ok(0), "still no room");
+    assert!(store.ns().getattr(held).is_ok());
+
+    std::fs::remove_file(&ballast).unwrap();
+    let seq = store.ns().retry_forgets(&root).unwrap();
+    assert!(seq > 0, "the orphan's end recorded once there is room");
+    store.wait(seq).unwrap();
+    assert!(store.ns().getattr(held).is_err(), "the orphan is freed");
+    assert_eq!(store.collect_freed(), 1, "its data is deleted");
+    assert_eq!(store.ns().retry_forgets(&root), Ok(0), "nothing left to retry");
+    drop(store);
+
+    let (store, _) = Store::open(&dir, StoreOptions::default(), 4).unwrap();
+    assert!(store.ns().getattr(held).is_err(), "the orphan stays freed after a restart");
+    drop(store);
+    assert_clean(&dir);
+}

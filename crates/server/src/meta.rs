@@ -355,7 +355,8 @@ fn read(inner: &Inner, who: &str, from: Option<u64>, max: u32, wait: Option<Dura
 /// (which also purges the journal behind it and the slowest consumer;
 /// none while the journal's disk is full, and after a failure not again
 /// for a wait that doubles up to [`CHECKPOINT_BACKOFF_MAX`] ticks),
-/// idle changelog consumers deregistered, and once the recovery window
+/// idle changelog consumers deregistered, orphans whose last close found
+/// the disk full freed once it has room, and once the recovery window
 /// is over, orphans nobody reopened freed (at once when it ends: until
 /// then `status` says the server is recovering). Runs until the server
 /// is gone.
@@ -380,6 +381,9 @@ pub(crate) fn checkpointer(inner: std::sync::Weak<Inner>) {
         let store = &server.store;
         if store.changelog().journal().failed() {
             server.journal_failed.notify_one();
+        }
+        if let Err(e) = store.ns().retry_forgets(&Cred::root()) {
+            tracing::error!(error = %e, "freeing orphans closed while the disk was full");
         }
         store.collect_freed();
         // Not while the journal's disk is full: an image needs more room
