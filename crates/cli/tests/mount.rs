@@ -1219,6 +1219,8 @@ fn random_calls(
     use proptest::test_runner::{Config, TestRunner};
     let shm = Tmpfs::nodev();
     let case = std::cell::Cell::new(0);
+    // PROPTEST_CASES sets another number, for a soak.
+    let cases = std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(cases);
     let mut runner = TestRunner::new(Config { cases, failure_persistence: None, ..Config::default() });
     let ops = proptest::collection::vec((fs_op(), proptest::bool::weighted(1.0 / 3.0)), 1..most);
     let open = std::fs::Permissions::from_mode(0o777);

@@ -14,6 +14,8 @@ use interlock_meta::{
 use nix::fcntl::{FallocateFlags, copy_file_range, fallocate};
 use proptest::prelude::*;
 
+mod common;
+
 #[derive(Clone, Debug)]
 enum Op {
     Write(usize, u64, usize, u8),
@@ -63,8 +65,7 @@ fn kernel_read(f: &std::fs::File, off: u64, len: usize) -> Vec<u8> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(
-        std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(64)))]
+    #![proptest_config(ProptestConfig::with_cases(common::cases(64)))]
 
     #[test]
     fn data_reads_back_as_the_kernels_does(ops in prop::collection::vec(op(), 1..40)) {

@@ -19,6 +19,8 @@ use std::path::{Path, PathBuf};
 use interlock_meta::{Cred, Errno, FileType, Ino, Namespace, NewInode, ROOT, RenameFlags, SetAttr, TimeSet, XattrMode};
 use proptest::prelude::*;
 
+mod common;
+
 /// Paths the operations use: a small pool, so they meet.
 const PATHS: &[&str] = &["a", "b", "d", "e", "d/a", "d/b", "d/e", "e/a", "e/d", "d/e/a", "d/e/b"];
 const USER: u32 = 1000;
@@ -431,7 +433,7 @@ fn usable() -> bool {
 proptest! {
     // 1000 sequences by default; PROPTEST_CASES sets another number.
     #![proptest_config(ProptestConfig {
-        cases: std::env::var("PROPTEST_CASES").ok().and_then(|c| c.parse().ok()).unwrap_or(1000),
+        cases: common::cases(1000),
         ..ProptestConfig::default()
     })]
 

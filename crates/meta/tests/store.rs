@@ -193,8 +193,7 @@ fn run(store: &Store, op: &Op, t: i64, open: &mut Vec<Ino>, linkable: &mut HashS
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(
-        std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(300)))]
+    #![proptest_config(ProptestConfig::with_cases(common::cases(300)))]
 
     /// Reopening a store (checkpoint + replay of the journal after it)
     /// rebuilds exactly the namespace its acknowledged changes made:

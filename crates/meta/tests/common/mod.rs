@@ -5,6 +5,12 @@
 
 use interlock_meta::{Attr, Cred, FileType, Ino, Namespace, ROOT};
 
+/// How many cases a property test runs: `default`, or what
+/// `PROPTEST_CASES` says (for a long run, or a short one).
+pub fn cases(default: u32) -> u32 {
+    std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
 /// One inode as seen through a path: its attributes, sorted xattrs and,
 /// for a symlink, its target.
 #[derive(Debug, PartialEq, Eq)]
