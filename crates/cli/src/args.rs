@@ -72,6 +72,17 @@ pub fn threads(s: &str) -> Result<usize, String> {
     }
 }
 
+/// A uid and gid, `UID:GID`, to serve root's requests as: neither root's
+/// (that would squash nothing) nor -1 (4294967295, which Linux keeps to
+/// mean "no id").
+pub fn ids(s: &str) -> Result<(u32, u32), String> {
+    let id = |v: &str| v.parse::<u32>().ok().filter(|&v| v != 0 && v != u32::MAX);
+    match s.split_once(':') {
+        Some((uid, gid)) if let (Some(uid), Some(gid)) = (id(uid), id(gid)) => Ok((uid, gid)),
+        _ => Err(format!("{s:?}: UID:GID, two ids from 1 to 4294967294 (e.g. 65534:65534)")),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -88,6 +99,10 @@ mod tests {
         assert!(lease_ms("0").is_err() && lease_ms("99").is_err() && lease_ms("100").is_ok());
         assert!(count("0").is_err() && count("3").is_ok());
         assert!(threads("0").is_err() && threads("1025").is_err() && threads("1").is_ok() && threads("1024").is_ok());
+        assert_eq!(ids("65534:65533"), Ok((65534, 65533)));
+        for bad in ["65534", "0:65534", "65534:0", "1:4294967295", ":1", "1:", "a:b", "1:2:3", "-1:5"] {
+            assert!(ids(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

@@ -102,6 +102,49 @@ fn the_namespace_over_the_wire() {
     });
 }
 
+/// `serve --root-squash 2000:2001`: root's requests are served as uid
+/// 2000, gid 2001, without root's exemptions, and other users' as they
+/// say; `--no-squash-from` exempts a client's address. The tree is set
+/// up by root from an exempt address, then served, after a restart, to
+/// every address squashed: root's new file is the anonymous ids', a
+/// private directory and a root-only file are closed to it, and it may
+/// not give a file away; user 1000 is served as user 1000.
+#[test]
+fn a_server_with_root_squash_serves_root_as_the_anonymous_ids() {
+    let data = tempfile::tempdir().unwrap();
+    let squash = ["--root-squash", "2000:2001", "--recovery-ms", "0"];
+    let mut server =
+        ServerProc::start(data.path(), "127.0.0.1:0", &[&squash[..], &["--no-squash-from", "127.0.0.0/8"]].concat());
+    let rt = rt();
+    let (shared, private, secret) = rt.block_on(async {
+        let c = client(&server.addr).await;
+        let shared = c.create(&root(), ROOT, b"shared", FileType::Directory, 0o777, b"").await.unwrap();
+        let private = c.create(&root(), ROOT, b"private", FileType::Directory, 0o700, b"").await.unwrap();
+        let owner = SetAttr { uid: Some(1000), gid: Some(1000), ..SetAttr::default() };
+        c.setattr(&root(), private.ino, owner).await.unwrap();
+        let secret = c.create(&root(), ROOT, b"secret", FileType::Regular, 0o600, b"").await.unwrap();
+        assert_eq!((secret.uid, secret.gid), (0, 0), "root from an exempt address is root");
+        c.bye().await.unwrap();
+        (shared.ino, private.ino, secret.ino)
+    });
+    server.kill9();
+    let server = ServerProc::start(data.path(), "127.0.0.1:0", &squash);
+    rt.block_on(async {
+        let c = client(&server.addr).await;
+        let mine = c.create(&root(), shared, b"by-root", FileType::Regular, 0o644, b"").await.unwrap();
+        assert_eq!((mine.uid, mine.gid), (2000, 2001), "root's new file is the anonymous ids'");
+        assert_eq!(errno(c.create(&root(), ROOT, b"x", FileType::Regular, 0o644, b"").await), libc::EACCES);
+        assert_eq!(errno(c.lookup(&root(), private, b"x").await), libc::EACCES, "a private directory");
+        assert_eq!(errno(c.open(&root(), secret, libc::R_OK as u32).await), libc::EACCES, "a root-only file");
+        let give = SetAttr { uid: Some(1000), ..SetAttr::default() };
+        assert_eq!(errno(c.setattr(&root(), mine.ino, give).await), libc::EPERM, "a chown");
+        let theirs = c.create(&user(), shared, b"by-user", FileType::Regular, 0o644, b"").await.unwrap();
+        assert_eq!((theirs.uid, theirs.gid), (1000, 1000), "another user is served as they say");
+        assert_eq!(errno(c.lookup(&user(), private, b"x").await), libc::ENOENT, "their own directory");
+        c.bye().await.unwrap();
+    });
+}
+
 /// A file unlinked while open lives until its last handle is released,
 /// or until the session holding it ends.
 #[test]

@@ -120,6 +120,22 @@ impl Cred {
     pub fn in_group(&self, gid: u32) -> bool {
         self.gid == gid || self.groups.contains(&gid)
     }
+
+    /// Squashes root, as an NFS server's `root_squash` does: a uid 0
+    /// becomes `anon.0`, and a gid 0 (the primary group, or one of the
+    /// supplementary groups) `anon.1`; other ids are kept. For a server
+    /// that trusts its clients' hosts but not their root users.
+    /// O(groups).
+    pub fn squash(&mut self, anon: (u32, u32)) {
+        if self.uid == 0 {
+            self.uid = anon.0;
+        }
+        for gid in std::iter::once(&mut self.gid).chain(&mut self.groups) {
+            if *gid == 0 {
+                *gid = anon.1;
+            }
+        }
+    }
 }
 
 /// Who uses a file's data, and how that use is checked: with `opened`,
@@ -315,5 +331,21 @@ mod tests {
             assert_eq!(Fallocate::from_mode(mode).ok(), served, "mode {mode:#x}");
         }
         assert_eq!(Fallocate::from_mode(PUNCH as u32), Err(crate::Errno::EOPNOTSUPP), "a punch must keep the size");
+    }
+
+    /// Root squash maps uid 0 and every gid 0 to the anonymous ids, and
+    /// nothing else.
+    #[test]
+    fn squashing_maps_root_ids_alone() {
+        let squashed = |mut c: Cred| {
+            c.squash((65534, 65533));
+            c
+        };
+        let root = Cred { uid: 0, gid: 0, groups: vec![4, 0, 27] };
+        assert_eq!(squashed(root), Cred { uid: 65534, gid: 65533, groups: vec![4, 65533, 27] });
+        let user = Cred { uid: 1000, gid: 1000, groups: vec![24, 1000] };
+        assert_eq!(squashed(user.clone()), user);
+        let setgid_root = Cred { uid: 1000, gid: 0, groups: Vec::new() };
+        assert_eq!(squashed(setgid_root), Cred { uid: 1000, gid: 65533, groups: Vec::new() });
     }
 }

@@ -6,6 +6,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use crate::RootSquash;
+
 /// Per-session and per-server limits. Each one bounds memory that a client
 /// could otherwise grow at will; each refusal names the limit.
 #[derive(Clone, Debug)]
@@ -66,6 +68,9 @@ pub struct Config {
     /// flusher, a backstop, and the checkpointer are threads of their own
     /// besides). At least 1.
     pub threads: usize,
+    /// Root squash (see [`RootSquash`]). `None`: every client's ids are
+    /// trusted as sent, root's too.
+    pub root_squash: Option<RootSquash>,
 }
 
 /// The threads that serve connections unless told: one per core, as
@@ -142,7 +147,7 @@ pub struct TlsFiles {
 impl Default for Config {
     /// Loopback on port 7420, `./interlock-data`, no token, a 5 s lease,
     /// a 10 s recovery window, the default limits, no TLS, no metrics,
-    /// every change synced, [`default_threads`].
+    /// every change synced, [`default_threads`], root not squashed.
     fn default() -> Self {
         Config {
             listen: SocketAddr::from(([127, 0, 0, 1], 7420)),
@@ -156,6 +161,7 @@ impl Default for Config {
             metrics: None,
             unsafe_no_fsync: false,
             threads: default_threads(),
+            root_squash: None,
         }
     }
 }

@@ -175,6 +175,7 @@ async fn serve_connection(
     served: &mut u64,
 ) -> bool {
     let limit = inner.config.limits.max_in_flight.max(1);
+    let squash = inner.config.root_squash.as_ref().and_then(|s| s.for_peer(peer.ip()));
     let mut unflushed = 0usize;
     let mut touched = false;
     // Where the client's stream stood when this connection began (modulo
@@ -209,6 +210,13 @@ async fn serve_connection(
                 Some(req) => req,
                 None => return false,
             },
+        };
+        let op = match (op, squash) {
+            (Op::Meta { mut cred, op }, Some(anon)) => {
+                cred.squash(anon);
+                Op::Meta { cred, op }
+            }
+            (op, _) => op,
         };
         // Once per batch of requests read together: it renews the lease
         // and checks that the session has not ended. (A session that ends

@@ -27,7 +27,8 @@
 //! session's output stream), `dispatch`
 //! (requests onto the engine), `meta` (namespace and changelog requests
 //! onto the store, open files, the checkpointer), `durable` (answers
-//! that wait for the journal), `connection` (handshake and request loop).
+//! that wait for the journal), `squash` (whose root is served as whom),
+//! `connection` (handshake and request loop).
 
 #![forbid(unsafe_code)]
 
@@ -39,6 +40,7 @@ mod durable;
 mod meta;
 mod metrics;
 mod session;
+mod squash;
 mod transport;
 mod wire;
 
@@ -58,6 +60,7 @@ pub use config::{Config, Limits, ServerError, TlsFiles, default_threads, runtime
 use datadir::{DataDir, FENCE_BLOCK, Fences};
 pub use meta::now;
 use session::Sessions;
+pub use squash::{IpPrefix, RootSquash};
 
 pub(crate) struct Inner {
     pub space: LockSpace,
@@ -145,6 +148,15 @@ impl Server {
         if config.unsafe_no_fsync {
             tracing::warn!(
                 "--unsafe-no-fsync: changes are acknowledged before they are synced; a machine crash may lose them"
+            );
+        }
+        if let Some(RootSquash { anon: (uid, gid), except }) = &config.root_squash {
+            let except: Vec<String> = except.iter().map(ToString::to_string).collect();
+            tracing::info!(
+                uid,
+                gid,
+                ?except,
+                "root squash: root's namespace requests are served as uid {uid}, gid {gid}"
             );
         }
         let started = Instant::now();

@@ -6,6 +6,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use interlock_server::RootSquash;
+
 use super::token;
 use crate::{args, exit};
 
@@ -93,6 +95,24 @@ struct ServeSettings {
     /// cores].
     #[arg(long, value_parser = args::threads)]
     threads: Option<usize>,
+    /// Serve namespace requests made as root as this uid and gid (NFS's
+    /// root_squash): a client's host is trusted, its root user is not.
+    /// Alone, as nobody:nogroup (65534:65534) [default: off].
+    #[arg(long, value_name = "UID:GID", num_args = 0..=1, default_missing_value = "65534:65534", value_parser = args::ids)]
+    #[serde(default, deserialize_with = "ids_setting")]
+    root_squash: Option<(u32, u32)>,
+    /// Clients at these addresses are not squashed (e.g. 127.0.0.1, for
+    /// setting the tree up from the server's own host; 10.1.0.0/16).
+    /// Needs --root-squash.
+    #[arg(long, value_name = "ADDR[/LEN],...", value_delimiter = ',', requires = "root_squash")]
+    no_squash_from: Option<Vec<interlock_server::IpPrefix>>,
+}
+
+/// A config file's `root-squash = "UID:GID"`, checked as the command
+/// line's.
+fn ids_setting<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<(u32, u32)>, D::Error> {
+    let text = <String as serde::Deserialize>::deserialize(d)?;
+    args::ids(&text).map(Some).map_err(serde::de::Error::custom)
 }
 
 impl ServeSettings {
@@ -114,6 +134,8 @@ impl ServeSettings {
             metrics: self.metrics.or(file.metrics),
             unsafe_no_fsync: self.unsafe_no_fsync || file.unsafe_no_fsync,
             threads: self.threads.or(file.threads),
+            root_squash: self.root_squash.or(file.root_squash),
+            no_squash_from: self.no_squash_from.or(file.no_squash_from),
         }
     }
 
@@ -182,6 +204,11 @@ impl ServeSettings {
             metrics: self.metrics,
             unsafe_no_fsync: self.unsafe_no_fsync,
             threads: self.threads.unwrap_or_else(interlock_server::default_threads),
+            root_squash: match (self.root_squash, self.no_squash_from) {
+                (Some(anon), except) => Some(RootSquash { anon, except: except.unwrap_or_default() }),
+                (None, None) => None,
+                (None, Some(_)) => return Err("no-squash-from needs root-squash".into()),
+            },
         })
     }
 }
@@ -296,5 +323,53 @@ mod tests {
         let flag = ServeSettings { unsafe_no_fsync: true, ..ServeSettings::default() };
         assert!(flag.or(ServeSettings::default()).config(1024).unwrap().unsafe_no_fsync);
         assert!(!ServeSettings::default().config(1024).unwrap().unsafe_no_fsync);
+    }
+
+    /// `--root-squash` alone squashes to nobody:nogroup, with ids to
+    /// those, and `--no-squash-from` exempts addresses; the config file's
+    /// `root-squash` and `no-squash-from` say the same, checked as the
+    /// flags are; neither set, root is not squashed, and exemptions
+    /// without a squash are refused.
+    #[test]
+    fn root_squash_comes_from_the_flags_or_the_file() {
+        #[derive(clap::Parser)]
+        struct Line {
+            #[command(flatten)]
+            args: ServeArgs,
+        }
+        let line = |args: &[&str]| {
+            let line = <Line as clap::Parser>::try_parse_from([&["serve"], args].concat());
+            line.map(|l| l.args.settings.config(1024).unwrap().root_squash).map_err(|e| e.to_string())
+        };
+        let squash = |anon, except: &[&str]| {
+            Some(RootSquash { anon, except: except.iter().map(|e| e.parse().unwrap()).collect() })
+        };
+        assert_eq!(line(&["--root-squash"]), Ok(squash((65534, 65534), &[])));
+        assert_eq!(line(&["--root-squash", "1000:1001"]), Ok(squash((1000, 1001), &[])));
+        assert_eq!(
+            line(&["--root-squash", "--no-squash-from", "127.0.0.1,10.1.0.0/16"]),
+            Ok(squash((65534, 65534), &["127.0.0.1", "10.1.0.0/16"]))
+        );
+        assert_eq!(line(&[]), Ok(None));
+        assert!(line(&["--root-squash", "0:0"]).unwrap_err().contains("UID:GID"));
+        assert!(line(&["--root-squash", "--no-squash-from", "10.1.0.0/33"]).unwrap_err().contains("ADDR/LEN"));
+        assert!(line(&["--no-squash-from", "127.0.0.1"]).unwrap_err().contains("--root-squash"));
+
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("c.toml");
+        let read = |text: &str| {
+            std::fs::write(&file, text).unwrap();
+            ServeSettings::read(&file).and_then(|s| ServeSettings::default().or(s).config(1024))
+        };
+        let from_file = read("root-squash = \"2000:2001\"\nno-squash-from = [\"::1\"]\n").unwrap();
+        assert_eq!(from_file.root_squash, squash((2000, 2001), &["::1"]));
+        for (bad, why) in [
+            ("root-squash = \"0:5\"\n", "UID:GID"),
+            ("root-squash = \"5:5\"\nno-squash-from = [\"host\"]\n", "ADDR/LEN"),
+            ("no-squash-from = [\"::1\"]\n", "needs root-squash"),
+        ] {
+            let refused = read(bad).err().unwrap();
+            assert!(refused.contains(why), "{bad}: {refused}");
+        }
     }
 }
