@@ -18,7 +18,7 @@ use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::fd::AsFd;
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -1729,6 +1729,45 @@ fn an_overlay_file_system_runs_with_its_upper_layer_on_the_mount() {
     let Some((kernel, mount)) = script_on_both("overlay.sh", m.path()) else { return };
     assert!(kernel.contains("./sub character special file 0 0:0"), "{kernel}");
     assert_eq!(mount, kernel);
+}
+
+/// On a server that squashes root (`serve --root-squash`), a user lists
+/// their own `0700` directory through a mount. The mount looks `..` up
+/// as the lister, and as root only where the lister may not search (a
+/// directory readable but not searchable): until session 33 it always
+/// asked as root, whom the server serves as nobody, and every such
+/// listing failed with `EACCES`.
+#[test]
+fn a_user_lists_their_private_directory_on_a_root_squashed_server() {
+    if !fuse_ready("a_user_lists_their_private_directory_on_a_root_squashed_server") {
+        return;
+    }
+    let data = tempfile::tempdir().unwrap();
+    let squash = ["--root-squash", "--recovery-ms", "0"];
+    // Set up from an exempt address: a directory anyone may add to.
+    let exempt = [&squash[..], &["--no-squash-from", "127.0.0.1"]].concat();
+    let mut setup = ServerProc::start(data.path(), "127.0.0.1:0", &exempt);
+    {
+        let m = Mount::new(&setup.addr);
+        std::fs::create_dir(m.join("pub")).unwrap();
+        std::fs::set_permissions(m.join("pub"), std::fs::Permissions::from_mode(0o777)).unwrap();
+    }
+    setup.kill9();
+    let server = ServerProc::start(data.path(), "127.0.0.1:0", &squash);
+    let m = Mount::new(&server.addr);
+    let mine = m.join("pub/mine");
+    let listed = as_user(true, || {
+        std::fs::DirBuilder::new().mode(0o700).create(&mine)?;
+        std::fs::write(mine.join("notes"), b"mine")?;
+        std::fs::read_dir(&mine)?.map(|e| e.map(|e| e.file_name())).collect::<std::io::Result<Vec<_>>>()
+    });
+    assert_eq!(listed.map_err(|e| e.to_string()), Ok(vec!["notes".into()]), "the owner's listing");
+    let made = std::fs::metadata(&mine).unwrap();
+    assert_eq!((made.uid(), made.mode() & 0o7777), (1000, 0o700));
+    // Root, served as nobody, may not (its kernel lets it open the
+    // directory; the server refuses the listing).
+    let by_root = std::fs::read_dir(&mine).and_then(|d| d.map(|e| e.map(|_| ())).collect::<std::io::Result<Vec<_>>>());
+    assert_eq!(by_root.map_err(|e| e.raw_os_error()), Err(Some(libc::EACCES)));
 }
 
 /// A directory its reader may read but not search lists, `..` included,

@@ -687,12 +687,21 @@ impl Fs {
             cookie = 1;
         }
         if cookie == 1 {
-            // The parent's number as root asks for it: a listing needs only
-            // read permission, and Linux lists `..` in a directory its
-            // reader may not search (the caller's look-up of `..` failed
-            // there with `EACCES`).
+            // The parent's number as the lister asks for it, else as root:
+            // a listing needs only read permission, and Linux lists `..`
+            // in a directory its reader may not search (where the
+            // lister's look-up of `..` fails with `EACCES`). Root's is
+            // not the first ask: a server that squashes root serves it
+            // as nobody, who may search less than the lister.
             let root = Cred::root();
-            let up = if ino == ROOT { ROOT } else { self.again(|| self.client.lookup(&root, ino, b"..")).await?.ino };
+            let up = if ino == ROOT {
+                ROOT
+            } else {
+                match self.again(|| self.client.lookup(cred, ino, b"..")).await {
+                    Err(libc::EACCES) => self.again(|| self.client.lookup(&root, ino, b"..")).await?.ino,
+                    up => up?.ino,
+                }
+            };
             if !put(&mut out, None, up, 2, dir, b"..") {
                 return Ok(out);
             }
