@@ -152,12 +152,7 @@ impl Server {
         }
         if let Some(RootSquash { anon: (uid, gid), except }) = &config.root_squash {
             let except: Vec<String> = except.iter().map(ToString::to_string).collect();
-            tracing::info!(
-                uid,
-                gid,
-                ?except,
-                "root squash: root's namespace requests are served as uid {uid}, gid {gid}"
-            );
+            tracing::info!(uid, gid, ?except, "root squash: root's namespace requests are served as these ids");
         }
         let started = Instant::now();
         // A restart (not a first start) opens the recovery window.
