@@ -12,6 +12,7 @@ use std::process::{Command, Stdio};
 use common::*;
 use interlock_client::ClientError;
 use interlock_client::meta::{Cred, Fallocate, FileType, ROOT, RenameFlags, SetAttr, XattrMode};
+use interlock_proto::RootSquashInfo;
 
 fn root() -> Cred {
     Cred::root()
@@ -108,7 +109,8 @@ fn the_namespace_over_the_wire() {
 /// up by root from an exempt address, then served, after a restart, to
 /// every address squashed: root's new file is the anonymous ids', a
 /// private directory and a root-only file are closed to it, and it may
-/// not give a file away; user 1000 is served as user 1000.
+/// not give a file away; user 1000 is served as user 1000; `status`
+/// reports the squash.
 #[test]
 fn a_server_with_root_squash_serves_root_as_the_anonymous_ids() {
     let data = tempfile::tempdir().unwrap();
@@ -124,6 +126,8 @@ fn a_server_with_root_squash_serves_root_as_the_anonymous_ids() {
         c.setattr(&root(), private.ino, owner).await.unwrap();
         let secret = c.create(&root(), ROOT, b"secret", FileType::Regular, 0o600, b"").await.unwrap();
         assert_eq!((secret.uid, secret.gid), (0, 0), "root from an exempt address is root");
+        let squash = c.status().await.unwrap().root_squash;
+        assert_eq!(squash, Some(RootSquashInfo { uid: 2000, gid: 2001, except: vec!["127.0.0.0/8".into()] }));
         c.bye().await.unwrap();
         (shared.ino, private.ino, secret.ino)
     });
@@ -143,6 +147,12 @@ fn a_server_with_root_squash_serves_root_as_the_anonymous_ids() {
         assert_eq!(errno(c.lookup(&user(), private, b"x").await), libc::ENOENT, "their own directory");
         c.bye().await.unwrap();
     });
+    let (code, text, _) = cli(&server.addr, &["status"]);
+    assert_eq!(code, 0);
+    assert!(text.contains("root squash root's requests are served as uid 2000, gid 2001\n"), "{text}");
+    let (_, json, _) = cli(&server.addr, &["status", "--json"]);
+    let json: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(json["root_squash"], serde_json::json!({"uid": 2000, "gid": 2001, "except": []}));
 }
 
 /// A file unlinked while open lives until its last handle is released,

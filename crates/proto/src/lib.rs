@@ -37,7 +37,7 @@ use serde::{Deserialize, Serialize};
 pub use unacked::Unacked;
 
 /// The protocol version this build speaks.
-pub const VERSION: u32 = 12;
+pub const VERSION: u32 = 13;
 /// The largest frame either side accepts, in bytes: room for an extended
 /// attribute's largest value (64 KiB) and a page of directory entries.
 pub const MAX_FRAME: usize = 256 << 10;
@@ -266,6 +266,19 @@ pub struct StatusInfo {
     /// are refused with `ENOSPC` until a removal or the operator makes
     /// some (see `docs/namespace.md`, "When the disk is full").
     pub disk_full: bool,
+    /// The server's root squash, if on (version 13): root's namespace
+    /// requests are served as these ids but from the addresses listed
+    /// (prefixes, `ADDR/LEN`).
+    pub root_squash: Option<RootSquashInfo>,
+}
+
+/// A server's root squash, as [`StatusInfo`] reports it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RootSquashInfo {
+    pub uid: u32,
+    pub gid: u32,
+    /// The clients spared, as `ADDR/LEN`.
+    pub except: Vec<String>,
 }
 
 /// One lock held or wanted, for [`Op::Inspect`].

@@ -1,4 +1,4 @@
-//! The namespace's operations on the wire (protocol 12): each request
+//! The namespace's operations on the wire (protocol 13): each request
 //! carries the caller's credentials, which the server checks permissions
 //! with, as a local file system checks a process's; each answer is a
 //! [`MetaReply`] or the errno the operation failed with, which the mount

@@ -422,6 +422,7 @@ impl Inner {
             disk_bytes: disk.0,
             disk_available_bytes: disk.1,
             disk_full: self.store.changelog().journal().space_low(),
+            root_squash: self.config.root_squash.as_ref().map(RootSquash::info),
             consumers: self
                 .store
                 .changelog()

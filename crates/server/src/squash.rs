@@ -22,6 +22,8 @@
 use std::net::IpAddr;
 use std::str::FromStr;
 
+use interlock_proto::RootSquashInfo;
+
 /// Root squash: the ids root is served as, and the clients it spares.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RootSquash {
@@ -32,6 +34,12 @@ pub struct RootSquash {
 }
 
 impl RootSquash {
+    /// As `status` reports it.
+    pub fn info(&self) -> RootSquashInfo {
+        let (uid, gid) = self.anon;
+        RootSquashInfo { uid, gid, except: self.except.iter().map(ToString::to_string).collect() }
+    }
+
     /// The ids to serve root's requests as for a client at `peer`, or
     /// `None` where it is exempt. O(exemptions).
     pub fn for_peer(&self, peer: IpAddr) -> Option<(u32, u32)> {

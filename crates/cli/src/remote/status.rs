@@ -79,6 +79,10 @@ fn print_status(s: &StatusInfo, json: bool) {
             "durability  UNSAFE: changes are answered before fdatasync (--unsafe-no-fsync); a machine crash may lose them"
         );
     }
+    if let Some(q) = &s.root_squash {
+        let spared = if q.except.is_empty() { String::new() } else { format!(" but from {}", q.except.join(", ")) };
+        println!("root squash root's requests are served as uid {}, gid {}{spared}", q.uid, q.gid);
+    }
     println!("inodes      {}", s.inodes);
     let gib = |b: u64| b as f64 / f64::from(1u32 << 30);
     println!(
@@ -185,6 +189,7 @@ fn status_json(s: &StatusInfo, rate: f64) -> serde_json::Value {
         "inodes": s.inodes, "journal_last": s.journal_last, "since_checkpoint": s.since_checkpoint,
         "durable": s.durable, "disk_bytes": s.disk_bytes, "disk_available_bytes": s.disk_available_bytes,
         "disk_full": s.disk_full,
+        "root_squash": s.root_squash.as_ref().map(|q| serde_json::json!({"uid": q.uid, "gid": q.gid, "except": q.except})),
         "consumers": s.consumers.iter().map(|c| serde_json::json!({
             "id": c.id, "name": c.name, "cleared": c.cleared, "mask": c.mask,
             "behind": s.journal_last.saturating_sub(c.cleared),
