@@ -103,8 +103,8 @@ struct ServeSettings {
     root_squash: Option<(u32, u32)>,
     /// Clients at these addresses are not squashed (e.g. 127.0.0.1, for
     /// setting the tree up from the server's own host; 10.1.0.0/16).
-    /// Needs --root-squash.
-    #[arg(long, value_name = "ADDR[/LEN],...", value_delimiter = ',', requires = "root_squash")]
+    /// Needs --root-squash (here or in the config file).
+    #[arg(long, value_name = "ADDR[/LEN],...", value_delimiter = ',')]
     no_squash_from: Option<Vec<interlock_server::IpPrefix>>,
 }
 
@@ -328,8 +328,8 @@ mod tests {
     /// `--root-squash` alone squashes to nobody:nogroup, with ids to
     /// those, and `--no-squash-from` exempts addresses; the config file's
     /// `root-squash` and `no-squash-from` say the same, checked as the
-    /// flags are; neither set, root is not squashed, and exemptions
-    /// without a squash are refused.
+    /// flags are, and either may come from each; neither set, root is
+    /// not squashed, and exemptions without a squash are refused.
     #[test]
     fn root_squash_comes_from_the_flags_or_the_file() {
         #[derive(clap::Parser)]
@@ -338,8 +338,8 @@ mod tests {
             args: ServeArgs,
         }
         let line = |args: &[&str]| {
-            let line = <Line as clap::Parser>::try_parse_from([&["serve"], args].concat());
-            line.map(|l| l.args.settings.config(1024).unwrap().root_squash).map_err(|e| e.to_string())
+            let line = <Line as clap::Parser>::try_parse_from([&["serve"], args].concat()).map_err(|e| e.to_string());
+            line.and_then(|l| l.args.settings.config(1024)).map(|c| c.root_squash)
         };
         let squash = |anon, except: &[&str]| {
             Some(RootSquash { anon, except: except.iter().map(|e| e.parse().unwrap()).collect() })
@@ -353,7 +353,7 @@ mod tests {
         assert_eq!(line(&[]), Ok(None));
         assert!(line(&["--root-squash", "0:0"]).unwrap_err().contains("UID:GID"));
         assert!(line(&["--root-squash", "--no-squash-from", "10.1.0.0/33"]).unwrap_err().contains("ADDR/LEN"));
-        assert!(line(&["--no-squash-from", "127.0.0.1"]).unwrap_err().contains("--root-squash"));
+        assert!(line(&["--no-squash-from", "127.0.0.1"]).unwrap_err().contains("needs root-squash"));
 
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("c.toml");
@@ -363,6 +363,12 @@ mod tests {
         };
         let from_file = read("root-squash = \"2000:2001\"\nno-squash-from = [\"::1\"]\n").unwrap();
         assert_eq!(from_file.root_squash, squash((2000, 2001), &["::1"]));
+        // An exemption on the command line, the squash in the file.
+        std::fs::write(&file, "root-squash = \"2000:2001\"\n").unwrap();
+        let flag =
+            ServeSettings { no_squash_from: Some(vec!["10.0.0.0/8".parse().unwrap()]), ..ServeSettings::default() };
+        let both = flag.or(ServeSettings::read(&file).unwrap()).config(1024).unwrap();
+        assert_eq!(both.root_squash, squash((2000, 2001), &["10.0.0.0/8"]));
         for (bad, why) in [
             ("root-squash = \"0:5\"\n", "UID:GID"),
             ("root-squash = \"5:5\"\nno-squash-from = [\"host\"]\n", "ADDR/LEN"),
