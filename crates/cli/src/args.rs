@@ -77,10 +77,10 @@ pub fn threads(s: &str) -> Result<usize, String> {
 /// mean "no id").
 pub fn ids(s: &str) -> Result<(u32, u32), String> {
     let id = |v: &str| v.parse::<u32>().ok().filter(|&v| v != 0 && v != u32::MAX);
-    match s.split_once(':') {
-        Some((uid, gid)) if let (Some(uid), Some(gid)) = (id(uid), id(gid)) => Ok((uid, gid)),
-        _ => Err(format!("{s:?}: UID:GID, two ids from 1 to 4294967294 (e.g. 65534:65534)")),
-    }
+    let (uid, gid) = s.split_once(':').unzip();
+    uid.and_then(id)
+        .zip(gid.and_then(id))
+        .ok_or_else(|| format!("{s:?}: UID:GID, two ids from 1 to 4294967294 (e.g. 65534:65534)"))
 }
 
 #[cfg(test)]
