@@ -51,12 +51,18 @@ impl Mount {
 
     /// With mount options (`-o`).
     fn with_options(addr: &str, options: &str) -> Mount {
+        Mount::telling(addr, options, Stdio::inherit())
+    }
+
+    /// With mount options, what the mount says going to `stderr`.
+    fn telling(addr: &str, options: &str, stderr: Stdio) -> Mount {
         let dir = tempfile::tempdir().unwrap();
         let child = Command::new(BIN)
             .args(["mount", "--server", addr, "-o", options])
             .arg(dir.path())
             .env("INTERLOCK_LOG", "warn")
             .stdout(Stdio::null())
+            .stderr(stderr)
             .spawn()
             .unwrap();
         let mut m = Mount { child, dir };
@@ -1731,8 +1737,9 @@ fn an_overlay_file_system_runs_with_its_upper_layer_on_the_mount() {
     assert_eq!(mount, kernel);
 }
 
-/// On a server that squashes root (`serve --root-squash`), a user lists
-/// their own `0700` directory through a mount. The mount looks `..` up
+/// On a server that squashes root (`serve --root-squash`), the mount says
+/// so at start, and a user lists their own `0700` directory through it.
+/// The mount looks `..` up
 /// as the lister, and as root only where the lister may not search (a
 /// directory readable but not searchable): until session 33 it always
 /// asked as root, whom the server serves as nobody, and every such
@@ -1754,7 +1761,11 @@ fn a_user_lists_their_private_directory_on_a_root_squashed_server() {
     }
     setup.kill9();
     let server = ServerProc::start(data.path(), "127.0.0.1:0", &squash);
-    let m = Mount::new(&server.addr);
+    let said = data.path().join("mount.err");
+    let m = Mount::telling(&server.addr, "rw", std::fs::File::create(&said).unwrap().into());
+    let said = std::fs::read_to_string(&said).unwrap();
+    let told = "the server squashes root: root's requests are served as uid 65534, gid 65534\n";
+    assert!(said.contains(told), "the mount says so: {said:?}");
     let mine = m.join("pub/mine");
     let listed = as_user(true, || {
         std::fs::DirBuilder::new().mode(0o700).create(&mine)?;

@@ -281,6 +281,18 @@ pub struct RootSquashInfo {
     pub except: Vec<String>,
 }
 
+/// "uid U, gid G", and the clients spared if any: what root is served as,
+/// as `interlock status` and `interlock mount` say it.
+impl std::fmt::Display for RootSquashInfo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "uid {}, gid {}", self.uid, self.gid)?;
+        if !self.except.is_empty() {
+            write!(f, " but from {}", self.except.join(", "))?;
+        }
+        Ok(())
+    }
+}
+
 /// One lock held or wanted, for [`Op::Inspect`].
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LockInfo {

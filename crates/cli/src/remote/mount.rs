@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use interlock_client::Client;
 use interlock_fs::{Config, MountError, MountOptions};
+use interlock_proto::StatusInfo;
 use tokio::signal::unix::{SignalKind, signal};
 
 use super::{ServerArgs, serve::init_logging, status_of};
@@ -107,8 +108,21 @@ pub fn mount(args: MountArgs) -> ExitCode {
                 return ExitCode::from(status_of(&e));
             }
         };
+        tell_root_squash(&client).await;
         run(client, &cfg).await
     })
+}
+
+/// Says so when the server squashes root (`serve --root-squash`): root on
+/// this host may then not be root in the tree, and a mount by root that
+/// may not write its tree's root directory would otherwise puzzle.
+/// Whether this host is spared, only the server knows (by the address it
+/// sees): the addresses spared are named. One round trip; a server that
+/// does not answer is met again by the mount.
+async fn tell_root_squash(client: &Client) {
+    if let Ok(StatusInfo { root_squash: Some(q), .. }) = client.status().await {
+        eprintln!("interlock mount: the server squashes root: root's requests are served as {q}");
+    }
 }
 
 async fn run(client: Client, cfg: &Config) -> ExitCode {

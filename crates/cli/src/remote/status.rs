@@ -80,8 +80,7 @@ fn print_status(s: &StatusInfo, json: bool) {
         );
     }
     if let Some(q) = &s.root_squash {
-        let spared = if q.except.is_empty() { String::new() } else { format!(" but from {}", q.except.join(", ")) };
-        println!("root squash root's requests are served as uid {}, gid {}{spared}", q.uid, q.gid);
+        println!("root squash root's requests are served as {q}");
     }
     println!("inodes      {}", s.inodes);
     let gib = |b: u64| b as f64 / f64::from(1u32 << 30);
