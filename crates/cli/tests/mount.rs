@@ -23,7 +23,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{BIN, ServerProc, Tmpfs};
+use common::{BIN, ServerProc, Tmpfs, proptest_cases};
 use nix::errno::Errno;
 use nix::fcntl::{FcntlArg, FlockArg, fcntl};
 
@@ -1225,9 +1225,8 @@ fn random_calls(
     use proptest::test_runner::{Config, TestRunner};
     let shm = Tmpfs::nodev();
     let case = std::cell::Cell::new(0);
-    // PROPTEST_CASES sets another number, for a soak.
-    let cases = std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(cases);
-    let mut runner = TestRunner::new(Config { cases, failure_persistence: None, ..Config::default() });
+    let mut runner =
+        TestRunner::new(Config { cases: proptest_cases(cases), failure_persistence: None, ..Config::default() });
     let ops = proptest::collection::vec((fs_op(), proptest::bool::weighted(1.0 / 3.0)), 1..most);
     let open = std::fs::Permissions::from_mode(0o777);
     for root in [mount, shm.path()] {
@@ -1739,11 +1738,10 @@ fn an_overlay_file_system_runs_with_its_upper_layer_on_the_mount() {
 
 /// On a server that squashes root (`serve --root-squash`), the mount says
 /// so at start, and a user lists their own `0700` directory through it.
-/// The mount looks `..` up
-/// as the lister, and as root only where the lister may not search (a
-/// directory readable but not searchable): until session 33 it always
-/// asked as root, whom the server serves as nobody, and every such
-/// listing failed with `EACCES`.
+/// The mount looks `..` up as the lister, and as root only where the
+/// lister may not search (a directory readable but not searchable):
+/// until session 33 it always asked as root, whom the server serves as
+/// nobody, and every such listing failed with `EACCES`.
 #[test]
 fn a_user_lists_their_private_directory_on_a_root_squashed_server() {
     if !fuse_ready("a_user_lists_their_private_directory_on_a_root_squashed_server") {

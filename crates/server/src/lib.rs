@@ -150,9 +150,8 @@ impl Server {
                 "--unsafe-no-fsync: changes are acknowledged before they are synced; a machine crash may lose them"
             );
         }
-        if let Some(RootSquash { anon: (uid, gid), except }) = &config.root_squash {
-            let except: Vec<String> = except.iter().map(ToString::to_string).collect();
-            tracing::info!(uid, gid, ?except, "root squash: root's namespace requests are served as these ids");
+        if let Some(squash) = &config.root_squash {
+            tracing::info!("root squash: root's namespace requests are served as {}", squash.info());
         }
         let started = Instant::now();
         // A restart (not a first start) opens the recovery window.

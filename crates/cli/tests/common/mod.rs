@@ -107,6 +107,12 @@ pub fn read_raw_frame(r: &mut impl std::io::Read) -> Vec<u8> {
     try_read_raw_frame(r).expect("a whole frame")
 }
 
+/// How many cases a property test runs: `default`, or what
+/// `PROPTEST_CASES` says (for a soak).
+pub fn proptest_cases(default: u32) -> u32 {
+    std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
 /// A server whose sessions outlive any test (a 60 s lease): what ends a
 /// session there is the test's doing, never the lease. Keep the directory
 /// alive as long as the server.
