@@ -12,7 +12,8 @@ mod tls_init;
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::parser::ValueSource;
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
 #[global_allocator]
 static ALLOC: alloc::Counting = alloc::Counting;
@@ -54,6 +55,9 @@ enum Command {
     /// Mount the shared tree (FUSE): ordinary programs share its files
     /// and their fcntl, OFD and flock locks with every other mount.
     ///
+    /// `interlock mount 10.0.0.5:7420 /mnt/shared`, or with the server
+    /// from --server or INTERLOCK_SERVER: `interlock mount /mnt/shared`.
+    ///
     /// Needs root and /dev/fuse (Debian package fuse3 for fusermount3).
     /// The mount serves every user of the machine; the server checks each
     /// operation with the calling process's uid, gid and groups. Stays in
@@ -61,6 +65,7 @@ enum Command {
     /// Ctrl-C or SIGTERM). Exit status: 0 unmounted; 2 a usage error or a
     /// bad mount point; 69 the server cannot be reached or the mount
     /// failed; 77 not root, or the token was refused.
+    #[command(override_usage = "interlock mount [OPTIONS] [SERVER] <MOUNTPOINT>")]
     Mount(remote::mount::MountArgs),
     /// Live counters of a server: sessions, resources, locks, waiters,
     /// request rate, inodes, journal, changelog consumers, the data disk.
@@ -117,11 +122,15 @@ enum DebugCommand {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let matches = Cli::command().get_matches();
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     match cli.command {
         Command::Serve(args) => remote::serve::serve(args),
         Command::Lock(args) => remote::lock::lock(args),
-        Command::Mount(args) => remote::mount::mount(args),
+        Command::Mount(args) => {
+            let mount = matches.subcommand_matches("mount").expect("the mount subcommand's matches");
+            remote::mount::mount(args, mount.value_source("server") == Some(ValueSource::CommandLine))
+        }
         Command::Status(args) => remote::status::status(args),
         Command::Evict(args) => remote::evict::evict(args),
         Command::TlsInit(args) => match tls_init::run(args) {

@@ -54,11 +54,12 @@ impl Mount {
         Mount::telling(addr, options, Stdio::inherit())
     }
 
-    /// With mount options, what the mount says going to `stderr`.
+    /// With mount options, what the mount says going to `stderr`. The
+    /// server is named as `mount`'s first operand, not with `--server`.
     fn telling(addr: &str, options: &str, stderr: Stdio) -> Mount {
         let dir = tempfile::tempdir().unwrap();
         let child = Command::new(BIN)
-            .args(["mount", "--server", addr, "-o", options])
+            .args(["mount", "-o", options, addr])
             .arg(dir.path())
             .env("INTERLOCK_LOG", "warn")
             .stdout(Stdio::null())

@@ -1,4 +1,5 @@
-//! `interlock mount MOUNTPOINT`: the shared tree as a local file system.
+//! `interlock mount [SERVER] MOUNTPOINT`: the shared tree as a local file
+//! system.
 //!
 //! Stays in the foreground until unmounted (`fusermount3 -u`, `umount`,
 //! Ctrl-C or SIGTERM, which unmount). `--background` starts the same
@@ -22,7 +23,13 @@ const DETACHED: &str = "INTERLOCK_MOUNT_DETACHED";
 
 #[derive(clap::Args)]
 pub struct MountArgs {
-    /// Where to mount: an existing directory nothing is mounted on.
+    /// The server, HOST:PORT (else --server), then where to mount: an
+    /// existing directory nothing is mounted on. The server comes first,
+    /// as mount(8) names a remote file system before the mount point.
+    #[arg(required = true, num_args = 1..=2, value_name = "[SERVER] MOUNTPOINT")]
+    operands: Vec<PathBuf>,
+    /// The mount point, once [`MountArgs::resolve`] has read the operands.
+    #[arg(skip)]
     mountpoint: PathBuf,
     /// Mount options, comma-separated: `ro` (read-only), `rw` (the
     /// default), `entry_timeout=SECS` and `attr_timeout=SECS` (how long
@@ -39,6 +46,25 @@ pub struct MountArgs {
     log_file: Option<PathBuf>,
     #[command(flatten)]
     server: ServerArgs,
+}
+
+impl MountArgs {
+    /// Reads the operands: a server named before the mount point takes
+    /// the place of `--server` and `INTERLOCK_SERVER`, unless `--server`
+    /// is on the command line too (`server_given`), which is refused
+    /// rather than one of the two silently ignored.
+    fn resolve(&mut self, server_given: bool) -> Result<(), String> {
+        let mut operands = std::mem::take(&mut self.operands);
+        self.mountpoint = operands.pop().expect("clap asks for one operand at least");
+        if let Some(server) = operands.pop() {
+            if server_given {
+                return Err("the server is named twice: as an operand and with --server; name it once".to_string());
+            }
+            let server = server.to_str().ok_or_else(|| format!("{server:?} is not HOST:PORT"))?;
+            self.server.server = crate::args::server(server)?;
+        }
+        Ok(())
+    }
 }
 
 /// `-o` options into a mount configuration.
@@ -67,8 +93,10 @@ fn config(args: &MountArgs) -> Result<Config, String> {
     Ok(cfg)
 }
 
-pub fn mount(args: MountArgs) -> ExitCode {
-    let cfg = match config(&args) {
+/// `server_given`: whether `--server` is on the command line (not from
+/// the environment or the default).
+pub fn mount(mut args: MountArgs, server_given: bool) -> ExitCode {
+    let cfg = match args.resolve(server_given).and_then(|()| config(&args)) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("interlock mount: {e}");
@@ -227,5 +255,41 @@ fn detach(args: &MountArgs) -> ExitCode {
             return ExitCode::from(exit::UNAVAILABLE);
         }
         std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::MountArgs;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        mount: MountArgs,
+    }
+
+    /// The server and mount point `interlock mount ARGS` resolves to, or
+    /// its error; `--server` on the command line if `server_given`.
+    fn resolve(args: &[&str], server_given: bool) -> Result<(String, String), String> {
+        let mut m = Cli::try_parse_from(std::iter::once("mount").chain(args.iter().copied()))
+            .map_err(|e| e.kind().to_string())?
+            .mount;
+        m.resolve(server_given)?;
+        Ok((m.server.server, m.mountpoint.display().to_string()))
+    }
+
+    #[test]
+    fn the_server_may_come_before_the_mount_point() {
+        let default = "127.0.0.1:7420".to_string();
+        assert_eq!(resolve(&["/mnt/x"], false), Ok((default, "/mnt/x".into())));
+        assert_eq!(resolve(&["db-1:7420", "/mnt/x"], false), Ok(("db-1:7420".into(), "/mnt/x".into())));
+        assert_eq!(resolve(&["--server", "h:1", "/mnt/x"], true), Ok(("h:1".into(), "/mnt/x".into())));
+        let twice = resolve(&["--server", "h:1", "h:2", "/mnt/x"], true).unwrap_err();
+        assert!(twice.contains("named twice"), "{twice}");
+        let bad = resolve(&["not-an-address", "/mnt/x"], false).unwrap_err();
+        assert!(bad.contains("is not HOST:PORT"), "{bad}");
+        assert!(resolve(&[], false).is_err() && resolve(&["a:1", "/m", "/n"], false).is_err());
     }
 }
