@@ -61,6 +61,11 @@ pub struct Config {
     pub entry_timeout: Duration,
     /// How long the kernel may keep attributes.
     pub attr_timeout: Duration,
+    /// The server squashes root (`serve --root-squash`, told by its
+    /// status): root's `opendir` is then asked of the server, which serves
+    /// root as another user, where the kernel would let root open any
+    /// directory.
+    pub root_squashed: bool,
 }
 
 impl Default for Config {
@@ -70,6 +75,7 @@ impl Default for Config {
             options: MountOptions::default(),
             entry_timeout: Duration::from_secs(1),
             attr_timeout: Duration::from_secs(1),
+            root_squashed: false,
         }
     }
 }
@@ -83,8 +89,7 @@ pub struct Mounted {
 /// answers nothing until [`Mounted::serve`] runs.
 pub fn mount(client: interlock_client::Client, cfg: &Config) -> Result<Mounted, MountError> {
     let dev = mountpoint::mount(&cfg.mountpoint, &cfg.options)?;
-    let ttl = abi::Ttl { entry: cfg.entry_timeout, attr: cfg.attr_timeout };
-    Ok(Mounted { fs: Arc::new(ops::Fs::new(client, Arc::new(dev), ttl, cfg.options.read_only)) })
+    Ok(Mounted { fs: Arc::new(ops::Fs::new(client, Arc::new(dev), cfg)) })
 }
 
 impl Mounted {

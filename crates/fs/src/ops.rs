@@ -18,6 +18,7 @@ use interlock_client::{Client, ClientError};
 use interlock_proto::meta::{MAX_DATA, MetaOp};
 use tokio::sync::oneshot;
 
+use crate::Config;
 use crate::abi::{self, Args, InHeader, Malformed, Ttl, fattr, op};
 use crate::handles::{Handles, Listing};
 use crate::locks::{Lost, Owners, errno};
@@ -38,6 +39,8 @@ pub struct Fs {
     pub(crate) client: Client,
     pub(crate) ttl: Ttl,
     pub(crate) read_only: bool,
+    /// See [`Config::root_squashed`].
+    root_squashed: bool,
     pub(crate) handles: Handles,
     pub(crate) owners: Owners,
     pub(crate) lost: Lost,
@@ -102,11 +105,12 @@ const PAGE: u32 = 1024;
 const RETRY_FOR: Duration = Duration::from_secs(60);
 
 impl Fs {
-    pub fn new(client: Client, dev: Arc<File>, ttl: Ttl, read_only: bool) -> Fs {
+    pub fn new(client: Client, dev: Arc<File>, cfg: &Config) -> Fs {
         Fs {
             client,
-            ttl,
-            read_only,
+            ttl: Ttl { entry: cfg.entry_timeout, attr: cfg.attr_timeout },
+            read_only: cfg.options.read_only,
+            root_squashed: cfg.root_squashed,
             handles: Handles::default(),
             owners: Owners::default(),
             lost: Lost::default(),
@@ -172,7 +176,7 @@ impl Fs {
             op::LISTXATTR => self.listxattr(&cred, ino, &mut a).await,
             op::REMOVEXATTR => self.removexattr(&cred, ino, &mut a).await,
             op::FLUSH => self.flush(ino, &mut a).await,
-            op::OPENDIR => Ok(abi::open_out(self.handles.open_dir(cred.clone()), 0)),
+            op::OPENDIR => self.opendir(cred, ino).await,
             op::RELEASEDIR => a.u64().map_err(i32::from).map(|fh| {
                 self.handles.close_dir(fh);
                 Vec::new()
@@ -395,6 +399,20 @@ impl Fs {
         self.again(|| self.client.open(cred, ino, want)).await?;
         self.invalidate(ino);
         Ok(abi::open_out(self.handles.insert(ino), abi::FOPEN_DIRECT_IO))
+    }
+
+    /// `FUSE_OPENDIR`. The kernel has checked the caller's read
+    /// permission (`default_permissions`), but with root's ids it passes
+    /// every check, and a server that squashes root serves those ids as
+    /// another user's. Such a caller's open is asked of the server (a
+    /// first page of one entry), so that a directory closed to that user
+    /// fails to open, as on NFS, rather than opening and failing to list.
+    /// One round trip more for root's opens on such a server; none else.
+    async fn opendir(&self, cred: Cred, ino: Ino) -> Answer {
+        if self.root_squashed && cred.has_root_ids() {
+            self.again(|| self.client.readdir(&cred, ino, 0, 1, false)).await?;
+        }
+        Ok(abi::open_out(self.handles.open_dir(cred), 0))
     }
 
     /// `FUSE_CREATE`: create and open. If another mount made the name

@@ -121,6 +121,12 @@ impl Cred {
         self.gid == gid || self.groups.contains(&gid)
     }
 
+    /// Whether [`Cred::squash`] would change these ids: uid 0, or gid 0
+    /// among the groups. O(groups).
+    pub fn has_root_ids(&self) -> bool {
+        self.uid == 0 || self.in_group(0)
+    }
+
     /// Squashes root, as an NFS server's `root_squash` does: a uid 0
     /// becomes `anon.0`, and a gid 0 (the primary group, or one of the
     /// supplementary groups) `anon.1`; other ids are kept. For a server
@@ -346,6 +352,11 @@ mod tests {
         let user = Cred { uid: 1000, gid: 1000, groups: vec![24, 1000] };
         assert_eq!(squashed(user.clone()), user);
         let setgid_root = Cred { uid: 1000, gid: 0, groups: Vec::new() };
-        assert_eq!(squashed(setgid_root), Cred { uid: 1000, gid: 65533, groups: Vec::new() });
+        assert_eq!(squashed(setgid_root.clone()), Cred { uid: 1000, gid: 65533, groups: Vec::new() });
+        // `has_root_ids` says which a squash changes.
+        let in_root_group = Cred { uid: 1000, gid: 1000, groups: vec![0] };
+        for c in [Cred::root(), setgid_root, in_root_group, user] {
+            assert_eq!(c.has_root_ids(), squashed(c.clone()) != c, "{c:?}");
+        }
     }
 }

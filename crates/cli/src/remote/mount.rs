@@ -136,21 +136,22 @@ pub fn mount(mut args: MountArgs, server_given: bool) -> ExitCode {
                 return ExitCode::from(status_of(&e));
             }
         };
-        tell_root_squash(&client).await;
+        let cfg = Config { root_squashed: tell_root_squash(&client).await, ..cfg };
         run(client, &cfg).await
     })
 }
 
-/// Says so when the server squashes root (`serve --root-squash`): root on
-/// this host may then not be root in the tree, and a mount by root that
-/// may not write its tree's root directory would otherwise puzzle.
-/// Whether this host is spared, only the server knows (by the address it
-/// sees): the addresses spared are named. One round trip; a server that
-/// does not answer is met again by the mount.
-async fn tell_root_squash(client: &Client) {
-    if let Ok(StatusInfo { root_squash: Some(q), .. }) = client.status().await {
-        eprintln!("interlock mount: the server squashes root: root's requests are served as {q}");
-    }
+/// Says so when the server squashes root (`serve --root-squash`), and
+/// whether it does: root on this host may then not be root in the tree,
+/// and a mount by root that may not write its tree's root directory
+/// would otherwise puzzle. Whether this host is spared, only the server
+/// knows (by the address it sees): the addresses spared are named, and
+/// the mount acts as if it were not ([`Config::root_squashed`]). One
+/// round trip; a server that does not answer is met again by the mount.
+async fn tell_root_squash(client: &Client) -> bool {
+    let Ok(StatusInfo { root_squash: Some(q), .. }) = client.status().await else { return false };
+    eprintln!("interlock mount: the server squashes root: root's requests are served as {q}");
+    true
 }
 
 async fn run(client: Client, cfg: &Config) -> ExitCode {
