@@ -114,16 +114,31 @@ fn bench_flocks_runs_the_kernel_beside_us() {
 /// many rounds `--repeat` runs.
 #[test]
 fn bench_mdtest_json_rows_one_per_variant_phase_and_threads_whatever_repeat() {
-    let args =
-        ["bench", "mdtest", "--variant", "memory,net,net-nofsync", "--threads", "1,2", "--files", "300", "--json"];
+    let args = [
+        "bench",
+        "mdtest",
+        "--variant",
+        "memory,memory-apart,net,net-nofsync",
+        "--threads",
+        "1,2",
+        "--files",
+        "300",
+        "--json",
+    ];
     let shaped = ["--repeat", "3", "--server-threads", "3", "--connections", "each,1"];
     let (code, out, err) = interlock(&[&args[..], &shaped].concat(), "");
     assert_eq!(code, 0, "{err}");
     let rows: Vec<serde_json::Value> = out.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
-    assert_eq!(rows.len(), 2 * (1 + 2 * 2) * 3, "2 thread counts x (memory + 2 variants x 2 shapes) x 3 phases: {out}");
+    assert_eq!(
+        rows.len(),
+        2 * (2 + 2 * 2) * 3,
+        "2 thread counts x (2 in memory + 2 variants x 2 shapes) x 3 phases: {out}"
+    );
     for row in &rows {
         assert_eq!(row["scenario"], "mdtest");
-        assert_eq!(row["files"], 300);
+        // Apart, each creator makes N in a namespace of its own.
+        let files = if row["variant"] == "memory-apart" { 300 * row["threads"].as_u64().unwrap() } else { 300 };
+        assert_eq!(row["files"], files, "{row}");
         assert!(row["ops_per_sec"].as_f64().is_some_and(|r| r > 0.0), "{row}");
         assert_eq!(row["changelog"], false);
         // A phase this short may pass within one tick of /proc/stat: null

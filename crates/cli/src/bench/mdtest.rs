@@ -16,6 +16,12 @@
 //!   changelog's).
 //! - `memory`: the namespace alone, no journal (not durable): how it
 //!   scales with no disk and no flusher thread beside it.
+//! - `engine-apart`, `memory-apart`: each of the T creators makes N files
+//!   in a store (or namespace) of its own, T×N in all, so that each grows
+//!   as one creator's does: nothing of ours is shared between them, only
+//!   the process and the machine. Beside `engine` and `memory` at one
+//!   creator, they are the most T creators could make here whatever the
+//!   namespace shares: the ceiling for the shared directory's scaling.
 //! - `net`: through a server over loopback (started by the benchmark,
 //!   its journal in `--dir` as the engine's, unless `--server`):
 //!   T creators, each waiting for its answer (durable) before its next
@@ -76,8 +82,11 @@ pub struct Args {
     /// for all to be durable), or both.
     #[arg(long, value_delimiter = ',', default_value = "each,end", value_parser = ["each", "end"])]
     ack: Vec<String>,
-    /// Variants: engine, memory, net, net-nofsync, kernel, redis, floor
-    /// (`redis-benchmark` SET and GET with T clients beside `net`'s
+    /// Variants: engine, engine-apart, memory, memory-apart, net,
+    /// net-nofsync, kernel, redis, floor. `-apart`: each creator makes N
+    /// files in a store of its own (T×N in all; nothing shared but the
+    /// process), the ceiling for `engine`'s and `memory`'s scaling.
+    /// `redis`: (`redis-benchmark` SET and GET with T clients beside `net`'s
     /// creates and stats: in memory, and durable with `appendfsync
     /// always`; skipped if Redis is not installed). `net-nofsync` is
     /// `net` with its own server in the unsafe mode (`--unsafe-no-fsync`:
@@ -87,7 +96,7 @@ pub struct Args {
     /// `fdatasync` per batch, and answer, driven by `redis-benchmark`
     /// as Redis is (skipped with it): the most any durable create over
     /// loopback can reach here.
-    #[arg(long, value_delimiter = ',', default_value = "engine,memory,net,kernel,redis", value_parser = ["engine", "memory", "net", "net-nofsync", "kernel", "redis", "floor"])]
+    #[arg(long, value_delimiter = ',', default_value = "engine,memory,net,kernel,redis", value_parser = ["engine", "engine-apart", "memory", "memory-apart", "net", "net-nofsync", "kernel", "redis", "floor"])]
     variant: Vec<String>,
     /// For `net`: measure this server (HOST:PORT) instead of starting one.
     #[arg(long, value_parser = crate::args::server)]
@@ -221,13 +230,21 @@ struct Run {
     variant: &'static str,
     fields: Vec<(&'static str, Value)>,
     took: Vec<Took>,
+    /// The files made, where not the run's N (the `-apart` variants).
+    files: Option<u64>,
 }
 
 impl Run {
     fn new(variant: &'static str, changelog: bool, ack: Option<&str>, took: &[Took]) -> Run {
         let mut fields = vec![("changelog", json!(changelog))];
         fields.extend(ack.map(|a| ("ack", json!(a))));
-        Run { variant, fields, took: took.to_vec() }
+        Run { variant, fields, took: took.to_vec(), files: None }
+    }
+
+    /// Made `files` files, not the run's N.
+    fn made(mut self, files: u64) -> Run {
+        self.files = Some(files);
+        self
     }
 
     /// Driven by `redis-benchmark -c T`: one connection per client.
@@ -238,6 +255,7 @@ impl Run {
 
     /// A row per phase, with what `took` gives for each.
     fn rows(&self, threads: usize, files: u64, took: impl Fn(usize) -> Took, report: &mut Report) {
+        let files = self.files.unwrap_or(files);
         for (p, phase) in PHASES.iter().enumerate().take(self.took.len()) {
             let mut r = row(self.variant, phase, threads, files, took(p));
             r.extend(self.fields.iter().map(|(k, v)| ((*k).to_string(), v.clone())));
@@ -275,14 +293,29 @@ fn round(args: &Args, t: usize, files: u64, out: &mut dyn FnMut(Run)) -> Result<
         for ack in &args.ack {
             for &changelog in &args.changelog {
                 let dir = parent.path().join(format!("t{t}-{ack}-{changelog}"));
-                let secs = engine(&dir, t, files, changelog, ack == "each")?;
+                let secs = engine(&dir, t, files, changelog, ack == "each", false)?;
                 let _ = std::fs::remove_dir_all(&dir);
                 out(Run::new("engine", changelog, Some(ack), &secs));
             }
         }
     }
+    // Apart, each creator makes N files in a store of its own: T×N in
+    // all, so that each namespace grows as one creator's does.
+    let apart = files * t as u64;
+    if args.variant.iter().any(|v| v == "engine-apart") {
+        let parent = scratch_dir(&args.dir, "interlock-bench-mdtest")?;
+        for ack in &args.ack {
+            let dir = parent.path().join(format!("t{t}-{ack}-apart"));
+            let secs = engine(&dir, t, apart, false, ack == "each", true)?;
+            let _ = std::fs::remove_dir_all(&dir);
+            out(Run::new("engine-apart", false, Some(ack), &secs).made(apart));
+        }
+    }
     if args.variant.iter().any(|v| v == "memory") {
-        out(Run::new("memory", false, None, &memory(t, files)?));
+        out(Run::new("memory", false, None, &memory(t, files, false)?));
+    }
+    if args.variant.iter().any(|v| v == "memory-apart") {
+        out(Run::new("memory-apart", false, None, &memory(t, apart, true)?).made(apart));
     }
     let shapes = [("net", false), ("net-nofsync", true)]
         .into_iter()
@@ -385,17 +418,34 @@ fn phase(threads: usize, files: u64, op: impl Fn(u64) -> Result<(), String> + Sy
     result.map(|()| took)
 }
 
-/// The engine: what create, stat and unlink took.
-fn engine(dir: &Path, threads: usize, files: u64, changelog: bool, each: bool) -> Result<[Took; 3], String> {
-    let (store, _) = Store::open(dir, StoreOptions::default(), now()).map_err(|e| e.to_string())?;
-    let store = Arc::new(store);
+/// The engine: what create, stat and unlink took. With `apart`, each
+/// creator has a store of its own (journal, flusher and namespace, in
+/// `dir/K`) and a directory in it: nothing of ours is shared between the
+/// creators, only the process and the machine. Its scaling is the most
+/// `engine`'s could reach here.
+fn engine(
+    dir: &Path,
+    threads: usize,
+    files: u64,
+    changelog: bool,
+    each: bool,
+    apart: bool,
+) -> Result<[Took; 3], String> {
+    let mut stores = Vec::new();
+    for k in 0..if apart { threads } else { 1 } {
+        let at = if apart { dir.join(k.to_string()) } else { dir.to_path_buf() };
+        let (store, _) = Store::open(&at, StoreOptions::default(), now()).map_err(|e| e.to_string())?;
+        stores.push(Arc::new(store));
+    }
     let stop = Arc::new(AtomicBool::new(false));
-    let follower = changelog.then(|| follow(store.clone(), stop.clone())).transpose()?;
+    let follower = changelog.then(|| follow(stores[0].clone(), stop.clone())).transpose()?;
     let failed = |e: Errno| format!("the journal in {}: {e}", dir.display());
-    let done = |seq: Seq| if each { store.wait(seq).map_err(failed) } else { Ok(()) };
-    let journal = store.changelog().journal();
-    let all_durable = || store.wait(journal.next_index().saturating_sub(1)).map_err(failed);
-    let secs = shape(store.ns(), threads, files, done, all_durable);
+    let done = |k: usize, seq: Seq| if each { stores[k].wait(seq).map_err(failed) } else { Ok(()) };
+    let all_durable = || {
+        stores.iter().try_for_each(|s| s.wait(s.changelog().journal().next_index().saturating_sub(1)).map_err(failed))
+    };
+    let nss: Vec<&Namespace> = stores.iter().map(|s| s.ns()).collect();
+    let secs = shape(&nss, threads, files, done, all_durable);
     stop.store(true, Ordering::Relaxed);
     if let Some(f) = follower {
         f.join().map_err(|_| "the changelog follower failed".to_string())??;
@@ -404,28 +454,36 @@ fn engine(dir: &Path, threads: usize, files: u64, changelog: bool, each: bool) -
 }
 
 /// The namespace alone, with no journal (not durable): how it scales
-/// with no disk and no flusher beside it.
-fn memory(threads: usize, files: u64) -> Result<[Took; 3], String> {
-    let ns = Namespace::new(1, now());
-    shape(&ns, threads, files, |_| Ok(()), || Ok(()))
+/// with no disk and no flusher beside it. With `apart`, a namespace per
+/// creator (see [`engine`]).
+fn memory(threads: usize, files: u64, apart: bool) -> Result<[Took; 3], String> {
+    let owned: Vec<Namespace> = (0..if apart { threads } else { 1 }).map(|_| Namespace::new(1, now())).collect();
+    let nss: Vec<&Namespace> = owned.iter().collect();
+    shape(&nss, threads, files, |_, _| Ok(()), || Ok(()))
 }
 
-/// mdtest's shape on `ns`: a shared directory, then the three phases;
-/// `done` is called on each change's record, `phase_end` when a changing
-/// phase's threads are through (both inside the timing). An error of
-/// either ends the run.
+/// mdtest's shape: a shared directory in each of `nss`, then the three
+/// phases, file `i` in namespace `i % nss.len()` (made by creator `i %
+/// threads`); `done` is called on each change's record (with its
+/// namespace's place in `nss`), `phase_end` when a changing phase's
+/// threads are through (both inside the timing). An error of either ends
+/// the run.
 fn shape(
-    ns: &Namespace,
+    nss: &[&Namespace],
     threads: usize,
     files: u64,
-    done: impl Fn(Seq) -> Result<(), String> + Sync,
+    done: impl Fn(usize, Seq) -> Result<(), String> + Sync,
     phase_end: impl Fn() -> Result<(), String>,
 ) -> Result<[Took; 3], String> {
     let root = Cred::root();
-    let mkdir = NewInode { kind: FileType::Directory, perm: 0o777, rdev: 0 };
-    let (shared, seq) = ns.create(&root, ROOT, b"shared", mkdir, b"", now()).map_err(|e| e.to_string())?;
-    done(seq)?;
-    let d: Ino = shared.ino;
+    let mkdir = || NewInode { kind: FileType::Directory, perm: 0o777, rdev: 0 };
+    let mut dirs: Vec<Ino> = Vec::new();
+    for (k, ns) in nss.iter().enumerate() {
+        let (shared, seq) = ns.create(&root, ROOT, b"shared", mkdir(), b"", now()).map_err(|e| e.to_string())?;
+        done(k, seq)?;
+        dirs.push(shared.ino);
+    }
+    let at = |i: u64| (i % nss.len() as u64) as usize;
     let file = || NewInode { kind: FileType::Regular, perm: 0o644, rdev: 0 };
     let failed = |what: &str, i: u64, e: Errno| format!("{what} file.{i}: {e}");
     // A changing phase: its threads, then `phase_end`, both timed.
@@ -438,17 +496,20 @@ fn shape(
     };
     let create = changing(&|i| {
         let mut buf = Vec::with_capacity(24);
+        let k = at(i);
         let (_, seq) =
-            ns.create(&root, d, name(&mut buf, i), file(), b"", now()).map_err(|e| failed("create", i, e))?;
-        done(seq)
+            nss[k].create(&root, dirs[k], name(&mut buf, i), file(), b"", now()).map_err(|e| failed("create", i, e))?;
+        done(k, seq)
     })?;
     let stat = phase(threads, files, |i| {
         let mut buf = Vec::with_capacity(24);
-        ns.lookup(&root, d, name(&mut buf, i)).map(drop).map_err(|e| failed("stat", i, e))
+        let k = at(i);
+        nss[k].lookup(&root, dirs[k], name(&mut buf, i)).map(drop).map_err(|e| failed("stat", i, e))
     })?;
     let unlink = changing(&|i| {
         let mut buf = Vec::with_capacity(24);
-        done(ns.unlink(&root, d, name(&mut buf, i), now()).map_err(|e| failed("unlink", i, e))?)
+        let k = at(i);
+        done(k, nss[k].unlink(&root, dirs[k], name(&mut buf, i), now()).map_err(|e| failed("unlink", i, e))?)
     })?;
     Ok([create, stat, unlink])
 }
@@ -589,6 +650,21 @@ mod tests {
         made.remove(0);
         for d in made {
             assert_eq!(std::fs::read_dir(dir.path().join(d)).unwrap().count(), 0, "every file unlinked again");
+        }
+    }
+
+    #[test]
+    fn apart_each_creator_has_a_store_of_its_own() {
+        let dir = tempfile::tempdir().unwrap();
+        engine(dir.path(), 3, 30, false, true, true).unwrap();
+        let mut stores: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+        stores.sort();
+        assert_eq!(stores, ["0", "1", "2"], "a store per creator");
+        for s in stores {
+            let (store, _) = Store::open(&dir.path().join(s), StoreOptions::default(), now()).unwrap();
+            // Its directory, and 10 files made and unlinked again: its
+            // journal holds the directory's record and 20 more.
+            assert_eq!(store.changelog().journal().next_index(), 1 + 1 + 20);
         }
     }
 
