@@ -621,3 +621,80 @@ fn a_server_whose_disk_fails_stops_with_an_error() {
     assert_eq!(status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("the journal failed") && stderr.contains("a restart recovers"), "{stderr}");
 }
+
+/// Makes files `name-N` in the root from 32 tasks at once until the
+/// server refuses one with `ENOSPC` (or, with `unlink`, removes the first
+/// `made` of them until refused): how many it made (removed).
+async fn names_until_refused(c: &interlock_client::Client, unlink: bool, made: usize) -> usize {
+    let next = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let tasks: Vec<_> = (0..32)
+        .map(|_| {
+            let (c, next) = (c.clone(), next.clone());
+            tokio::spawn(async move {
+                let mut done = 0;
+                loop {
+                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let name = format!("name-{i}");
+                    let r = if unlink {
+                        if i >= made {
+                            return done;
+                        }
+                        c.unlink(&root(), ROOT, name.as_bytes()).await
+                    } else {
+                        c.create(&root(), ROOT, name.as_bytes(), FileType::Regular, 0o644, b"").await.map(drop)
+                    };
+                    match r {
+                        Ok(()) => done += 1,
+                        Err(e) => {
+                            assert!(matches!(e, ClientError::Errno(libc::ENOSPC)), "name-{i}: {e:?}");
+                            return done;
+                        }
+                    }
+                }
+            })
+        })
+        .collect();
+    let mut all = 0;
+    for t in tasks {
+        all += t.await.unwrap();
+    }
+    all
+}
+
+/// A file removed while open, closed once the server's disk has no room
+/// left even for a removal's record: the close succeeds, and once room
+/// is made (another program's file removed) the server frees the orphan
+/// and its data by itself, within a tick of its checkpointer
+/// (`Namespace::retry_forgets`). No session holds it then, so without
+/// that call nothing would free it before a restart. Needs root (a small
+/// tmpfs).
+#[test]
+fn an_orphan_closed_on_a_full_disk_is_freed_by_the_server_once_there_is_room() {
+    if !nix::unistd::Uid::effective().is_root() {
+        assert!(std::env::var_os("INTERLOCK_REQUIRE_FUSE").is_none(), "root was promised");
+        eprintln!("!! SKIPPING an_orphan_closed_on_a_full_disk_is_freed_by_the_server_once_there_is_room: needs root");
+        return;
+    }
+    let disk = Tmpfs::of("6m");
+    let ballast = disk.path().join("ballast");
+    std::fs::write(&ballast, vec![1u8; 2 << 20]).unwrap();
+    let server = ServerProc::start(&disk.path().join("data"), "127.0.0.1:0", &[]);
+    rt().block_on(async {
+        let c = client(&server.addr).await;
+        let held = c.create_open(&root(), ROOT, b"held", 0o644).await.unwrap().ino;
+        c.write(&root(), held, 0, &[9u8; 64 << 10]).await.unwrap();
+        c.unlink(&root(), ROOT, b"held").await.unwrap();
+        let made = names_until_refused(&c, false, 0).await;
+        let removed = names_until_refused(&c, true, made).await;
+        assert!(removed < made, "the reserve took every removal of {made}");
+        c.release(&root(), held).await.unwrap();
+        assert_eq!(c.getattr(&root(), held).await.unwrap().nlink, 0, "the orphan waits for room");
+        std::fs::remove_file(&ballast).unwrap();
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while c.getattr(&root(), held).await.is_ok() {
+            assert!(std::time::Instant::now() < until, "the orphan is still there with room on the disk");
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        assert_eq!(errno(c.getattr(&root(), held).await), libc::ESTALE, "freed");
+    });
+}
