@@ -61,10 +61,10 @@ pub struct Config {
     pub entry_timeout: Duration,
     /// How long the kernel may keep attributes.
     pub attr_timeout: Duration,
-    /// The server squashes root (`serve --root-squash`, told by its
-    /// status): root's `opendir` is then asked of the server, which serves
-    /// root as another user, where the kernel would let root open any
-    /// directory.
+    /// The server squashes root (`serve --root-squash`, as its status
+    /// said when the mount started): root's `opendir` is then asked of the
+    /// server, which serves root as another user, where the kernel would
+    /// let root open any directory.
     pub root_squashed: bool,
 }
 
