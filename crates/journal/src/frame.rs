@@ -49,23 +49,29 @@ pub fn parse_segment_header(h: &[u8]) -> Option<u64> {
 /// Appends the framed record to `out`.
 pub fn encode(out: &mut Vec<u8>, index: u64, durable_before: u64, payload: &[u8]) {
     let start = out.len();
-    prepare(out, index, payload);
+    out.resize(start + framed_len(payload), 0);
+    prepare(&mut out[start..], index, payload);
     seal(&mut out[start..], durable_before);
 }
 
+/// The bytes of `payload`'s record, header and all.
+pub fn framed_len(payload: &[u8]) -> usize {
+    RECORD_HEADER + payload.len()
+}
+
 /// The appender's half of [`encode`], done in parallel with every other
-/// appender: frames the record and checksums it, leaving `durable_before`
-/// (known only to the flusher) for [`seal`].
-pub fn prepare(out: &mut Vec<u8>, index: u64, payload: &[u8]) {
+/// appender: frames the record into `out` (of [`framed_len`] bytes) and
+/// checksums it, leaving `durable_before` (known only to the flusher) for
+/// [`seal`].
+pub fn prepare(out: &mut [u8], index: u64, payload: &[u8]) {
     let len = u32::try_from(payload.len()).expect("payload checked against MAX_PAYLOAD");
-    let start = out.len();
-    out.extend_from_slice(&len.to_le_bytes());
-    out.extend_from_slice(&[0; 4]);
-    out.extend_from_slice(&index.to_le_bytes());
-    out.extend_from_slice(&[0; 16]);
-    out.extend_from_slice(payload);
-    let crc = crc_of(&out[start..]);
-    out[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
+    out[..4].copy_from_slice(&len.to_le_bytes());
+    out[4..8].fill(0);
+    out[8..16].copy_from_slice(&index.to_le_bytes());
+    out[16..RECORD_HEADER].fill(0);
+    out[RECORD_HEADER..].copy_from_slice(payload);
+    let crc = crc_of(out);
+    out[4..8].copy_from_slice(&crc.to_le_bytes());
 }
 
 /// The flusher's half: sets `durable_before` and the seal over it. O(1).

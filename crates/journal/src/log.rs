@@ -321,7 +321,7 @@ impl Journal {
                 s.wait_for_space(pos);
             }
         }
-        s.ring.publish(pos, |buf| frame::prepare(buf, index, payload));
+        s.ring.publish(pos, frame::framed_len(payload), |buf| frame::prepare(buf, index, payload));
         // Pairs with the fence in the flusher: either it sees this record
         // when it rechecks before sleeping, or we see that it sleeps.
         fence(Ordering::SeqCst);

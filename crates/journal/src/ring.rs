@@ -25,7 +25,43 @@ use crossbeam_utils::CachePadded;
 
 struct Slot {
     seq: AtomicU64,
-    data: UnsafeCell<Vec<u8>>,
+    data: UnsafeCell<Bytes>,
+}
+
+/// What a slot's bytes may take inline: with the sequence number, the
+/// length and the spill's header, the slot's 128-byte line pair. A
+/// namespace record (a create's is ~70 bytes framed) then costs its
+/// appender and the flusher that one pair of lines, not that and the
+/// heap lines of a buffer of its own.
+const INLINE: usize = 88;
+
+// The slot, bytes inline and all, within its line pair.
+#[cfg(not(loom))]
+const _: () = assert!(std::mem::size_of::<Slot>() <= 128);
+
+/// A slot's bytes: inline while they fit, else in `spill` (kept for the
+/// next lap, so a large record allocates once per slot).
+struct Bytes {
+    len: u32,
+    inline: [u8; INLINE],
+    spill: Vec<u8>,
+}
+
+impl Bytes {
+    /// Room for `len` bytes, to be filled.
+    fn put(&mut self, len: usize) -> &mut [u8] {
+        self.len = u32::try_from(len).expect("a record under 4 GiB");
+        if len <= INLINE {
+            return &mut self.inline[..len];
+        }
+        self.spill.resize(len, 0);
+        &mut self.spill[..]
+    }
+
+    fn get(&self) -> &[u8] {
+        let len = self.len as usize;
+        if len <= INLINE { &self.inline[..len] } else { &self.spill[..len] }
+    }
 }
 
 /// A bounded multi-producer, single-consumer ring of byte records.
@@ -51,8 +87,10 @@ impl Ring {
     /// A ring of `capacity` slots (rounded up to a power of two).
     pub fn new(capacity: usize) -> Ring {
         let capacity = capacity.max(2).next_power_of_two();
-        let slots = (0..capacity as u64)
-            .map(|p| CachePadded::new(Slot { seq: AtomicU64::new(p), data: UnsafeCell::new(Vec::new()) }));
+        let slots = (0..capacity as u64).map(|p| {
+            let data = Bytes { len: 0, inline: [0; INLINE], spill: Vec::new() };
+            CachePadded::new(Slot { seq: AtomicU64::new(p), data: UnsafeCell::new(data) })
+        });
         Ring { slots: slots.collect(), mask: capacity as u64 - 1, tail: CachePadded::new(AtomicU64::new(0)) }
     }
 
@@ -72,17 +110,15 @@ impl Ring {
     }
 
     /// Writes and publishes the record of position `pos`, which the caller
-    /// reserved and found [`writable`](Ring::writable). `fill` builds the
-    /// bytes in place, reusing the slot's buffer.
-    pub fn publish(&self, pos: u64, fill: impl FnOnce(&mut Vec<u8>)) {
+    /// reserved and found [`writable`](Ring::writable): `fill` writes its
+    /// `len` bytes in place, in the slot itself if they fit.
+    pub fn publish(&self, pos: u64, len: usize, fill: impl FnOnce(&mut [u8])) {
         let slot = &self.slots[(pos & self.mask) as usize];
         debug_assert_eq!(slot.seq.load(Ordering::Acquire), pos);
         slot.data.with_mut(|data| {
             // SAFETY: `seq == pos` hands this slot to the appender of `pos`
             // alone until the release store below.
-            let data = unsafe { &mut *data };
-            data.clear();
-            fill(data);
+            fill(unsafe { &mut *data }.put(len));
         });
         slot.seq.store(pos + 1, Ordering::Release);
     }
@@ -99,7 +135,7 @@ impl Ring {
         slot.data.with(|data| {
             // SAFETY: `seq == pos + 1` hands the slot to the consumer until
             // the release store below.
-            take(unsafe { &*data });
+            take(unsafe { &*data }.get());
         });
         slot.seq.store(pos + self.capacity(), Ordering::Release);
         true
@@ -133,14 +169,16 @@ mod tests {
             .map(|t| {
                 let ring = ring.clone();
                 std::thread::spawn(move || {
-                    for i in 0..per {
+                    for _ in 0..per {
                         let pos = ring.reserve();
                         while !ring.writable(pos) {
                             std::thread::yield_now();
                         }
-                        ring.publish(pos, |buf| {
-                            buf.extend_from_slice(&pos.to_le_bytes());
-                            buf.extend_from_slice(&[t as u8; 3][..(i % 3) as usize]);
+                        // 8, 58 or 108 bytes: some spill out of the slot.
+                        let extra = [t as u8; 100][..(pos % 3) as usize * 50].to_vec();
+                        ring.publish(pos, 8 + extra.len(), |buf| {
+                            buf[..8].copy_from_slice(&pos.to_le_bytes());
+                            buf[8..].copy_from_slice(&extra);
                         });
                     }
                 })
@@ -151,6 +189,8 @@ mod tests {
         while pos < total {
             if !ring.consume(pos, |bytes| {
                 assert_eq!(u64::from_le_bytes(bytes[..8].try_into().unwrap()), pos, "record at its position");
+                assert_eq!(bytes.len(), 8 + (pos % 3) as usize * 50, "its length");
+                assert!(bytes[8..].iter().all(|&b| b == bytes[8]), "one appender's bytes");
             }) {
                 std::thread::yield_now();
                 continue;
@@ -187,7 +227,7 @@ mod loom_tests {
                         while !ring.writable(pos) {
                             thread::yield_now();
                         }
-                        ring.publish(pos, |buf| buf.extend_from_slice(&[t, pos as u8]));
+                        ring.publish(pos, 2, |buf| buf.copy_from_slice(&[t, pos as u8]));
                     })
                 })
                 .collect();
@@ -225,7 +265,7 @@ mod loom_tests {
                         while !ring.writable(pos) {
                             thread::yield_now();
                         }
-                        ring.publish(pos, |buf| buf.push(v));
+                        ring.publish(pos, 1, |buf| buf[0] = v);
                     }
                 })
             };
