@@ -85,10 +85,11 @@ pub struct Args {
     /// Variants: engine, engine-apart, memory, memory-apart, net,
     /// net-nofsync, kernel, redis, floor. `-apart`: each creator makes N
     /// files in a store of its own (T×N in all; nothing shared but the
-    /// process), the ceiling for `engine`'s and `memory`'s scaling.
-    /// `redis`: (`redis-benchmark` SET and GET with T clients beside `net`'s
-    /// creates and stats: in memory, and durable with `appendfsync
-    /// always`; skipped if Redis is not installed). `net-nofsync` is
+    /// process; no changelog consumer), the ceiling for `engine`'s and
+    /// `memory`'s scaling.
+    /// `redis`: `redis-benchmark` SET and GET with T clients beside `net`'s
+    /// creates and stats, in memory and durable with `appendfsync always`
+    /// (skipped if Redis is not installed). `net-nofsync` is
     /// `net` with its own server in the unsafe mode (`--unsafe-no-fsync`:
     /// answered once written, not durable): beside `net` and `redis`, it
     /// shows what the durability costs. `floor` is a durable server that
