@@ -231,7 +231,8 @@ struct Run {
     variant: &'static str,
     fields: Vec<(&'static str, Value)>,
     took: Vec<Took>,
-    /// The files made, where not the run's N (the `-apart` variants).
+    /// The files made, where known to differ from the run's N (the
+    /// `-apart` variants make T×N).
     files: Option<u64>,
 }
 
@@ -242,7 +243,7 @@ impl Run {
         Run { variant, fields, took: took.to_vec(), files: None }
     }
 
-    /// Made `files` files, not the run's N.
+    /// Made `files` files.
     fn made(mut self, files: u64) -> Run {
         self.files = Some(files);
         self
@@ -289,34 +290,31 @@ fn median(runs: Vec<Took>) -> Took {
 /// Every chosen variant once, with `t` creators: each measurement goes
 /// to `out` as it is made.
 fn round(args: &Args, t: usize, files: u64, out: &mut dyn FnMut(Run)) -> Result<(), String> {
-    if args.variant.iter().any(|v| v == "engine") {
+    let chosen = |name: &str| args.variant.iter().any(|v| v == name);
+    // `-apart`: each creator makes N files in a store of its own, T×N in
+    // all, so that each namespace grows as one creator's does; no
+    // changelog consumer.
+    let apart = files * t as u64;
+    for (variant, is_apart) in [("engine", false), ("engine-apart", true)] {
+        if !chosen(variant) {
+            continue;
+        }
         let parent = scratch_dir(&args.dir, "interlock-bench-mdtest")?;
+        let (made, changelogs) = if is_apart { (apart, &[false][..]) } else { (files, &args.changelog[..]) };
         for ack in &args.ack {
-            for &changelog in &args.changelog {
+            for &changelog in changelogs {
                 let dir = parent.path().join(format!("t{t}-{ack}-{changelog}"));
-                let secs = engine(&dir, t, files, changelog, ack == "each", false)?;
+                let secs = engine(&dir, t, made, changelog, ack == "each", is_apart)?;
                 let _ = std::fs::remove_dir_all(&dir);
-                out(Run::new("engine", changelog, Some(ack), &secs));
+                out(Run::new(variant, changelog, Some(ack), &secs).made(made));
             }
         }
     }
-    // Apart, each creator makes N files in a store of its own: T×N in
-    // all, so that each namespace grows as one creator's does.
-    let apart = files * t as u64;
-    if args.variant.iter().any(|v| v == "engine-apart") {
-        let parent = scratch_dir(&args.dir, "interlock-bench-mdtest")?;
-        for ack in &args.ack {
-            let dir = parent.path().join(format!("t{t}-{ack}-apart"));
-            let secs = engine(&dir, t, apart, false, ack == "each", true)?;
-            let _ = std::fs::remove_dir_all(&dir);
-            out(Run::new("engine-apart", false, Some(ack), &secs).made(apart));
+    for (variant, is_apart) in [("memory", false), ("memory-apart", true)] {
+        if chosen(variant) {
+            let made = if is_apart { apart } else { files };
+            out(Run::new(variant, false, None, &memory(t, made, is_apart)?).made(made));
         }
-    }
-    if args.variant.iter().any(|v| v == "memory") {
-        out(Run::new("memory", false, None, &memory(t, files, false)?));
-    }
-    if args.variant.iter().any(|v| v == "memory-apart") {
-        out(Run::new("memory-apart", false, None, &memory(t, apart, true)?).made(apart));
     }
     let shapes = [("net", false), ("net-nofsync", true)]
         .into_iter()

@@ -28,9 +28,6 @@ pub struct MountArgs {
     /// as mount(8) names a remote file system before the mount point.
     #[arg(required = true, num_args = 1..=2, value_name = "[SERVER] MOUNTPOINT")]
     operands: Vec<PathBuf>,
-    /// The mount point, once [`MountArgs::resolve`] has read the operands.
-    #[arg(skip)]
-    mountpoint: PathBuf,
     /// Mount options, comma-separated: `ro` (read-only), `rw` (the
     /// default), `entry_timeout=SECS` and `attr_timeout=SECS` (how long
     /// the kernel may keep names and attributes; default 1, 0 to ask the
@@ -54,9 +51,7 @@ impl MountArgs {
     /// is on the command line too (`server_given`), which is refused
     /// rather than one of the two silently ignored.
     fn resolve(&mut self, server_given: bool) -> Result<(), String> {
-        let mut operands = std::mem::take(&mut self.operands);
-        self.mountpoint = operands.pop().expect("clap asks for one operand at least");
-        if let Some(server) = operands.pop() {
+        if let [server, _] = &self.operands[..] {
             if server_given {
                 return Err("the server is named twice: as an operand and with --server; name it once".to_string());
             }
@@ -65,11 +60,17 @@ impl MountArgs {
         }
         Ok(())
     }
+
+    /// Where to mount: the last operand.
+    fn mountpoint(&self) -> &Path {
+        self.operands.last().expect("clap asks for one operand at least")
+    }
 }
 
 /// `-o` options into a mount configuration.
 fn config(args: &MountArgs) -> Result<Config, String> {
-    let mut cfg = Config { mountpoint: args.mountpoint.clone(), options: MountOptions::default(), ..Config::default() };
+    let mut cfg =
+        Config { mountpoint: args.mountpoint().to_path_buf(), options: MountOptions::default(), ..Config::default() };
     for opt in args.options.iter().flat_map(|o| o.split(',')).filter(|o| !o.is_empty()) {
         let secs = |v: &str| {
             v.parse::<f64>()
@@ -237,7 +238,7 @@ fn detach(args: &MountArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let path = std::fs::canonicalize(&args.mountpoint).unwrap_or_else(|_| args.mountpoint.clone());
+    let path = std::fs::canonicalize(args.mountpoint()).unwrap_or_else(|_| args.mountpoint().to_path_buf());
     let until = Instant::now() + Duration::from_secs_f64(args.server.connect_timeout + 10.0);
     loop {
         if interlock_fs::is_mounted(&path) {
@@ -278,7 +279,7 @@ mod tests {
             .map_err(|e| e.kind().to_string())?
             .mount;
         m.resolve(server_given)?;
-        Ok((m.server.server, m.mountpoint.display().to_string()))
+        Ok((m.server.server.clone(), m.mountpoint().display().to_string()))
     }
 
     #[test]
