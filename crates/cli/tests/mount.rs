@@ -6,7 +6,8 @@
 //! mount against the kernel: random sequences of file-system calls
 //! (`fallocate` and `copy_file_range` among them), by root and by an
 //! unprivileged user, give what tmpfs gives, and move the mtimes and
-//! ctimes tmpfs moves.
+//! ctimes tmpfs moves. And fsx, the file-system exerciser, reads back
+//! every byte it wrote while the server is killed under it.
 //!
 //! Needs root and /dev/fuse. Without them these tests say loudly that
 //! they skipped, unless `INTERLOCK_REQUIRE_FUSE` is set (scripts/test sets
@@ -828,6 +829,108 @@ fn a_server_restart_keeps_open_files_even_unlinked_and_locks() {
     wait_for("a's reclaimed lock to go with its file", || {
         fcntl(fb.as_fd(), FcntlArg::F_OFD_SETLK(&posix(libc::F_WRLCK, 0, 0))).is_ok()
     });
+}
+
+/// fsx, the file-system exerciser (its Rust port, which `scripts/test`
+/// installs), if the test command installed it.
+fn fsx() -> Option<PathBuf> {
+    let p = std::env::var_os("INTERLOCK_FSX").map(PathBuf::from).unwrap_or("/usr/bin/fsx".into());
+    found(p, "fsx", "the fsx crate")
+}
+
+/// fsx's settings: every operation it knows (pread and pwrite, reads and
+/// writes through `mmap`, `msync(MS_INVALIDATE)`, truncates up and down,
+/// `fsync`, `fdatasync`, `posix_fallocate`, hole punching, `sendfile`,
+/// `posix_fadvise`, `copy_file_range`, close and reopen), on a file of up
+/// to 8 MiB with operations of up to 2 MiB, twice the mount's largest
+/// request, so that a write is split between requests.
+const FSX_CONFIG: &str = "flen = 8388608
+[opsize]
+max = 2097152
+[weights]
+close_open = 1
+read = 10
+write = 10
+mapread = 10
+mapwrite = 10
+invalidate = 1
+truncate = 2
+fsync = 1
+fdatasync = 1
+posix_fallocate = 1
+punch_hole = 1
+sendfile = 1
+posix_fadvise = 1
+copy_file_range = 1
+";
+
+/// fsx on two files of a mount, each checking every byte it reads against
+/// what it wrote, while the server is killed with SIGKILL and started again
+/// on its address, again and again. A write is answered once its data is
+/// in the server's file and its record written out, so a server's death
+/// (not the machine's) loses no answered write, and a request the dead
+/// server never answered is sent again to the new one: nothing that fsx
+/// reads may differ from its model of the file.
+#[test]
+fn fsx_reads_back_every_write_across_kills_of_the_server() {
+    let test = "fsx_reads_back_every_write_across_kills_of_the_server";
+    if !fuse_ready(test) {
+        return;
+    }
+    let Some(fsx) = fsx() else { return };
+    let data = tempfile::tempdir().unwrap();
+    let mut server = ServerProc::start(data.path(), "127.0.0.1:0", &["--lease-ms", "5000"]);
+    let addr = server.addr.clone();
+    let m = Mount::new(&addr);
+    let work = tempfile::tempdir().unwrap();
+    let config = work.path().join("fsx.toml");
+    std::fs::write(&config, FSX_CONFIG).unwrap();
+    // A seed of the run's own, told on failure (fsx's -S repeats it).
+    let mut seed = std::hash::BuildHasher::hash_one(&std::collections::hash_map::RandomState::new(), test);
+    let mut next = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    // What each fsx says goes to a file: its account of a failure is
+    // long, and no one reads a pipe while the server is being killed.
+    let mut runs: Vec<(u64, PathBuf, Child)> = (0..2)
+        .map(|i| {
+            let s = next() % 1_000_000_000;
+            let said = work.path().join(format!("fsx{i}.out"));
+            let out = File::create(&said).unwrap();
+            let child = Command::new(&fsx)
+                .arg("-f")
+                .arg(&config)
+                .args(["-N", "4000", "-S", &s.to_string(), "-P"])
+                .arg(work.path())
+                .arg(m.join(&format!("fsx{i}")))
+                .stdout(out.try_clone().unwrap())
+                .stderr(out)
+                .spawn()
+                .unwrap();
+            (s, said, child)
+        })
+        .collect();
+    // Kill the server at random moments, 200-1000 ms apart, as long as an
+    // fsx runs.
+    let mut kills = 0;
+    while runs.iter_mut().any(|(_, _, c)| c.try_wait().unwrap().is_none()) {
+        std::thread::sleep(Duration::from_millis(200 + next() % 800));
+        server.kill9();
+        server = ServerProc::start(data.path(), &addr, &["--lease-ms", "5000"]);
+        kills += 1;
+    }
+    for (s, said, mut child) in runs {
+        let status = child.wait().unwrap();
+        let text = std::fs::read_to_string(said).unwrap();
+        assert!(
+            status.success() && text.contains("All operations completed A-OK!"),
+            "fsx -S {s}, {kills} kills:\n{text}"
+        );
+    }
+    assert!(kills >= 3, "fsx finished after only {kills} kills of the server: give it more operations");
 }
 
 /// One file-system call of the differential test, on paths relative to a
