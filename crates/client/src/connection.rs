@@ -12,7 +12,6 @@ use interlock_core::Namespace;
 use interlock_proto::{self as proto, ClientMsgRef, GrantInfo, Kind, Op, Reply, ServerMsg, Target, owner};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
-use tokio::sync::oneshot;
 use tokio_util::codec::FramedRead;
 
 use crate::lease::Lease;
@@ -163,11 +162,13 @@ pub(crate) enum Settled {
 
 /// Sets up the session's streams on a new connection: a resumed session
 /// goes on where the server stopped taking in our stream; a new one
-/// starts both streams afresh, and what was in flight is lost. `now` is
-/// when the old session was last known to be needed (the lease rule in
-/// `lease`). `None` if the server's count is impossible (nothing is sent;
-/// the caller reconnects).
-pub(crate) fn settle(inner: &Arc<Inner>, w: &Welcomed, now: Instant) -> Option<Settled> {
+/// starts both streams afresh, and what was in flight is lost, but for
+/// what the last server said it never read (`goodbye`: where it stopped
+/// reading, if it stopped cleanly), which is told so. `now` is when the
+/// old session was last known to be needed (the lease rule in `lease`).
+/// `None` if the server's count is impossible (nothing is sent; the
+/// caller reconnects).
+pub(crate) fn settle(inner: &Arc<Inner>, w: &Welcomed, now: Instant, goodbye: Option<u64>) -> Option<Settled> {
     if w.resumed {
         if inner.outbox.resume(w.received) {
             return Some(Settled::Resumed);
@@ -185,6 +186,9 @@ pub(crate) fn settle(inner: &Arc<Inner>, w: &Welcomed, now: Instant) -> Option<S
     *inner.lease.lock() = Lease::new(w.lease, w.sent);
     inner.generation.fetch_add(1, Ordering::Relaxed);
     inner.outbox.open();
+    if let Some(served) = goodbye {
+        t.unread_past(served);
+    }
     t.pending.clear();
     inner.received.store(0, Ordering::Relaxed);
     crate::opens::reopen_all(inner, &mut t);
@@ -203,8 +207,9 @@ pub(crate) fn settle(inner: &Arc<Inner>, w: &Welcomed, now: Instant) -> Option<S
 const ACK_EVERY: u64 = 16 << 10;
 
 /// Drives one connection until it drops; [`settle`] has set its streams
-/// up.
-pub(crate) async fn run(inner: Arc<Inner>, conn: Conn, settled: Settled) {
+/// up. Returns where the server stopped reading our stream if it said
+/// goodbye (it stopped cleanly).
+pub(crate) async fn run(inner: Arc<Inner>, conn: Conn, settled: Settled) -> Option<u64> {
     let Conn { mut frames, wr } = conn;
     let outbox = inner.outbox.clone();
     let tables = inner.clone();
@@ -219,8 +224,14 @@ pub(crate) async fn run(inner: Arc<Inner>, conn: Conn, settled: Settled) {
     // 2^64: the welcome counts in `consumed` but not in the stream).
     let mut acked = inner.received.load(Ordering::Relaxed);
     let origin = acked.wrapping_sub(frames.decoder().consumed());
+    let mut goodbye = None;
     while let Some(read) = frames.next().await {
         match read {
+            // The last the server sends before it stops cleanly: what it
+            // did not read is told so once the next session is settled (a
+            // request may still be sent before this connection is seen to
+            // close).
+            Ok(ServerMsg::Goodbye { served }) => goodbye = Some(served),
             Ok(msg) => {
                 dispatch(&inner, msg);
                 let received = origin.wrapping_add(frames.decoder().consumed());
@@ -239,6 +250,7 @@ pub(crate) async fn run(inner: Arc<Inner>, conn: Conn, settled: Settled) {
     }
     // Requests sent from now on wait for the next connection.
     writer.abort();
+    goodbye
 }
 
 /// What the client holds: each kind's POSIX, OFD and flock locks on each
@@ -332,18 +344,14 @@ fn reclaim(inner: &Arc<Inner>) {
 /// reports the lock lost.
 fn reclaim_one(inner: &Arc<Inner>, target: Target, mode: u8, handle: Option<u64>) {
     let id = inner.next_id.fetch_add(1, Ordering::Relaxed);
-    let (tx, rx) = oneshot::channel();
-    inner.tables.lock().pending.insert(id, tx);
     let op = Op::Lock { target: target.clone(), mode, wait: false, reclaim: true };
-    if inner.outbox.send(&ClientMsgRef::Request { id, op: &op }).is_err() {
-        return;
-    }
+    let Ok(rx) = inner.tables.lock().send(&inner.outbox, id, &op) else { return };
     let weak = Arc::downgrade(inner);
     tokio::spawn(async move {
         let reply = rx.await;
         let Some(inner) = weak.upgrade() else { return };
         match (reply, handle) {
-            (Ok(Reply::Granted(g)), Some(old)) => {
+            (Ok(Ok(Reply::Granted(g))), Some(old)) => {
                 if let Some(new) = g.handle {
                     let mut t = inner.tables.lock();
                     if let Some(entry) = t.dlm.remove(&old) {
@@ -353,7 +361,7 @@ fn reclaim_one(inner: &Arc<Inner>, target: Target, mode: u8, handle: Option<u64>
                     t.alias.insert(first, new);
                 }
             }
-            (Ok(Reply::Granted(_)), None) => {}
+            (Ok(Ok(Reply::Granted(_))), None) => {}
             // Refused, or the session changed again before the answer.
             (_, handle) => {
                 tracing::warn!(resource = %String::from_utf8_lossy(&target.resource), "reclaim refused");
@@ -402,8 +410,8 @@ fn dispatch(inner: &Arc<Inner>, msg: ServerMsg) {
         ServerMsg::Reply { id: 0, .. } => {}
         ServerMsg::Reply { id, reply } => {
             let mut t = inner.tables.lock();
-            if let Some(tx) = t.pending.remove(&id) {
-                let _ = tx.send(reply);
+            if let Some(p) = t.pending.remove(&id) {
+                let _ = p.tx.send(Ok(reply));
             } else if let Some(request) = t.cancelling.remove(&id) {
                 t.abandoned.remove(&request);
             } else if t.abandoned.contains_key(&id) {
@@ -443,7 +451,8 @@ fn dispatch(inner: &Arc<Inner>, msg: ServerMsg) {
                 let _ = tx.send(Blocking { resource, handle, owner, held, wanted });
             }
         }
-        ServerMsg::Welcome { .. } | ServerMsg::Refused { .. } => {}
+        // Seen by `run`.
+        ServerMsg::Welcome { .. } | ServerMsg::Refused { .. } | ServerMsg::Goodbye { .. } => {}
     }
 }
 

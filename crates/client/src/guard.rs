@@ -9,7 +9,7 @@ use interlock_proto::{ClientMsgRef, Op, Reply};
 use tokio::sync::oneshot;
 
 use crate::connection::give_back;
-use crate::{Answer, Inner, LockSpec, local_effects};
+use crate::{Answer, Inner, LockSpec, Replied, local_effects};
 
 /// A lock request in flight. Dropped before it is answered, it withdraws
 /// the request and gives back a grant that raced the drop: one already in
@@ -23,7 +23,7 @@ pub(crate) struct WaitGuard<'a> {
     pub op: Option<Op>,
     /// Still in flight: a drop withdraws it.
     pub live: bool,
-    pub reply_rx: oneshot::Receiver<Reply>,
+    pub reply_rx: oneshot::Receiver<Replied>,
     /// For a blocking request, where its grant arrives.
     pub grant_rx: Option<oneshot::Receiver<Answer>>,
 }
@@ -57,10 +57,10 @@ impl Drop for WaitGuard<'_> {
             _ => None,
         };
         let grant = match self.reply_rx.try_recv() {
-            Ok(Reply::Granted(g)) => Some(g),
-            Ok(Reply::Queued) => pushed(),
+            Ok(Ok(Reply::Granted(g))) => Some(g),
+            Ok(Ok(Reply::Queued)) => pushed(),
             Ok(_) => {
-                // Refused: nothing held, nothing to come.
+                // Refused, or never read: nothing held, nothing to come.
                 self.inner.tables.lock().abandoned.remove(&self.id);
                 return;
             }

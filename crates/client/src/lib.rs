@@ -123,6 +123,11 @@ pub enum ClientError {
     /// one and take effect exactly once.
     #[error("connection to the server lost")]
     ConnectionLost,
+    /// The server stopped cleanly before it read the request: it had no
+    /// effect, and may be made again once the client has its next server,
+    /// whatever the request (see `ServerMsg::Goodbye`).
+    #[error("the server stopped before it read the request, which had no effect")]
+    Unread,
     #[error("server: {0}")]
     Server(String),
     #[error("deadlock: waiting would close a cycle of waiting owners (EDEADLK)")]
@@ -240,10 +245,32 @@ pub struct Blocking {
 /// A DLM lock held: (resource, owner, mode, start, end).
 pub(crate) type DlmEntry = (Vec<u8>, u32, u8, u64, u64);
 
+/// What comes back for a request: its reply, or word that the server
+/// stopped cleanly before it read the request.
+pub(crate) type Replied = Result<Reply, Unread>;
+
+/// A request the server never read: it stopped cleanly first (its
+/// `Goodbye`), so the request had no effect.
+#[derive(Debug)]
+pub(crate) struct Unread;
+
+impl From<Unread> for ClientError {
+    fn from(_: Unread) -> ClientError {
+        ClientError::Unread
+    }
+}
+
+/// A request awaiting its reply.
+struct Pending {
+    /// Where the request ends in the session's stream.
+    end: u64,
+    tx: oneshot::Sender<Replied>,
+}
+
 #[derive(Default)]
 struct Tables {
     /// Request id -> where its reply goes.
-    pending: HashMap<u64, oneshot::Sender<Reply>>,
+    pending: HashMap<u64, Pending>,
     /// Blocking requests, from sending until their future is done with
     /// them: the request, to send again in a new session, or to give back
     /// a grant that races a drop.
@@ -265,6 +292,28 @@ struct Tables {
     alias: HashMap<u64, u64>,
     /// Files held open at the server, to open again in a new session.
     opens: opens::Opens,
+}
+
+impl Tables {
+    /// Sends request `id` and lists where its reply goes, under the
+    /// tables' lock (the caller's), so that no reply arrives unlisted.
+    fn send(&mut self, outbox: &Outbox, id: u64, op: &Op) -> Result<oneshot::Receiver<Replied>, ClientError> {
+        let end = outbox.send(&ClientMsgRef::Request { id, op })?;
+        let (tx, rx) = oneshot::channel();
+        self.pending.insert(id, Pending { end, tx });
+        Ok(rx)
+    }
+
+    /// The server stopped cleanly having read the session's stream up to
+    /// byte `served`: the requests past it are told they had no effect.
+    /// Waits are left listed, to be sent again in the next session as
+    /// after any loss of the session. O(pending).
+    fn unread_past(&mut self, served: u64) {
+        let waits = &self.waits;
+        for (_, p) in self.pending.extract_if(|id, p| p.end > served && !waits.contains_key(id)) {
+            let _ = p.tx.send(Err(Unread));
+        }
+    }
 }
 
 struct Inner {
@@ -310,15 +359,13 @@ impl Inner {
     /// files to open again in a new session as it is sent (see `opens`).
     /// With a `fence`, only in that session (see [`Client::within`]).
     fn submit(&self, id: u64, op: Op, wait: bool, fence: Option<u64>) -> Result<Submitted, ClientError> {
-        let (reply_tx, reply_rx) = oneshot::channel();
         let mut t = self.tables.lock();
         // The generation changes under the tables' lock: a fenced request
         // is listed in its session or not sent at all.
         if fence.is_some_and(|g| g != self.generation.load(Ordering::Relaxed)) {
             return Err(ClientError::ConnectionLost);
         }
-        self.outbox.send(&ClientMsgRef::Request { id, op: &op })?;
-        t.pending.insert(id, reply_tx);
+        let reply_rx = t.send(&self.outbox, id, &op)?;
         if let Op::Meta { op: interlock_proto::meta::MetaOp::Release { ino }, .. } = &op {
             t.opens.take(*ino);
         }
@@ -358,7 +405,7 @@ pub(crate) struct Answer {
 
 /// A request on its way: see [`Inner::submit`].
 struct Submitted {
-    reply_rx: oneshot::Receiver<Reply>,
+    reply_rx: oneshot::Receiver<Replied>,
     grant_rx: Option<oneshot::Receiver<Answer>>,
     op: Option<Op>,
     /// The session it was sent in: its reply, if any, comes in it (the
@@ -477,11 +524,12 @@ impl Client {
             // The first connection has nothing to reclaim (its session is
             // new, not lost), so it counts as resumed.
             let mut conn = Some((conn, connection::Settled::Resumed));
+            let mut goodbye = None;
             while !inner.closed() {
                 let (c, settled) = match conn.take() {
                     Some(c) => c,
                     None => match connection::reconnect(&inner).await {
-                        Some(w) => match connection::settle(&inner, &w, Instant::now()) {
+                        Some(w) => match connection::settle(&inner, &w, Instant::now(), goodbye.take()) {
                             Some(settled) => (w.conn, settled),
                             // Cannot happen with a sound server; not in a hot loop.
                             None => {
@@ -492,7 +540,7 @@ impl Client {
                         None => break,
                     },
                 };
-                connection::run(inner.clone(), c, settled).await;
+                goodbye = connection::run(inner.clone(), c, settled).await;
             }
             // For good: what is in flight or sent later will not be
             // answered, and blocking requests will not be granted.
@@ -519,7 +567,7 @@ impl Client {
                 let Ok(sent) = inner.submit(id, Op::Renew { received }, false, None) else { continue };
                 let generation = sent.generation;
                 drop(inner);
-                if let Ok(Ok(Reply::Done)) = tokio::time::timeout(every, sent.reply_rx).await
+                if let Ok(Ok(Ok(Reply::Done))) = tokio::time::timeout(every, sent.reply_rx).await
                     && let Some(inner) = weak.upgrade()
                     && inner.generation.load(Ordering::Relaxed) == generation
                 {
@@ -537,7 +585,7 @@ impl Client {
     async fn request_in(&self, op: Op) -> Result<(Reply, u64), ClientError> {
         let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
         let sent = self.inner.submit(id, op, false, self.fence)?;
-        match sent.reply_rx.await.map_err(|_| ClientError::ConnectionLost)? {
+        match sent.reply_rx.await.map_err(|_| ClientError::ConnectionLost)?? {
             Reply::Error(e) => Err(ClientError::Server(e)),
             Reply::Recovering { left_ms } => Err(ClientError::Recovering(Duration::from_millis(left_ms))),
             r => Ok((r, sent.generation)),
@@ -613,7 +661,13 @@ impl Client {
         };
         let blocking = guard.grant_rx.is_some();
         let reply = match within(deadline, &mut guard.reply_rx).await {
-            Some(Ok(r)) => r,
+            Some(Ok(Ok(r))) => r,
+            // Never read (the server stopped cleanly first): nothing to
+            // withdraw. Never so for a wait, which is sent again.
+            Some(Ok(Err(unread))) => {
+                guard.done();
+                return Err(unread.into());
+            }
             // The session changed before the reply came: a blocking
             // request is sent again in the new one (its answer comes
             // through `grant_rx`), any other failed.
@@ -782,7 +836,7 @@ impl Client {
         let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
         let op = Op::DlmConvert { resource: resource.to_vec(), owner, handle, mode: mode as u8, wait, lvb: None };
         let sent = self.inner.submit(id, op, wait, self.fence)?;
-        let reply = sent.reply_rx.await.map_err(|_| ClientError::ConnectionLost);
+        let reply = sent.reply_rx.await.map_err(|_| ClientError::ConnectionLost).and_then(|r| Ok(r?));
         let reply = match (reply, sent.grant_rx) {
             (Ok(Reply::Queued), Some(grant_rx)) => {
                 grant_rx.await.map(|a| a.reply).map_err(|_| ClientError::ConnectionLost)
@@ -861,5 +915,35 @@ async fn within<F: std::future::Future>(deadline: Option<Instant>, f: F) -> Opti
     match deadline {
         Some(d) => tokio::time::timeout_at(d.into(), f).await.ok(),
         None => Some(f.await),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// After a clean stop, the requests past where the server stopped
+    /// reading are told they had no effect; those it read, and waits
+    /// (sent again in the next session), are not.
+    #[test]
+    fn requests_past_the_goodbye_are_unread_and_the_rest_are_not() {
+        let outbox = Outbox::default();
+        outbox.open();
+        let mut t = Tables::default();
+        let mut rx: Vec<_> = (1..=4).map(|id| t.send(&outbox, id, &Op::Status).unwrap()).collect();
+        let ends: Vec<u64> = (1..=4).map(|id| t.pending[&id].end).collect();
+        assert!(ends.windows(2).all(|w| w[0] < w[1]), "{ends:?}");
+        // Request 4 is a wait.
+        t.waits.insert(4, Waiting { grant_tx: None, op: Op::Status });
+        // The server read requests 1 and 2.
+        t.unread_past(ends[1]);
+        assert!(matches!(rx[2].try_recv(), Ok(Err(Unread))), "request 3 was not read");
+        let listed: Vec<u64> = {
+            let mut l: Vec<u64> = t.pending.keys().copied().collect();
+            l.sort();
+            l
+        };
+        assert_eq!(listed, [1, 2, 4], "read ones wait for their replies; the wait stays to be sent again");
+        assert!(rx[0].try_recv().is_err() && rx[1].try_recv().is_err() && rx[3].try_recv().is_err());
     }
 }

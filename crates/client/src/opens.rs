@@ -20,8 +20,7 @@ use std::sync::atomic::Ordering;
 use foldhash::HashMap;
 use interlock_meta::{Cred, Ino};
 use interlock_proto::meta::{MetaOp, MetaReply};
-use interlock_proto::{ClientMsgRef, Op, Reply};
-use tokio::sync::oneshot;
+use interlock_proto::{Op, Reply};
 
 use crate::{Inner, Tables};
 
@@ -74,16 +73,12 @@ pub(crate) fn reopen_all(inner: &Arc<Inner>, t: &mut Tables) {
 fn reopen(inner: &Arc<Inner>, t: &mut Tables, ino: Ino) {
     let id = inner.next_id.fetch_add(1, Ordering::Relaxed);
     let op = Op::Meta { cred: Cred::root(), op: MetaOp::Open { ino, want: 0 } };
-    if inner.outbox.send(&ClientMsgRef::Request { id, op: &op }).is_err() {
-        return;
-    }
-    let (tx, rx) = oneshot::channel();
-    t.pending.insert(id, tx);
+    let Ok(rx) = t.send(&inner.outbox, id, &op) else { return };
     let weak = Arc::downgrade(inner);
     tokio::spawn(async move {
-        // No answer: the session changed again, and the next one opens
-        // the file again.
-        let Ok(reply) = rx.await else { return };
+        // No answer (or never read): the session changed again, and the
+        // next one opens the file again.
+        let Ok(Ok(reply)) = rx.await else { return };
         if matches!(reply, Reply::Meta(MetaReply::Attr(_))) {
             return;
         }

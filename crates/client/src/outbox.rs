@@ -50,8 +50,9 @@ pub(crate) struct Outbox {
 impl Outbox {
     /// Appends a request for the writer (or for the next connection, while
     /// the client reconnects); fails when the client gave up its server
-    /// or the request is over the frame limit. O(size of the request).
-    pub fn send(&self, msg: &ClientMsgRef<'_>) -> Result<(), ClientError> {
+    /// or the request is over the frame limit. Returns where in the
+    /// session's stream the request ends. O(size of the request).
+    pub fn send(&self, msg: &ClientMsgRef<'_>) -> Result<u64, ClientError> {
         let mut out = self.out.lock();
         if !out.open {
             return Err(ClientError::ConnectionLost);
@@ -63,7 +64,7 @@ impl Outbox {
         out.replies.push_back(end);
         drop(out);
         self.ready.notify_one();
-        Ok(())
+        Ok(end)
     }
 
     /// The oldest request's reply came: the server has it and all before

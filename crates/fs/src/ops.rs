@@ -52,11 +52,16 @@ fn call<T>(r: Result<T, ClientError>) -> Result<T, i32> {
     r.map_err(|e| errno(&e))
 }
 
-/// Whether a call that ended so is to be made again, after a pause: its
-/// session ended (the server restarted, or the lease ran out) and there
-/// is time left.
-async fn repeats<T>(r: &Result<T, ClientError>, until: tokio::time::Instant) -> bool {
-    let again = matches!(r, Err(ClientError::ConnectionLost)) && tokio::time::Instant::now() < until;
+/// Whether a call that ended so is to be made again, after a pause, while
+/// there is time left: one the server never read (it stopped cleanly
+/// first: `ClientError::Unread`) always; one whose session ended (the
+/// server restarted, or the lease ran out) if it may be `repeated`.
+async fn repeats<T>(r: &Result<T, ClientError>, until: tokio::time::Instant, repeated: bool) -> bool {
+    let again = match r {
+        Err(ClientError::Unread) => true,
+        Err(ClientError::ConnectionLost) => repeated,
+        _ => false,
+    } && tokio::time::Instant::now() < until;
     if again {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -103,6 +108,18 @@ const PAGE: u32 = 1024;
 /// How long a call that can be repeated is retried after the server
 /// restarted (the client reconnects meanwhile).
 const RETRY_FOR: Duration = Duration::from_secs(60);
+
+/// Runs `f` until [`repeats`] says no (`repeated`: whether a call whose
+/// session ended is made again).
+async fn retried<T, F: Future<Output = Result<T, ClientError>>>(f: impl Fn() -> F, repeated: bool) -> Result<T, i32> {
+    let until = tokio::time::Instant::now() + RETRY_FOR;
+    loop {
+        let r = f().await;
+        if !repeats(&r, until, repeated).await {
+            return call(r);
+        }
+    }
+}
 
 impl Fs {
     pub fn new(client: Client, dev: Arc<File>, cfg: &Config) -> Fs {
@@ -197,19 +214,23 @@ impl Fs {
     /// Runs a call that may be repeated (a read, a write at an offset, a
     /// lookup, …) again if it failed because the server restarted and the
     /// session with it: the file system goes on across a server restart.
-    /// Calls that may not be repeated (create, unlink, rename, …: the
-    /// first may have taken effect) fail with `EIO` then.
     pub(crate) async fn again<T, F: Future<Output = Result<T, ClientError>>>(
         &self,
         f: impl Fn() -> F,
     ) -> Result<T, i32> {
-        let until = tokio::time::Instant::now() + RETRY_FOR;
-        loop {
-            let r = f().await;
-            if !repeats(&r, until).await {
-                return call(r);
-            }
-        }
+        retried(f, true).await
+    }
+
+    /// Runs a call that may not be repeated (create, unlink, rename, …:
+    /// the first may have taken effect) again only if the server never
+    /// read it, having stopped cleanly first; after a server's death it
+    /// fails with `EIO`. So a restart of the server for an upgrade fails
+    /// no program, one that crashes only those with such a call on the way.
+    pub(crate) async fn once<T, F: Future<Output = Result<T, ClientError>>>(
+        &self,
+        f: impl Fn() -> F,
+    ) -> Result<T, i32> {
+        retried(f, false).await
     }
 
     /// Runs a call on file `ino` that may act under this mount's locks on
@@ -232,7 +253,7 @@ impl Fs {
             let settled = self.client.settled();
             self.lost.check(&self.client, ino)?;
             let r = f(self.client.within(settled)).await;
-            if !repeat || !repeats(&r, until).await {
+            if !repeats(&r, until, repeat).await {
                 return call(r);
             }
         }
@@ -325,7 +346,7 @@ impl Fs {
         self.writable()?;
         let op =
             MetaOp::Create { parent, name: name.to_vec(), kind, perm: mode & 0o7777, rdev, target: target.to_vec() };
-        match call(self.client.meta(cred, op).await)? {
+        match self.once(|| self.client.meta(cred, op.clone())).await? {
             interlock_proto::meta::MetaReply::Attr(at) => Ok(self.entry(&at)),
             _ => Err(libc::EIO),
         }
@@ -355,11 +376,11 @@ impl Fs {
         self.writable()?;
         let name = a.cstr()?;
         let r = if dir {
-            self.client.rmdir(cred, parent, name).await
+            self.once(|| self.client.rmdir(cred, parent, name)).await
         } else {
-            self.client.unlink(cred, parent, name).await
+            self.once(|| self.client.unlink(cred, parent, name)).await
         };
-        call(r).map(|()| Vec::new())
+        r.map(|()| Vec::new())
     }
 
     async fn rename(&self, cred: &Cred, parent: Ino, a: &mut Args<'_>, two: bool) -> Answer {
@@ -379,14 +400,14 @@ impl Fs {
             flags.whiteout = f & libc::RENAME_WHITEOUT != 0;
         }
         let (name, new_name) = (a.cstr()?, a.cstr()?);
-        call(self.client.rename(cred, (parent, name), (new_parent, new_name), flags).await).map(|()| Vec::new())
+        self.once(|| self.client.rename(cred, (parent, name), (new_parent, new_name), flags)).await.map(|()| Vec::new())
     }
 
     async fn link(&self, cred: &Cred, parent: Ino, a: &mut Args<'_>) -> Answer {
         self.writable()?;
         let ino = a.u64()?;
         let name = a.cstr()?;
-        call(self.client.link(cred, ino, parent, name).await).map(|at| self.entry(&at))
+        self.once(|| self.client.link(cred, ino, parent, name)).await.map(|at| self.entry(&at))
     }
 
     /// Holds `ino` open at the server and gives the kernel a handle. Data
@@ -435,7 +456,7 @@ impl Fs {
         self.writable()?;
         let (flags, mode) = (a.u32()?, a.u32()?);
         let linkable = flags as i32 & libc::O_EXCL == 0;
-        let attr = call(self.client.tmpfile(cred, parent, mode & 0o7777, linkable).await)?;
+        let attr = self.once(|| self.client.tmpfile(cred, parent, mode & 0o7777, linkable)).await?;
         Ok(self.opened(&attr))
     }
 
@@ -462,9 +483,9 @@ impl Fs {
     async fn create_or_open(&self, cred: &Cred, parent: Ino, name: &[u8], perm: u32, flags: i32) -> Result<Attr, i32> {
         // A name made and removed again between our tries: a few more.
         for _ in 0..8 {
-            match self.client.create_open(cred, parent, name, perm).await {
-                Err(ClientError::Errno(libc::EEXIST)) if flags & libc::O_EXCL == 0 => {}
-                r => return call(r),
+            match self.once(|| self.client.create_open(cred, parent, name, perm)).await {
+                Err(libc::EEXIST) if flags & libc::O_EXCL == 0 => {}
+                r => return r,
             }
             match self.again(|| self.client.lookup(cred, parent, name)).await {
                 Ok(attr) if attr.kind == FileType::Regular => {
@@ -622,7 +643,9 @@ impl Fs {
         // After a server restart the server no longer knows the open: it
         // went with the old session.
         match self.client.release(cred, handle.ino).await {
-            Ok(()) | Err(ClientError::Errno(libc::EBADF) | ClientError::ConnectionLost) => Ok(Vec::new()),
+            Ok(()) | Err(ClientError::Errno(libc::EBADF) | ClientError::ConnectionLost | ClientError::Unread) => {
+                Ok(Vec::new())
+            }
             Err(e) => Err(errno(&e)),
         }
     }
@@ -638,7 +661,7 @@ impl Fs {
             libc::XATTR_REPLACE => XattrMode::Replace,
             _ => return Err(libc::EINVAL),
         };
-        call(self.client.setxattr(cred, ino, name, value, mode).await).map(|()| Vec::new())
+        self.once(|| self.client.setxattr(cred, ino, name, value, mode)).await.map(|()| Vec::new())
     }
 
     async fn getxattr(&self, cred: &Cred, ino: Ino, a: &mut Args<'_>) -> Answer {
@@ -662,7 +685,7 @@ impl Fs {
     async fn removexattr(&self, cred: &Cred, ino: Ino, a: &mut Args<'_>) -> Answer {
         self.writable()?;
         let name = a.cstr()?;
-        call(self.client.removexattr(cred, ino, name).await).map(|()| Vec::new())
+        self.once(|| self.client.removexattr(cred, ino, name)).await.map(|()| Vec::new())
     }
 
     /// A listing page: `.` and `..` (cookies 1 and 2), then the server's

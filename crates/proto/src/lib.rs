@@ -37,7 +37,7 @@ use serde::{Deserialize, Serialize};
 pub use unacked::Unacked;
 
 /// The protocol version this build speaks.
-pub const VERSION: u32 = 13;
+pub const VERSION: u32 = 14;
 /// The largest frame either side accepts, in bytes: room for an extended
 /// attribute's largest value (64 KiB) and a page of directory entries.
 pub const MAX_FRAME: usize = 256 << 10;
@@ -402,6 +402,17 @@ pub enum ServerMsg {
         owner: u32,
         held: u8,
         wanted: u8,
+    },
+    /// The server is stopping cleanly (SIGTERM, Ctrl-C), and this is the
+    /// last it sends on the connection. It read the client's stream up to
+    /// byte `served`, and what it read it has answered, or still owes an
+    /// answer no session will get (a lock wait, a changelog read that
+    /// waits, a disk task that outlasted the stop). Nothing past `served`
+    /// was read: those requests had no effect, and the client may make
+    /// them again on the next server, even those that may not be repeated
+    /// (a create, a rename) after a plain loss of the connection.
+    Goodbye {
+        served: u64,
     },
 }
 

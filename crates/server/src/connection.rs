@@ -108,18 +108,37 @@ pub(crate) async fn connection(
         // Ahead of the stream, which waits for it (`Wire::attach`).
         wire::write_all(&wr, &welcome).await.ok()?;
         session.wire.open();
-        Some(serve_connection(&inner, session.sid, peer, &mut source, &session.wire, &mut turn).await)
+        let ended = serve_connection(&inner, session.sid, peer, &mut source, &session.wire, &mut turn).await;
+        if ended == Ended::Stopping {
+            // The server stops cleanly: once every answer owed for what
+            // was read is in the stream, the goodbye follows them.
+            inner.stop.answered().await;
+            session.wire.append(&ServerMsg::Goodbye { served: *turn });
+            session.wire.flush().await.ok()?;
+        }
+        Some(ended)
     };
     // Stopped at any await, it leaves the session whole: see
     // `serve_connection`.
-    let bye = tokio::select! {
-        () = session.stop.cancelled() => false,
-        bye = serve => bye == Some(true),
+    let ended = tokio::select! {
+        () = session.stop.cancelled() => None,
+        ended = serve => ended,
     };
     session.wire.detach(&wr);
-    if bye {
+    if ended == Some(Ended::Bye) {
         end_session(&inner, session.sid);
     }
+}
+
+/// How a connection's request loop ended.
+#[derive(Debug, PartialEq, Eq)]
+enum Ended {
+    /// The client said `Bye`: its session ends.
+    Bye,
+    /// The connection closed or failed: the session waits for the next.
+    Closed,
+    /// The server stops cleanly: nothing more is read (see `stop`).
+    Stopping,
 }
 
 /// Gives the session attached (resumed or new) to a new connection:
@@ -155,6 +174,8 @@ async fn take_over(
 enum Next {
     Frame(Option<Result<ClientMsg, proto::ReadError>>),
     Flush,
+    /// The server stops: read nothing more.
+    Stop,
 }
 
 /// Serves one connection's requests, answering each at once. A burst of
@@ -164,8 +185,9 @@ enum Next {
 /// nothing while it cannot write: a client that does not read its
 /// replies is held back. Between bursts it writes what other tasks pushed
 /// and could not write themselves. `served` counts the bytes of the
-/// client's stream served, request by request. Returns whether the client
-/// said `Bye`.
+/// client's stream served, request by request. A clean stop of the
+/// server ends it between two requests, with what was read answered or
+/// handed on.
 async fn serve_connection(
     inner: &Inner,
     sid: u64,
@@ -173,7 +195,8 @@ async fn serve_connection(
     source: &mut tokio_util::codec::FramedRead<Reader, proto::Reader<ClientMsg>>,
     wire: &Wire,
     served: &mut u64,
-) -> bool {
+) -> Ended {
+    let Some(_reading) = inner.stop.reading() else { return Ended::Stopping };
     let limit = inner.config.limits.max_in_flight.max(1);
     let squash = inner.config.root_squash.as_ref().and_then(|s| s.for_peer(peer.ip()));
     let mut unflushed = 0usize;
@@ -182,13 +205,16 @@ async fn serve_connection(
     // 2^64: the hello counts in `consumed` but not in the stream).
     let origin = served.wrapping_sub(source.decoder().consumed());
     if wire.flush().await.is_err() {
-        return false;
+        return Ended::Closed;
     }
     loop {
-        let next = if unflushed == 0 {
+        let next = if inner.stop.is_stopping() {
+            Next::Stop
+        } else if unflushed == 0 {
             tokio::select! {
                 () = wire.ready() => Next::Flush,
                 f = source.next() => Next::Frame(f),
+                () = inner.stop.stop_reading() => Next::Stop,
             }
         } else if unflushed < limit
             && let Some(f) = source.next().now_or_never()
@@ -200,15 +226,16 @@ async fn serve_connection(
         let (id, op) = match next {
             Next::Flush => {
                 if wire.flush().await.is_err() {
-                    return false;
+                    return Ended::Closed;
                 }
                 unflushed = 0;
                 touched = false;
                 continue;
             }
+            Next::Stop => return Ended::Stopping,
             Next::Frame(f) => match read_request(f, sid, peer) {
                 Some(req) => req,
-                None => return false,
+                None => return Ended::Closed,
             },
         };
         let op = match (op, squash) {
@@ -224,7 +251,7 @@ async fn serve_connection(
         // `session_gone`.)
         if !touched {
             if !inner.sessions.touch(sid, Instant::now()) {
-                return false;
+                return Ended::Closed;
             }
             touched = true;
         }
@@ -252,7 +279,7 @@ async fn serve_connection(
         unflushed += 1;
         if bye {
             let _ = wire.flush().await;
-            return true;
+            return Ended::Bye;
         }
     }
 }

@@ -28,7 +28,7 @@
 //! (requests onto the engine), `meta` (namespace and changelog requests
 //! onto the store, open files, the checkpointer), `durable` (answers
 //! that wait for the journal), `squash` (whose root is served as whom),
-//! `connection` (handshake and request loop).
+//! `connection` (handshake and request loop), `stop` (a clean stop).
 
 #![forbid(unsafe_code)]
 
@@ -41,6 +41,7 @@ mod meta;
 mod metrics;
 mod session;
 mod squash;
+mod stop;
 mod transport;
 mod wire;
 
@@ -92,6 +93,8 @@ pub(crate) struct Inner {
     /// it cannot go on from): [`Server::serve`] then ends with
     /// [`ServerError::JournalFailed`].
     pub journal_failed: tokio::sync::Notify,
+    /// Where a clean stop stands.
+    pub stop: stop::Stop,
 }
 
 /// A bound server, ready to serve.
@@ -175,6 +178,7 @@ impl Server {
             tls,
             metrics: metrics.is_some().then(metrics::Metrics::default),
             journal_failed: tokio::sync::Notify::new(),
+            stop: stop::Stop::default(),
         });
         // Set once, on a journal only this server holds.
         let _ = inner.store.changelog().journal().on_durable(inner.acker.hook(inner.sessions.clone()));
@@ -196,7 +200,9 @@ impl Server {
         self.metrics.as_ref().and_then(|l| l.local_addr().ok())
     }
 
-    /// Serves until `shutdown` completes, or until the journal fails
+    /// Serves until `shutdown` completes, then stops cleanly (see
+    /// `stop`: every request read is answered, and each client told where
+    /// its server stopped reading); or until the journal fails
     /// ([`ServerError::JournalFailed`]).
     ///
     /// Why stop then: a journal that hit an I/O error it cannot go on from
@@ -216,7 +222,10 @@ impl Server {
         let mut ended = Ok(());
         loop {
             tokio::select! {
-                _ = &mut shutdown => break,
+                _ = &mut shutdown => {
+                    stop::stop(&self.inner).await;
+                    break;
+                }
                 () = self.inner.journal_failed.notified() => {
                     let why = self.inner.store.changelog().journal().failure().unwrap_or_default();
                     tracing::error!(error = %why, "the journal failed: stopping, so that a restart recovers what is durable");

@@ -119,9 +119,11 @@ pub(crate) fn request(inner: &Inner, sid: u64, id: u64, cred: &Cred, op: MetaOp)
         // that serves other connections meanwhile. That thread then
         // waits for (and makes) the records durable itself: no worker's
         // park would, the workers being idle.
-        let (server, cred) = (inner.me.upgrade()?, cred.clone());
+        // Counted until answered: a clean stop waits for it (`stop`).
+        let (task, cred) = (crate::stop::offload(inner.me.upgrade()?), cred.clone());
         tokio::task::spawn_blocking(move || {
-            let reply = run(&server, sid, &cred, op)
+            let server = task.server();
+            let reply = run(server, sid, &cred, op)
                 .and_then(|(reply, seq)| server.store.wait(seq).map(|()| Reply::Meta(reply)));
             durable::push(&server.sessions, sid, id, reply.unwrap_or_else(|e| Reply::Errno(e.0)));
         });

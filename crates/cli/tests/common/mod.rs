@@ -58,6 +58,14 @@ impl ServerProc {
         self.child.kill().unwrap();
         self.child.wait().unwrap();
     }
+
+    /// Stops the server as an init system does (SIGTERM), and waits for
+    /// it to exit: its clean stop.
+    pub fn terminate(&mut self) {
+        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+        assert!(self.child.wait().unwrap().success(), "the server's clean stop failed");
+    }
 }
 
 impl Drop for ServerProc {
