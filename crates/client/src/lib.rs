@@ -14,7 +14,9 @@
 //!   a stopped process), or a reclaim is refused, the locks are lost:
 //!   never reclaimed, and reported to the caller ([`Client::lost_locks`],
 //!   [`LostLock`]), who must stop acting under them. Requests that were in
-//!   flight fail with [`ClientError::ConnectionLost`]. A request that
+//!   flight fail with [`ClientError::ConnectionLost`], or, if the server
+//!   stopped cleanly before reading them, with [`ClientError::Unread`]:
+//!   they had no effect and may be made again. A request that
 //!   relies on a lock goes through [`Client::within`] the session the
 //!   caller last checked its losses in ([`Client::settled`]): it is never
 //!   sent in a later one, where the lock may be lost before its loss is
