@@ -935,13 +935,17 @@ fn fsx_reads_back_every_write_across_kills_of_the_server() {
 
 /// A restart of the server for an upgrade (SIGTERM, then a new server on
 /// the same data) fails no call on a mount, not even those that may not
-/// be repeated: four programs create, rename and remove files through
-/// the mount while the server is stopped cleanly and started again, over
-/// and over. The stopping server answers what it read and tells the mount
-/// where it stopped reading (its goodbye); the mount makes the rest again
-/// on the next server. Before, a rename or an unlink on its way when the
+/// be repeated: four programs create files, lock them (`F_OFD_SETLK`: no
+/// one else holds them), rename and remove them through the mount while
+/// the server is stopped cleanly and started again, over and over. The
+/// stopping server answers what it read and tells the mount where it
+/// stopped reading (its goodbye); the mount makes the rest again on the
+/// next server, and a lock asked in the new server's recovery window once
+/// the window is over. Before, a rename or an unlink on its way when the
 /// server stopped failed with `EIO` about once in four restarts, as it
-/// still may when the server is killed (the first may have taken effect).
+/// still may when the server is killed (the first may have taken effect),
+/// and a lock asked in the window failed with `EAGAIN`, as if another
+/// held it.
 #[test]
 fn a_clean_restart_of_the_server_fails_no_call_on_the_mount() {
     if !fuse_ready("a_clean_restart_of_the_server_fails_no_call_on_the_mount") {
@@ -969,8 +973,11 @@ fn a_clean_restart_of_the_server_fails_no_call_on_the_mount() {
                             .write(true)
                             .create_new(true)
                             .open(&a)
-                            .map(drop)
                             .map_err(|e| ("create", e))
+                            .and_then(|f| {
+                                let lock = posix(libc::F_WRLCK, 0, 0);
+                                fcntl(f.as_fd(), FcntlArg::F_OFD_SETLK(&lock)).map(drop).map_err(|e| ("lock", e.into()))
+                            })
                             .and_then(|()| std::fs::rename(&a, &b).map_err(|e| ("rename", e)))
                             .and_then(|()| std::fs::remove_file(&b).map_err(|e| ("unlink", e)));
                         if let Err((call, e)) = r {

@@ -239,7 +239,7 @@ pub fn errno(e: &ClientError) -> i32 {
         ClientError::Deadlock => libc::EDEADLK,
         ClientError::Recovering(_) => libc::EAGAIN,
         ClientError::Invalid(_) => libc::EINVAL,
-        ClientError::LockLost | ClientError::ConnectionLost => libc::EIO,
+        ClientError::LockLost | ClientError::ConnectionLost | ClientError::Unread => libc::EIO,
         other => {
             tracing::warn!(error = %other, "a call to the server failed");
             libc::EIO
@@ -255,7 +255,7 @@ impl Fs {
         let lk = LkIn::parse(a)?;
         let owner = self.owners.number(lk.owner);
         let spec = lk.spec(ino, owner, lk.request()?);
-        let out = match self.client.test(&spec).await.map_err(|e| errno(&e))? {
+        let out = match self.once(|| self.client.test(&spec)).await? {
             None => lk_out(lk.start, lk.end, None, 0),
             Some(c) => {
                 let here = owner::session(c.owner) == self.client.session();
@@ -277,7 +277,7 @@ impl Fs {
         let asked = lk.request()?;
         if asked.0 == Mode::NL {
             let spec = lk.spec(ino, self.owners.number(lk.owner), asked);
-            self.client.unlock(&spec).await.map_err(|e| errno(&e))?;
+            self.once(|| self.client.unlock(&spec)).await?;
             return Ok(Vec::new());
         }
         // Held before the request goes: the number stays while the lock
@@ -293,7 +293,7 @@ impl Fs {
         let owner = self.owners.number(lk.owner);
         let spec = lk.spec(ino, owner, asked);
         let granted = match cancel {
-            None => self.client.try_lock(&spec).await.map_err(|e| errno(&e))?.is_some(),
+            None => self.once(|| self.client.try_lock(&spec)).await?.is_some(),
             Some(cancel) => tokio::select! {
                 r = self.client.lock(&spec) => { r.map_err(|e| errno(&e))?; true }
                 _ = cancel => return Err(libc::EINTR),

@@ -55,17 +55,26 @@ fn call<T>(r: Result<T, ClientError>) -> Result<T, i32> {
 /// Whether a call that ended so is to be made again, after a pause, while
 /// there is time left: one the server never read (it stopped cleanly
 /// first: `ClientError::Unread`) always; one whose session ended (the
-/// server restarted, or the lease ran out) if it may be `repeated`.
+/// server restarted, or the lease ran out) if it may be `repeated`; and a
+/// lock request that would not wait, refused while the restarted server's
+/// recovery window lasts, once the window is over: a conflict it cannot
+/// yet rule out is not one (`EAGAIN` would say that another holds the
+/// lock), and NFS's client, too, waits out the server's grace period.
 async fn repeats<T>(r: &Result<T, ClientError>, until: tokio::time::Instant, repeated: bool) -> bool {
-    let again = match r {
-        Err(ClientError::Unread) => true,
-        Err(ClientError::ConnectionLost) => repeated,
+    let pause = Duration::from_millis(50);
+    let pause = match r {
+        Err(ClientError::Unread) => Some(pause),
+        Err(ClientError::ConnectionLost) if repeated => Some(pause),
+        Err(ClientError::Recovering(left)) => Some((*left).max(pause)),
+        _ => None,
+    };
+    match pause {
+        Some(p) if tokio::time::Instant::now() < until => {
+            tokio::time::sleep(p).await;
+            true
+        }
         _ => false,
-    } && tokio::time::Instant::now() < until;
-    if again {
-        tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    again
 }
 
 /// Who makes a data call through open file `fh`: the caller, through a
@@ -634,7 +643,8 @@ impl Fs {
             // are that file's now and stay (they go at its release).
             if !self.handles.locked_through_another(handle.ino, (kind, owner)) {
                 let number = self.owners.number(owner);
-                if let Err(e) = self.client.close(&resource, kind, number).await {
+                if let Err(e) = self.once(|| self.client.close(&resource, kind, number)).await {
+                    let e = std::io::Error::from_raw_os_error(e);
                     tracing::warn!(ino = handle.ino, error = %e, "releasing the locks of a closed file");
                 }
             }
