@@ -581,3 +581,86 @@ fn unlocked_locks_do_not_count_against_the_session_limit() {
         assert!(c.lock(&spec("one-too-many", 1)).await.is_err());
     });
 }
+
+/// A clean stop (SIGTERM) answers the requests the server read, a
+/// change once it is durable, then says goodbye with where it stopped
+/// reading the client's stream, and closes. A lock wait it read but
+/// cannot grant stays unanswered (a client sends it again to the next
+/// server). A create sent as the stop begins is either answered (and
+/// counted as read, and there after a restart) or not read at all (not
+/// counted, and not there): the client may make it again exactly when
+/// the goodbye says it was not read.
+#[test]
+fn a_clean_stop_answers_what_it_read_then_says_where_it_stopped() {
+    use interlock_meta::{Cred, FileType, ROOT};
+    use interlock_proto::meta::{MetaOp, MetaReply};
+    use interlock_proto::{ClientMsg, Op, Reply, ServerMsg, Target};
+    use std::io::Read;
+    let data = tempfile::tempdir().unwrap();
+    let mut server = ServerProc::start(data.path(), "127.0.0.1:0", &[]);
+    let mut s = std::net::TcpStream::connect(&server.addr).unwrap();
+    let hello = ClientMsg::Hello {
+        version: interlock_proto::VERSION,
+        token: None,
+        session: None,
+        received: 0,
+        secret: [0; 16],
+    };
+    s.write_all(&raw_frame(&hello)).unwrap();
+    assert!(matches!(interlock_proto::decode(&read_raw_frame(&mut s)).unwrap(), ServerMsg::Welcome { .. }));
+    let lock = |owner: u32, wait: bool| Op::Lock {
+        target: Target { resource: b"r".to_vec(), kind: Kind::Ofd, owner, start: 0, end: 0 },
+        mode: Mode::EX as u8,
+        wait,
+        reclaim: false,
+    };
+    // Owner 1 holds the lock; owner 2 waits for it.
+    let mut sent = 0u64;
+    for (id, op) in [(1, lock(1, false)), (2, lock(2, true))] {
+        let frame = raw_frame(&ClientMsg::Request { id, op });
+        sent += frame.len() as u64;
+        s.write_all(&frame).unwrap();
+    }
+    let reply = |s: &mut std::net::TcpStream| match interlock_proto::decode(&read_raw_frame(s)).unwrap() {
+        ServerMsg::Reply { id, reply } => (id, reply),
+        other => panic!("unexpected {other:?}"),
+    };
+    assert!(matches!(reply(&mut s), (1, Reply::Granted(_))));
+    assert!(matches!(reply(&mut s), (2, Reply::Queued)));
+    let root = Cred { uid: 0, gid: 0, groups: Vec::new() };
+    let create = MetaOp::Create {
+        parent: ROOT,
+        name: b"f".to_vec(),
+        kind: FileType::Regular,
+        perm: 0o644,
+        rdev: 0,
+        target: Vec::new(),
+    };
+    let frame = raw_frame(&ClientMsg::Request { id: 3, op: Op::Meta { cred: root, op: create } });
+    s.write_all(&frame).unwrap();
+    server.terminate();
+    let mut rest = Vec::new();
+    s.read_to_end(&mut rest).unwrap();
+    let mut msgs = Vec::new();
+    let mut r = &rest[..];
+    while let Some(body) = try_read_raw_frame(&mut r) {
+        msgs.push(interlock_proto::decode::<ServerMsg>(&body).unwrap());
+    }
+    let created = match &msgs[..] {
+        [ServerMsg::Reply { id: 3, reply: Reply::Meta(MetaReply::Attr(_)) }, ServerMsg::Goodbye { served }] => {
+            assert_eq!(*served, sent + frame.len() as u64, "the create was read");
+            true
+        }
+        [ServerMsg::Goodbye { served }] => {
+            assert_eq!(*served, sent, "the create was not read");
+            false
+        }
+        other => panic!("after the stop: {other:?}"),
+    };
+    let restarted = ServerProc::start(data.path(), "127.0.0.1:0", &[]);
+    let found = rt().block_on(async {
+        let c = client(&restarted.addr).await;
+        c.lookup(&Cred { uid: 0, gid: 0, groups: Vec::new() }, ROOT, b"f").await.is_ok()
+    });
+    assert_eq!(found, created, "the file is there exactly when its create was read and answered");
+}

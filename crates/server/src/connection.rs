@@ -211,10 +211,10 @@ async fn serve_connection(
         let next = if inner.stop.is_stopping() {
             Next::Stop
         } else if unflushed == 0 {
+            // A clean stop wakes it through `wire.ready()` (see `stop`).
             tokio::select! {
                 () = wire.ready() => Next::Flush,
                 f = source.next() => Next::Frame(f),
-                () = inner.stop.stop_reading() => Next::Stop,
             }
         } else if unflushed < limit
             && let Some(f) = source.next().now_or_never()

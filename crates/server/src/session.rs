@@ -375,6 +375,14 @@ impl Sessions {
     pub fn wire(&self, sid: u64) -> Option<Arc<Wire>> {
         self.state.lock().sessions.get(&sid).map(|s| s.wire.clone())
     }
+
+    /// Wakes every session's connection task (a clean stop begins).
+    /// O(sessions).
+    pub fn wake_all(&self) {
+        for s in self.state.lock().sessions.values() {
+            s.wire.wake();
+        }
+    }
 }
 
 /// A connection's hold on a session: see [`Sessions::attach`].

@@ -22,7 +22,7 @@
 //! its answers cannot hold a stop up, and its requests fare as after a
 //! crash.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -37,7 +37,7 @@ pub(crate) const GRACE: Duration = Duration::from_secs(10);
 #[derive(Default)]
 pub(crate) struct Stop {
     /// Phase 1: connections stop reading.
-    reading: CancellationToken,
+    stopping: AtomicBool,
     /// Phase 4: every answer owed for what was read is in its stream.
     answered: CancellationToken,
     /// Connections still reading requests.
@@ -77,17 +77,12 @@ impl Stop {
     pub fn reading(&self) -> Option<Reading<'_>> {
         self.readers.fetch_add(1, Ordering::SeqCst);
         let r = Reading(self);
-        (!self.reading.is_cancelled()).then_some(r)
+        (!self.is_stopping()).then_some(r)
     }
 
     /// Whether connections are to stop reading.
     pub fn is_stopping(&self) -> bool {
-        self.reading.is_cancelled()
-    }
-
-    /// Completes when connections are to stop reading.
-    pub async fn stop_reading(&self) {
-        self.reading.cancelled().await
+        self.stopping.load(Ordering::SeqCst)
     }
 
     /// Completes when every answer owed is in its session's stream.
@@ -108,7 +103,11 @@ pub(crate) fn offload(server: std::sync::Arc<Inner>) -> Offloaded {
 pub(crate) async fn stop(inner: &std::sync::Arc<Inner>) {
     let until = Instant::now() + GRACE;
     let s = &inner.stop;
-    s.reading.cancel();
+    s.stopping.store(true, Ordering::SeqCst);
+    // A connection waiting for requests looks at `is_stopping` when
+    // woken: no waiting connection polls the stop (a shared line) on its
+    // way.
+    inner.sessions.wake_all();
     settle(until, || s.readers.load(Ordering::SeqCst) == 0 && s.offloaded.load(Ordering::SeqCst) == 0).await;
     let end = inner.store.changelog().journal().next_index();
     let left = until.saturating_duration_since(Instant::now());

@@ -167,7 +167,14 @@ impl Wire {
         }
     }
 
-    /// Waits until bytes wait in the buffer (for the connection's task).
+    /// Wakes the connection's task as bytes in the buffer would (it then
+    /// looks whether the server stops).
+    pub fn wake(&self) {
+        self.ready.notify_one();
+    }
+
+    /// Waits until bytes wait in the buffer (for the connection's task),
+    /// or it is woken ([`wake`](Wire::wake)).
     pub async fn ready(&self) {
         self.ready.notified().await
     }
