@@ -357,7 +357,7 @@ fn changes_survive_kill_9(mode: &[&str]) {
 
 #[test]
 fn changelog_commands_and_status() {
-    let (data, server) = long_lease_server();
+    let (data, mut server) = long_lease_server();
     let addr = server.addr.clone();
     let (code, out, err) = cli(&addr, &["changelog", "register", "--name", "audit"]);
     assert_eq!((code, out.as_str()), (0, "cl1\n"), "{err}");
@@ -401,25 +401,41 @@ fn changelog_commands_and_status() {
     let (_, out, _) = cli(&addr, &["status"]);
     assert!(out.contains("GiB available of"), "{out}");
 
-    // --follow prints a record made after it started.
+    // --follow prints a record made after it started, and goes on across
+    // a clean stop of the server and a kill of it (before, it ended with
+    // "connection to the server lost").
     let mut follower = Command::new(BIN)
         .args(["changelog", "read", "cl1", "--follow", "--json"])
         .env("INTERLOCK_SERVER", &addr)
         .stdout(Stdio::piped())
+        .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let lines = std::thread::spawn({
-        let out = follower.stdout.take().unwrap();
-        move || BufReader::new(out).lines().next().map(Result::unwrap)
-    });
-    rt().block_on(async {
-        let c = client(&addr).await;
-        c.create(&root(), ROOT, b"later", FileType::Regular, 0o644, b"").await.unwrap();
-    });
-    let first = lines.join().unwrap().expect("a line from --follow");
+    let (tx, lines) = std::sync::mpsc::channel();
+    let out = follower.stdout.take().unwrap();
+    std::thread::spawn(move || BufReader::new(out).lines().map_while(Result::ok).try_for_each(|l| tx.send(l)));
+    let make = |name: &str| {
+        rt().block_on(async {
+            let c = client(&addr).await;
+            c.create(&root(), ROOT, name.as_bytes(), FileType::Regular, 0o644, b"").await.unwrap();
+        })
+    };
+    let next = || lines.recv_timeout(std::time::Duration::from_secs(30)).expect("a line from --follow");
+    make("later");
+    let first = next();
+    assert!(first.contains("\"name\":\"later\""), "{first}");
+    server.terminate();
+    let mut server = ServerProc::start(data.path(), &addr, &["--lease-ms", "60000"]);
+    make("after-a-stop");
+    let line = next();
+    assert!(line.contains("\"name\":\"after-a-stop\""), "{line}");
+    server.kill9();
+    let _server = ServerProc::start(data.path(), &addr, &["--lease-ms", "60000"]);
+    make("after-a-kill");
+    let line = next();
+    assert!(line.contains("\"name\":\"after-a-kill\""), "{line}");
     follower.kill().unwrap();
     follower.wait().unwrap();
-    assert!(first.contains("\"name\":\"later\""), "{first}");
 
     let (code, _, _) = cli(&addr, &["changelog", "deregister", "audit"]);
     assert_eq!(code, 0);

@@ -52,7 +52,8 @@ enum ChangelogCommand {
         /// Start at this index instead of after the cursor.
         #[arg(long)]
         from: Option<u64>,
-        /// Keep waiting for new records (until interrupted).
+        /// Keep waiting for new records (until interrupted), across
+        /// restarts of the server.
         #[arg(long)]
         follow: bool,
         /// One JSON object per record: index, type, time, target, parent,
@@ -102,9 +103,27 @@ async fn run(client: &Client, command: ChangelogCommand) -> Result<(), ClientErr
         ChangelogCommand::Read { id, from, follow, json } => {
             let mut out = std::io::BufWriter::new(std::io::stdout().lock());
             let mut from = from;
+            let mut waiting = false;
             loop {
                 let wait = if follow { Duration::from_secs(5) } else { Duration::ZERO };
-                let batch = client.changelog_read(&id, from, 256, wait).await?;
+                let batch = match client.changelog_read(&id, from, 256, wait).await {
+                    Ok(batch) => batch,
+                    // Following, a server that restarts or stops for a
+                    // while is waited for, as `tail -F` waits for its
+                    // file: the client reconnects by itself, and the read
+                    // (which changes nothing) is made again from where it
+                    // was.
+                    Err(ClientError::ConnectionLost | ClientError::Unread | ClientError::Recovering(_)) if follow => {
+                        if !waiting {
+                            eprintln!("interlock changelog: lost the server; following on once it is back");
+                            waiting = true;
+                        }
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                        continue;
+                    }
+                    Err(e) => return Err(e),
+                };
+                waiting = false;
                 for r in &batch {
                     let shown = if json { json_line(r) } else { line(r.index, &record(r)) };
                     if writeln!(out, "{shown}").is_err() {
