@@ -493,15 +493,7 @@ fn a_client_that_does_not_read_its_replies_is_held_back() {
     stream.set_nonblocking(false).unwrap();
     let mut reader = BufReader::new(stream.try_clone().unwrap());
     let mut writer = stream.try_clone().unwrap();
-    let hello = ClientMsg::Hello {
-        version: interlock_proto::VERSION,
-        token: None,
-        session: None,
-        received: 0,
-        secret: [0; 16],
-    };
-    writer.write_all(&raw_frame(&hello)).unwrap();
-    assert!(matches!(interlock_proto::decode(&read_raw_frame(&mut reader)).unwrap(), ServerMsg::Welcome { .. }));
+    raw_hello(&mut writer, &mut reader);
 
     const N: u64 = 1_000_000;
     let sender = std::thread::spawn(move || {
@@ -599,15 +591,7 @@ fn a_clean_stop_answers_what_it_read_then_says_where_it_stopped() {
     let data = tempfile::tempdir().unwrap();
     let mut server = ServerProc::start(data.path(), "127.0.0.1:0", &[]);
     let mut s = std::net::TcpStream::connect(&server.addr).unwrap();
-    let hello = ClientMsg::Hello {
-        version: interlock_proto::VERSION,
-        token: None,
-        session: None,
-        received: 0,
-        secret: [0; 16],
-    };
-    s.write_all(&raw_frame(&hello)).unwrap();
-    assert!(matches!(interlock_proto::decode(&read_raw_frame(&mut s)).unwrap(), ServerMsg::Welcome { .. }));
+    raw_hello(&mut &s, &mut &s);
     let lock = |owner: u32, wait: bool| Op::Lock {
         target: Target { resource: b"r".to_vec(), kind: Kind::Ofd, owner, start: 0, end: 0 },
         mode: Mode::EX as u8,

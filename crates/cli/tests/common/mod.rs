@@ -115,6 +115,20 @@ pub fn read_raw_frame(r: &mut impl std::io::Read) -> Vec<u8> {
     try_read_raw_frame(r).expect("a whole frame")
 }
 
+/// Says hello for a new session on a raw connection and reads the welcome.
+pub fn raw_hello(w: &mut impl std::io::Write, r: &mut impl std::io::Read) {
+    let hello = interlock_proto::ClientMsg::Hello {
+        version: interlock_proto::VERSION,
+        token: None,
+        session: None,
+        received: 0,
+        secret: [0; 16],
+    };
+    w.write_all(&raw_frame(&hello)).unwrap();
+    let welcome: interlock_proto::ServerMsg = interlock_proto::decode(&read_raw_frame(r)).unwrap();
+    assert!(matches!(welcome, interlock_proto::ServerMsg::Welcome { .. }), "{welcome:?}");
+}
+
 /// How many cases a property test runs: `default`, or what
 /// `PROPTEST_CASES` says (for a soak).
 pub fn proptest_cases(default: u32) -> u32 {
