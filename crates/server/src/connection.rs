@@ -263,6 +263,22 @@ async fn serve_connection(
                 tokio::time::sleep(left).await;
                 None
             }
+            Gate::Later(left) => {
+                // Answered from a task of its own: a mount's `F_GETLK` in
+                // the window held up every call of the mount (all on this
+                // connection) until the window ended.
+                if let Some(server) = inner.me.upgrade() {
+                    tokio::spawn(async move {
+                        tokio::time::sleep(left).await;
+                        if let Some(reply) = handle(&server, sid, id, op) {
+                            crate::durable::push(&server.sessions, sid, id, reply);
+                        }
+                    });
+                }
+                *served = origin.wrapping_add(source.decoder().consumed());
+                unflushed += 1;
+                continue;
+            }
             Gate::Refuse(left) => Some(Reply::Recovering { left_ms: left.as_millis().max(1) as u64 }),
         };
         let bye = matches!(op, Op::Bye);

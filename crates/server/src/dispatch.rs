@@ -137,7 +137,10 @@ fn held_count(inner: &Inner, t: &Track) -> usize {
 /// that waits waits for its end, one that does not is refused at once.
 pub(crate) enum Gate {
     Go,
+    /// Served when the window ends; the connection waits for it.
     Wait(Duration),
+    /// Served when the window ends, apart: the connection reads on.
+    Later(Duration),
     Refuse(Duration),
 }
 
@@ -157,7 +160,10 @@ pub(crate) fn recovery_gate(inner: &Inner, op: &Op) -> Gate {
         | Op::Changelog(_)
         | Op::Bye => Gate::Go,
         Op::Lock { wait: false, .. } | Op::DlmConvert { wait: false, .. } => Gate::Refuse(left),
-        Op::Lock { .. } | Op::DlmConvert { .. } | Op::Test { .. } => Gate::Wait(left),
+        // A test changes nothing, so nothing that comes after it on the
+        // connection can depend on its being served first.
+        Op::Test { .. } => Gate::Later(left),
+        Op::Lock { .. } | Op::DlmConvert { .. } => Gate::Wait(left),
     }
 }
 
