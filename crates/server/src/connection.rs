@@ -12,7 +12,7 @@ use interlock_proto::{self as proto, ClientMsg, Op, Reply, ServerMsg};
 use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
 
-use crate::dispatch::{Gate, handle, recovery_gate};
+use crate::dispatch::{Gate, handle, later, recovery_gate};
 use crate::session::{self, same_secret};
 use crate::transport::{self, Reader, Writer};
 use crate::wire::{self, Wire};
@@ -259,22 +259,8 @@ async fn serve_connection(
         // the window ends.
         let reply = match recovery_gate(inner, &op) {
             Gate::Go => None,
-            Gate::Wait(left) => {
-                tokio::time::sleep(left).await;
-                None
-            }
             Gate::Later(left) => {
-                // Answered from a task of its own: a mount's `F_GETLK` in
-                // the window held up every call of the mount (all on this
-                // connection) until the window ended.
-                if let Some(server) = inner.me.upgrade() {
-                    tokio::spawn(async move {
-                        tokio::time::sleep(left).await;
-                        if let Some(reply) = handle(&server, sid, id, op) {
-                            crate::durable::push(&server.sessions, sid, id, reply);
-                        }
-                    });
-                }
+                later(inner, sid, id, op, left);
                 *served = origin.wrapping_add(source.decoder().consumed());
                 unflushed += 1;
                 continue;

@@ -137,11 +137,38 @@ fn held_count(inner: &Inner, t: &Track) -> usize {
 /// that waits waits for its end, one that does not is refused at once.
 pub(crate) enum Gate {
     Go,
-    /// Served when the window ends; the connection waits for it.
-    Wait(Duration),
-    /// Served when the window ends, apart: the connection reads on.
+    /// Served when the window ends, apart from the connection, which
+    /// reads on (see [`later`]).
     Later(Duration),
     Refuse(Duration),
+}
+
+/// Serves request `id` of session `sid` (one that waits: a lock test, a
+/// lock or conversion that waits) when the recovery window ends, `left`
+/// from now, from a task of its own, and pushes its answer; the
+/// connection reads on meanwhile. Before, the connection slept on it, and
+/// every later request of the client with it: a mount's every call, and
+/// the reclaims that came after it, which then came too late. Until it is
+/// served it is listed in `Inner::deferred`, so that a cancel of it takes
+/// it off rather than find no wait to withdraw (and the wait be made
+/// after, for no one). O(1).
+pub(crate) fn later(inner: &Inner, sid: u64, id: u64, op: Op, left: Duration) {
+    let Some(server) = inner.me.upgrade() else { return };
+    server.deferred.lock().insert((sid, id));
+    tokio::spawn(async move {
+        tokio::time::sleep(left).await;
+        // Served under the list's lock: a cancel finds the request listed
+        // or its wait made.
+        let mut deferred = server.deferred.lock();
+        if !deferred.remove(&(sid, id)) {
+            return;
+        }
+        let reply = handle(&server, sid, id, op);
+        drop(deferred);
+        if let Some(reply) = reply {
+            crate::durable::push(&server.sessions, sid, id, reply);
+        }
+    });
 }
 
 pub(crate) fn recovery_gate(inner: &Inner, op: &Op) -> Gate {
@@ -160,10 +187,7 @@ pub(crate) fn recovery_gate(inner: &Inner, op: &Op) -> Gate {
         | Op::Changelog(_)
         | Op::Bye => Gate::Go,
         Op::Lock { wait: false, .. } | Op::DlmConvert { wait: false, .. } => Gate::Refuse(left),
-        // A test changes nothing, so nothing that comes after it on the
-        // connection can depend on its being served first.
-        Op::Test { .. } => Gate::Later(left),
-        Op::Lock { .. } | Op::DlmConvert { .. } => Gate::Wait(left),
+        Op::Lock { .. } | Op::DlmConvert { .. } | Op::Test { .. } => Gate::Later(left),
     }
 }
 
@@ -283,6 +307,13 @@ fn execute(inner: &Inner, sid: u64, id: u64, op: Op) -> Result<Reply, String> {
             Ok(Reply::Done)
         }
         Op::Cancel { request } => {
+            // A wait made in the recovery window and not yet served is
+            // taken off its list (see `later`); held meanwhile, so that
+            // one being served now is seen as the wait it made.
+            let mut deferred = inner.deferred.lock();
+            if deferred.remove(&(sid, request)) {
+                return Ok(Reply::Done);
+            }
             if let Some((Track::Wait { resource, kind, wait, owner }, range)) = inner.sessions.take_wait(sid, request) {
                 let resp = inner.space.cancel(&resource, kind, wait).map_err(err)?;
                 let granted = resp.outcome == Outcome::NotQueued;
@@ -297,6 +328,7 @@ fn execute(inner: &Inner, sid: u64, id: u64, op: Op) -> Result<Reply, String> {
                     }
                 }
             }
+            drop(deferred);
             Ok(Reply::Done)
         }
         Op::DlmUnlock { resource, owner, handle, lvb } => {

@@ -13,7 +13,8 @@
 //!   the session is never resumed.
 //! - Locks are volatile. After a restart the server accepts reclaims of
 //!   held locks for a recovery window and holds back new requests until it
-//!   ends (a request that would not wait is refused at once). Reclaims are
+//!   ends, apart from the connection, which reads on (a request that would
+//!   not wait is refused at once). Reclaims are
 //!   refused outside the window. Fencing tokens grow for the life of the
 //!   data directory (see `datadir`).
 //!
@@ -95,6 +96,9 @@ pub(crate) struct Inner {
     pub journal_failed: tokio::sync::Notify,
     /// Where a clean stop stands.
     pub stop: stop::Stop,
+    /// Requests that wait, made in the recovery window and not yet
+    /// served: (session, request). See `dispatch::later`.
+    pub deferred: Mutex<std::collections::HashSet<(u64, u64)>>,
 }
 
 /// A bound server, ready to serve.
@@ -179,6 +183,7 @@ impl Server {
             metrics: metrics.is_some().then(metrics::Metrics::default),
             journal_failed: tokio::sync::Notify::new(),
             stop: stop::Stop::default(),
+            deferred: Mutex::default(),
         });
         // Set once, on a journal only this server holds.
         let _ = inner.store.changelog().journal().on_durable(inner.acker.hook(inner.sessions.clone()));
