@@ -108,9 +108,13 @@ fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
     }
 }
 
+/// The mount tests' server's lease: short, so that a lost mount's locks
+/// go soon.
+const LEASE: [&str; 2] = ["--lease-ms", "2000"];
+
 fn server() -> (tempfile::TempDir, ServerProc) {
     let data = tempfile::tempdir().unwrap();
-    let server = ServerProc::start(data.path(), "127.0.0.1:0", &["--lease-ms", "2000"]);
+    let server = ServerProc::start(data.path(), "127.0.0.1:0", &LEASE);
     (data, server)
 }
 
@@ -124,10 +128,17 @@ fn two_mounts(test: &str) -> Option<(tempfile::TempDir, ServerProc, Mount, Mount
 
 /// A server and one mount of it, if FUSE tests can run here.
 fn one_mount(test: &str) -> Option<(tempfile::TempDir, ServerProc, Mount)> {
+    one_mount_with(test, &LEASE)
+}
+
+/// A server started with `flags` and one mount of it, if FUSE tests can
+/// run here.
+fn one_mount_with(test: &str, flags: &[&str]) -> Option<(tempfile::TempDir, ServerProc, Mount)> {
     if !fuse_ready(test) {
         return None;
     }
-    let (data, server) = server();
+    let data = tempfile::tempdir().unwrap();
+    let server = ServerProc::start(data.path(), "127.0.0.1:0", flags);
     let m = Mount::new(&server.addr);
     Some((data, server, m))
 }
@@ -874,14 +885,10 @@ copy_file_range = 1
 #[test]
 fn fsx_reads_back_every_write_across_kills_of_the_server() {
     let test = "fsx_reads_back_every_write_across_kills_of_the_server";
-    if !fuse_ready(test) {
-        return;
-    }
+    let flags = ["--lease-ms", "5000"];
+    let Some((data, mut server, m)) = one_mount_with(test, &flags) else { return };
     let Some(fsx) = fsx() else { return };
-    let data = tempfile::tempdir().unwrap();
-    let mut server = ServerProc::start(data.path(), "127.0.0.1:0", &["--lease-ms", "5000"]);
     let addr = server.addr.clone();
-    let m = Mount::new(&addr);
     let work = tempfile::tempdir().unwrap();
     let config = work.path().join("fsx.toml");
     std::fs::write(&config, FSX_CONFIG).unwrap();
@@ -919,7 +926,7 @@ fn fsx_reads_back_every_write_across_kills_of_the_server() {
     while runs.iter_mut().any(|(_, _, c)| c.try_wait().unwrap().is_none()) {
         std::thread::sleep(Duration::from_millis(200 + next() % 800));
         server.kill9();
-        server = ServerProc::start(data.path(), &addr, &["--lease-ms", "5000"]);
+        server = ServerProc::start(data.path(), &addr, &flags);
         kills += 1;
     }
     for (s, said, mut child) in runs {
@@ -948,15 +955,11 @@ fn fsx_reads_back_every_write_across_kills_of_the_server() {
 /// held it.
 #[test]
 fn a_clean_restart_of_the_server_fails_no_call_on_the_mount() {
-    if !fuse_ready("a_clean_restart_of_the_server_fails_no_call_on_the_mount") {
-        return;
-    }
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-    let data = tempfile::tempdir().unwrap();
     let flags = ["--lease-ms", "5000", "--recovery-ms", "300"];
-    let mut server = ServerProc::start(data.path(), "127.0.0.1:0", &flags);
+    let test = "a_clean_restart_of_the_server_fails_no_call_on_the_mount";
+    let Some((data, mut server, m)) = one_mount_with(test, &flags) else { return };
     let addr = server.addr.clone();
-    let m = Mount::new(&addr);
     let dir = m.join("churn");
     std::fs::create_dir(&dir).unwrap();
     let (stop, done) = (AtomicBool::new(false), AtomicU64::new(0));
@@ -1017,14 +1020,10 @@ fn a_clean_restart_of_the_server_fails_no_call_on_the_mount() {
 /// a 10 s window (and reclaims sent after it came too late).
 #[test]
 fn lock_requests_in_the_recovery_window_hold_up_no_other_call() {
-    if !fuse_ready("lock_requests_in_the_recovery_window_hold_up_no_other_call") {
-        return;
-    }
-    let data = tempfile::tempdir().unwrap();
     let flags = ["--lease-ms", "5000", "--recovery-ms", "5000"];
-    let mut server = ServerProc::start(data.path(), "127.0.0.1:0", &flags);
+    let test = "lock_requests_in_the_recovery_window_hold_up_no_other_call";
+    let Some((data, mut server, m)) = one_mount_with(test, &flags) else { return };
     let addr = server.addr.clone();
-    let m = Mount::new(&addr);
     for name in ["f", "g", "h"] {
         std::fs::write(m.join(name), b"data").unwrap();
     }
