@@ -255,26 +255,24 @@ async fn serve_connection(
             }
             touched = true;
         }
-        // After a restart, only reclaims (and releases) go through until
-        // the window ends.
-        let reply = match recovery_gate(inner, &op) {
-            Gate::Go => None,
-            Gate::Later(left) => {
-                later(inner, sid, id, op, left);
-                *served = origin.wrapping_add(source.decoder().consumed());
-                unflushed += 1;
-                continue;
-            }
-            Gate::Refuse(left) => Some(Reply::Recovering { left_ms: left.as_millis().max(1) as u64 }),
-        };
         let bye = matches!(op, Op::Bye);
+        // After a restart, only reclaims (and releases) go through until
+        // the window ends; what waits is served then, apart.
         // Behind any push this request made: a grant that raced a cancel
         // reaches the client before the cancel's reply. Served and
         // answered with no await between: a connection stopped at an
         // await has each request it read either served and answered in
         // the stream (or handed to whoever will answer it: see
         // `durable`), or neither.
-        if let Some(reply) = reply.or_else(|| handle(inner, sid, id, op)) {
+        let reply = match recovery_gate(inner, &op) {
+            Gate::Go => handle(inner, sid, id, op),
+            Gate::Later(left) => {
+                later(inner, sid, id, op, left);
+                None
+            }
+            Gate::Refuse(left) => Some(Reply::Recovering { left_ms: left.as_millis().max(1) as u64 }),
+        };
+        if let Some(reply) = reply {
             wire.append(&ServerMsg::Reply { id, reply });
         }
         *served = origin.wrapping_add(source.decoder().consumed());
