@@ -15,8 +15,9 @@
 //!
 //! The file (`meta.ckpt`) is a sequence of frames, each a little-endian
 //! `u32` length and a postcard [`Item`]: a header, the inodes, the
-//! entries, an end that counts them; then the CRC-32C of every byte
-//! before it. It is written to a temporary file, synced, renamed over the
+//! entries, the replay cache's clients (version 2: see `replies`), an
+//! end that counts the inodes and entries; then the CRC-32C of every
+//! byte before it. It is written to a temporary file, synced, renamed over the
 //! old one and the directory synced, so a crash leaves the old checkpoint
 //! or the new one, never a mix. Costs: O(n) to write, O(n log n) to load
 //! (the entries' listing order is built from their keys sorted), for n
@@ -35,12 +36,15 @@ use serde::{Deserialize, Serialize};
 use crate::access::Owner;
 use crate::inode::{Inode, Meta};
 use crate::namespace::Namespace;
+use crate::replies::Recent;
 use crate::types::{FileType, Ino, Nanos};
 
 /// The checkpoint's file name in the store's directory.
 pub const FILE: &str = "meta.ckpt";
 const MAGIC: &[u8; 8] = b"ILNSCKP1";
-const VERSION: u32 = 1;
+/// Version 2 (session 36) added the replay cache's items; version 1
+/// images, which have none, are read as they are.
+const VERSION: u32 = 2;
 /// Items handed from the reading thread to the inserting one at a time.
 const BATCH: usize = 4096;
 
@@ -62,6 +66,11 @@ enum Item {
     End {
         inodes: u64,
         entries: u64,
+    },
+    /// A client's changes it may ask about again.
+    Replies {
+        origin: u64,
+        recent: Recent,
     },
 }
 
@@ -219,6 +228,9 @@ fn image(ns: &Namespace, start: u64, tmp: &Path) -> Result<Written, Error> {
         entries += 1;
         out.frame(&Item::Entry { parent: e.parent, name: e.name.to_vec(), ino: e.ino }, &mut buf).map_err(io)?;
     }
+    for (origin, recent) in ns.replies.image() {
+        out.frame(&Item::Replies { origin, recent }, &mut buf).map_err(io)?;
+    }
     out.frame(&Item::End { inodes, entries }, &mut buf).map_err(io)?;
     let crc = out.crc;
     out.inner.write_all(&crc.to_le_bytes()).map_err(io)?;
@@ -262,8 +274,8 @@ pub fn load(dir: &Path) -> Result<Option<Loaded>, Error> {
     let Item::Header { version, seed, start, next_ino } = r.item(&mut buf)? else {
         return Err(r.corrupt("no header"));
     };
-    if version != VERSION {
-        return Err(r.corrupt(&format!("checkpoint version {version}; this build reads {VERSION}")));
+    if !(1..=VERSION).contains(&version) {
+        return Err(r.corrupt(&format!("checkpoint version {version}; this build reads 1 to {VERSION}")));
     }
     let ns = Namespace::empty(seed);
     ns.next_ino.store(next_ino, Relaxed);
@@ -287,6 +299,7 @@ pub fn load(dir: &Path) -> Result<Option<Loaded>, Error> {
                         }
                         entries.add(ns.key(parent, &name), ino);
                     }
+                    Item::Replies { origin, recent } => ns.replies.load(origin, recent),
                     Item::Header { .. } | Item::End { .. } => {}
                 }
             }
@@ -304,6 +317,7 @@ pub fn load(dir: &Path) -> Result<Option<Loaded>, Error> {
                 }
                 Item::End { .. } => break,
                 Item::Header { .. } => return Err(r.corrupt("a second header")),
+                Item::Replies { .. } => {}
             }
             batch.push(item);
             if batch.len() == BATCH {

@@ -13,6 +13,7 @@ use crate::errno::{Errno, Result};
 use crate::inode::Inode;
 use crate::mutation::Mutation;
 use crate::namespace::Namespace;
+use crate::replies::{self, Tag};
 use crate::types::Cred;
 
 /// A record's position in the log: the change may be acknowledged once
@@ -22,11 +23,12 @@ pub type Seq = u64;
 
 /// A log for the namespace's records.
 pub trait Log: Send + Sync {
-    /// Records `m`, made by `cred`, and returns its position. Called
+    /// Records `m`, made by `cred` (and asked for as `tag`, if the
+    /// client may ask again: see `replies`), and returns its position. Called
     /// under the operation's locks: it must not wait for the disk. An
     /// error (`EIO`: the journal failed) fails the operation before
     /// anything changes.
-    fn record(&self, cred: &Cred, m: &Mutation) -> Result<Seq>;
+    fn record(&self, cred: &Cred, m: &Mutation, tag: Option<Tag>) -> Result<Seq>;
 
     /// Whether the log's disk has room for its records. O(1) while it
     /// has (the journal's look for room while full: one `write`).
@@ -87,11 +89,17 @@ impl Namespace {
     }
 
     /// [`commit_held`](Self::commit_held) of a change already admitted.
+    /// A change the thread's operation is tagged for (`replies::tagged`)
+    /// is recorded with its tag and noted in the replay cache.
     pub(crate) fn commit_admitted(&self, cred: &Cred, m: &Mutation, held: &[&Inode]) -> Result<Seq> {
+        let tag = replies::current();
         let seq = match &self.log {
-            Some(log) => log.record(cred, m)?,
+            Some(log) => log.record(cred, m, tag)?,
             None => 0,
         };
+        if let Some(tag) = tag {
+            self.replies.note(tag, m.ino());
+        }
         self.apply_held(m, held);
         Ok(seq)
     }

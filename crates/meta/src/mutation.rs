@@ -117,6 +117,25 @@ pub enum Mutation {
 }
 
 impl Mutation {
+    /// The inode the change is to (what a create made, a removal
+    /// removed, a rename moved): what a replayed answer is made from
+    /// (see `replies`). O(1).
+    pub fn ino(&self) -> Ino {
+        match self {
+            Mutation::Create { ino, .. }
+            | Mutation::Link { ino, .. }
+            | Mutation::Remove { ino, .. }
+            | Mutation::SetAttr { ino, .. }
+            | Mutation::Write { ino, .. }
+            | Mutation::SetXattr { ino, .. }
+            | Mutation::RemoveXattr { ino, .. }
+            | Mutation::Forget { ino }
+            | Mutation::Tmpfile { ino, .. }
+            | Mutation::Rename(Renamed { ino, .. })
+            | Mutation::RenameWhiteout { rename: Renamed { ino, .. }, .. } => *ino,
+        }
+    }
+
     /// Whether recording this change needs room on the journal's disk
     /// (see `Log::room`). A change that may free space does not (a
     /// removal, the end of an orphan, a truncate, an attribute removed),

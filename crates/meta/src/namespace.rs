@@ -22,6 +22,7 @@ use crate::freed::FreedDirs;
 use crate::inode::{Inode, Meta};
 use crate::locks::Stripes;
 use crate::log::Log;
+use crate::replies::Replies;
 use crate::spread;
 use crate::types::{
     Attr, Caller, Cred, DirEntry, FileType, Ino, NAME_MAX, Nanos, ROOT, STATFS_BLOCK, StatFs, XATTR_NAME_MAX,
@@ -63,6 +64,8 @@ pub struct Namespace {
     /// record their end (`ENOSPC`): kept, data and all, until
     /// [`retry_forgets`](Namespace::retry_forgets) finds room.
     pub(crate) unforgotten: Mutex<Vec<Ino>>,
+    /// The changes clients may ask about again (see `replies`).
+    pub(crate) replies: Replies,
     /// Names hash with this seed, chosen when the namespace is made and
     /// kept with it: cookies stay valid across restarts, and names cannot
     /// be crafted to collide.
@@ -93,6 +96,7 @@ impl Namespace {
             freed_dirs: Mutex::default(),
             log: None,
             unforgotten: Mutex::default(),
+            replies: Replies::default(),
             seed,
         }
     }
@@ -101,6 +105,12 @@ impl Namespace {
     /// listing's cookie after it. Never below [`FIRST_COOKIE`].
     pub(crate) fn hash(&self, name: &[u8]) -> u64 {
         (foldhash::fast::FixedState::with_seed(self.seed).hash_one(name) >> 2) + FIRST_COOKIE
+    }
+
+    /// The changes clients may ask about again after a restart (see
+    /// [`Replies`]).
+    pub fn replies(&self) -> &Replies {
+        &self.replies
     }
 
     pub(crate) fn key(&self, parent: Ino, name: &[u8]) -> Key {

@@ -14,6 +14,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::mutation::{Gone, Mutation, Renamed};
 use crate::namespace::Namespace;
+use crate::replies::{Tag, TagImage};
 use crate::types::{Cred, FileType, Nanos};
 
 /// Lustre's `CLF_UNLINK_LAST` (and `CLF_RENAME_LAST`): the removal took
@@ -28,16 +29,27 @@ struct Logged<'a> {
     m: &'a Mutation,
 }
 
-/// [`Logged`], read back.
-#[derive(Deserialize)]
+/// [`Logged`], read back, with the tag it ends with if the change was
+/// asked for by a client that may ask again (see `replies`).
 pub(crate) struct Read {
     pub uid: u32,
     pub gid: u32,
     pub m: Mutation,
+    pub tag: Option<Tag>,
 }
 
-/// Hands the journal bytes of `m`, made by `cred`, to `with` (the
-/// journal's append, which copies them). They are encoded into a buffer
+/// [`Logged`]'s fields, as decoded.
+#[derive(Deserialize)]
+struct Fields {
+    uid: u32,
+    gid: u32,
+    m: Mutation,
+}
+
+/// Hands the journal bytes of `m`, made by `cred` (followed by `tag`, if
+/// any: a record without one, as every record was before session 36,
+/// simply ends sooner), to `with` (the journal's append, which copies
+/// them). They are encoded into a buffer
 /// each thread keeps from record to record: a fresh vector grown by the
 /// encoder cost an allocation and three or four reallocations per
 /// record, and the holes they left scattered the inodes allocated
@@ -45,11 +57,14 @@ pub(crate) struct Read {
 /// creators in the engine: 13% more creates per second with this
 /// alone). A buffer grown past 128 KiB (a large extended attribute) is
 /// not kept. O(record).
-pub(crate) fn encoded<R>(cred: &Cred, m: &Mutation, with: impl FnOnce(&[u8]) -> R) -> R {
+pub(crate) fn encoded<R>(cred: &Cred, m: &Mutation, tag: Option<Tag>, with: impl FnOnce(&[u8]) -> R) -> R {
     thread_local!(static BUF: Cell<Vec<u8>> = const { Cell::new(Vec::new()) });
     let mut buf = BUF.take();
     buf.clear();
-    let buf = postcard::to_extend(&Logged { uid: cred.uid, gid: cred.gid, m }, buf).expect("records serialize");
+    let mut buf = postcard::to_extend(&Logged { uid: cred.uid, gid: cred.gid, m }, buf).expect("records serialize");
+    if let Some(t) = tag {
+        buf = postcard::to_extend(&TagImage::from(t), buf).expect("tags serialize");
+    }
     let r = with(&buf);
     if buf.capacity() <= KEPT_BUFFER {
         BUF.set(buf);
@@ -61,7 +76,10 @@ pub(crate) fn encoded<R>(cred: &Cred, m: &Mutation, with: impl FnOnce(&[u8]) -> 
 const KEPT_BUFFER: usize = 128 << 10;
 
 pub(crate) fn decode(bytes: &[u8]) -> Result<Read, Error> {
-    postcard::from_bytes(bytes).map_err(|e| Error::Invalid(format!("not a namespace record: {e}")))
+    let bad = |e: postcard::Error| Error::Invalid(format!("not a namespace record: {e}"));
+    let (Fields { uid, gid, m }, rest) = postcard::take_from_bytes(bytes).map_err(bad)?;
+    let tag = if rest.is_empty() { None } else { Some(postcard::from_bytes::<TagImage>(rest).map_err(bad)?.into()) };
+    Ok(Read { uid, gid, m, tag })
 }
 
 /// Applies to `ns`, in order, every record that `read` hands to the
@@ -82,6 +100,9 @@ pub(crate) fn replay(
         match decode(bytes) {
             Ok(r) => {
                 ns.apply(&r.m);
+                if let Some(tag) = r.tag {
+                    ns.replies.note(tag, r.m.ino());
+                }
                 replayed += 1;
             }
             Err(e) => bad = Some(format!("record {index}: {e}")),
@@ -98,7 +119,7 @@ pub(crate) fn replay(
 /// orphaned the inode was their event). A
 /// [`Projection`](interlock_journal::changelog::Projection).
 pub fn project(bytes: &[u8]) -> Result<Option<Record>, Error> {
-    let Read { uid, gid, m } = decode(bytes)?;
+    let Read { uid, gid, m, .. } = decode(bytes)?;
     // The decoded names move into the record, not copied: a follower
     // decodes every record.
     let record = |rtype, time: Nanos, target, parent, name: Vec<u8>| Record {
@@ -180,12 +201,28 @@ mod tests {
     fn each_record_is_encoded_afresh_in_the_reused_buffer() {
         let cred = Cred { uid: 3, gid: 4, groups: vec![] };
         for m in [xattr(1000), xattr(1), xattr(KEPT_BUFFER + 1), xattr(2)] {
-            let bytes = encoded(&cred, &m, <[u8]>::to_vec);
+            let bytes = encoded(&cred, &m, None, <[u8]>::to_vec);
             let alone = postcard::to_stdvec(&Logged { uid: 3, gid: 4, m: &m }).unwrap();
             assert_eq!(bytes, alone);
             let back = decode(&bytes).unwrap();
-            assert_eq!((back.uid, back.gid, back.m), (3, 4, m));
+            assert_eq!((back.uid, back.gid, back.m, back.tag), (3, 4, m, None));
         }
+    }
+
+    /// A tagged record reads back with its tag and projects as the same
+    /// changelog record as an untagged one.
+    #[test]
+    fn a_tag_rides_at_the_end_of_its_record() {
+        let cred = Cred { uid: 3, gid: 4, groups: vec![] };
+        let m = Mutation::Remove { parent: 1, name: b"a".to_vec(), ino: 9, dir: false, gone: Gone::Freed, time: 5 };
+        let tag = Tag { origin: 0xfeed_beef_dead_f00d, id: 1000, settled: 998 };
+        let tagged = encoded(&cred, &m, Some(tag), <[u8]>::to_vec);
+        let plain = encoded(&cred, &m, None, <[u8]>::to_vec);
+        assert!(tagged.starts_with(&plain) && tagged.len() > plain.len());
+        let back = decode(&tagged).unwrap();
+        assert_eq!((back.m, back.tag), (m, Some(tag)));
+        assert_eq!(project(&tagged).unwrap(), project(&plain).unwrap());
+        assert!(decode(&[&plain[..], &[0xff]].concat()).is_err(), "a tag that does not decode is damage");
     }
 
     /// An `O_TMPFILE` shows as a `CREAT` in its directory with no name;
@@ -197,7 +234,7 @@ mod tests {
         let named = Mutation::Link { parent: 7, name: b"kept".to_vec(), ino: 9, time: 6 };
         let seen: Vec<_> = [made, named]
             .iter()
-            .map(|m| project(&encoded(&cred, m, <[u8]>::to_vec)).unwrap().unwrap())
+            .map(|m| project(&encoded(&cred, m, None, <[u8]>::to_vec)).unwrap().unwrap())
             .map(|r| (r.rtype, r.target, r.parent, r.name, r.time_ns))
             .collect();
         assert_eq!(seen, [(RecordType::CREAT, 9, 2, vec![], 5), (RecordType::HLINK, 9, 7, b"kept".to_vec(), 6)]);

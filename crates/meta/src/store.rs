@@ -38,6 +38,7 @@ use crate::log::{Log, Room, Seq};
 use crate::mutation::{Gone, Mutation, Renamed};
 use crate::namespace::Namespace;
 use crate::record;
+use crate::replies::Tag;
 use crate::types::{Attr, Caller, Cred, Fallocate, Ino, Nanos, ReadFrom, SeekTo, SetAttr, StatFs};
 
 /// How a store keeps its journal and changelog.
@@ -93,8 +94,8 @@ struct JournalLog {
 impl Log for JournalLog {
     /// O(record) on the caller's thread, no lock (the journal's append);
     /// a record that frees an inode also notes it, for its data.
-    fn record(&self, cred: &Cred, m: &Mutation) -> Result<Seq> {
-        let seq = record::encoded(cred, m, |bytes| self.changelog.journal().append(bytes)).map_err(|e| {
+    fn record(&self, cred: &Cred, m: &Mutation, tag: Option<Tag>) -> Result<Seq> {
+        let seq = record::encoded(cred, m, tag, |bytes| self.changelog.journal().append(bytes)).map_err(|e| {
             tracing::error!(error = %e, "journal append failed");
             Errno::EIO
         })?;

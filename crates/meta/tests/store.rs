@@ -12,7 +12,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use common::dump;
 use interlock_meta::{
-    Cred, FileType, Ino, Namespace, NewInode, ROOT, RenameFlags, SetAttr, Store, StoreOptions, TimeSet, XattrMode,
+    Cred, FileType, Ino, Namespace, NewInode, ROOT, RenameFlags, SetAttr, Store, StoreOptions, Tag, TimeSet, XattrMode,
+    tagged,
 };
 use proptest::prelude::*;
 
@@ -200,13 +201,22 @@ proptest! {
     /// every path, attribute (times included), xattr and symlink target,
     /// link counts, and orphans still held open.
     #[test]
-    fn a_reopened_store_is_the_store_that_was(ops in prop::collection::vec(op(), 1..80)) {
+    ///
+    /// And its replay cache: each change is asked for by one of two
+    /// clients, which says its requests up to a few back were answered.
+    fn a_reopened_store_is_the_store_that_was(
+        ops in prop::collection::vec(op(), 1..80),
+        lags in prop::collection::vec(0..4u64, 80),
+    ) {
         let tmp = tempfile::tempdir().unwrap();
         let (store, _) = Store::open(tmp.path(), StoreOptions::default(), 1).unwrap();
         let (mut open, mut linkable) = (Vec::new(), HashSet::new());
+        let tag = |t: usize| Tag { origin: 1 + t as u64 % 2, id: t as u64, settled: (t as u64).saturating_sub(lags[t]) };
         for (t, op) in ops.iter().enumerate() {
-            run(&store, op, 10 + t as i64, &mut open, &mut linkable);
+            tagged(tag(t), || run(&store, op, 10 + t as i64, &mut open, &mut linkable));
         }
+        let cached = |store: &Store| (0..ops.len()).map(|t| store.ns().replies().find(tag(t).origin, t as u64)).collect::<Vec<_>>();
+        let replies = cached(&store);
         let before = dump(store.ns(), &open);
         let inodes = store.ns().inode_count();
         drop(store);
@@ -214,6 +224,7 @@ proptest! {
         prop_assert!(opened.dangling.is_empty(), "dangling entries {:?}", opened.dangling);
         prop_assert_eq!(dump(again.ns(), &open), before);
         prop_assert_eq!(again.ns().inode_count(), inodes, "inodes (orphans included)");
+        prop_assert_eq!(cached(&again), replies, "the replay cache");
         // Which orphans a link may name came back too: a file held open
         // may be linked if it has a name, or is an `O_TMPFILE` made
         // linkable and not linked since.
@@ -338,4 +349,44 @@ fn checkpoints_under_load_replay_to_the_state_left() {
         );
         assert_eq!(again.ns().inode_count(), inodes);
     }
+}
+
+/// A change asked for by a client that may ask again is found in the
+/// replay cache after a restart, from the journal's record or, once the
+/// journal behind a checkpoint is gone, from the checkpoint's image,
+/// until a later request of the client says it was answered; an
+/// untagged change is never found.
+#[test]
+fn a_tagged_change_is_found_after_a_restart_until_its_client_settles_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let opts = StoreOptions::default;
+    let (store, _) = Store::open(tmp.path(), opts(), 1).unwrap();
+    let me = Cred::root();
+    let file = || new(FileType::Regular, 0o644);
+    let (a, seq) = tagged(Tag { origin: 5, id: 10, settled: 10 }, || store.ns().create(&me, ROOT, b"a", file(), b"", 2))
+        .unwrap();
+    store.wait(seq).unwrap();
+    let seq = tagged(Tag { origin: 5, id: 11, settled: 10 }, || store.ns().unlink(&me, ROOT, b"a", 3)).unwrap();
+    store.wait(seq).unwrap();
+    let (_, seq) = store.ns().create(&me, ROOT, b"b", file(), b"", 4).unwrap();
+    store.wait(seq).unwrap();
+    let found = |s: &Store| [10, 11, 12].map(|id| s.ns().replies().find(5, id));
+    assert_eq!(found(&store), [Some(a.ino), Some(a.ino), None]);
+    drop(store);
+    let (store, opened) = Store::open(tmp.path(), opts(), 5).unwrap();
+    assert_eq!((opened.replayed, found(&store)), (3, [Some(a.ino), Some(a.ino), None]), "from the journal");
+    store.checkpoint().unwrap();
+    drop(store);
+    let (store, opened) = Store::open(tmp.path(), opts(), 6).unwrap();
+    assert_eq!((opened.replayed, found(&store)), (0, [Some(a.ino), Some(a.ino), None]), "from the checkpoint");
+    // Request 12 says 10 and 11 were answered.
+    let (c, seq) = tagged(Tag { origin: 5, id: 12, settled: 12 }, || store.ns().create(&me, ROOT, b"c", file(), b"", 7))
+        .unwrap();
+    store.wait(seq).unwrap();
+    assert_eq!(found(&store), [None, None, Some(c.ino)]);
+    drop(store);
+    let (store, _) = Store::open(tmp.path(), opts(), 8).unwrap();
+    assert_eq!(found(&store), [None, None, Some(c.ino)], "replayed over an image that has 10 and 11");
+    store.ns().replies().forget(5);
+    assert_eq!(found(&store), [None; 3]);
 }
