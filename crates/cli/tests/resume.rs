@@ -251,6 +251,7 @@ fn a_session_that_never_acknowledges_cannot_resume() {
         session,
         received,
         secret,
+        origin: 0,
     };
     conn.write_all(&raw_frame(&hello(None, 0, [0; 16]))).unwrap();
     let ServerMsg::Welcome { session, secret, .. } = interlock_proto::decode(&read_raw_frame(&mut conn)).unwrap()

@@ -246,6 +246,7 @@ fn a_session_cannot_be_taken_over_without_its_secret() {
                 session: Some(sid),
                 received,
                 secret: [0; 16],
+                origin: 0,
             };
             s.write_all(&raw_frame(&hello)).unwrap();
             match interlock_proto::decode::<ServerMsg>(&read_raw_frame(&mut s)).unwrap() {

@@ -192,6 +192,7 @@ fn an_unknown_protocol_version_is_refused_clearly() {
         session: None,
         received: 0,
         secret: [0; 16],
+        origin: 0,
     }))
     .unwrap();
     match interlock_proto::decode(&read_raw_frame(&mut s)).unwrap() {
@@ -493,7 +494,7 @@ fn a_client_that_does_not_read_its_replies_is_held_back() {
     stream.set_nonblocking(false).unwrap();
     let mut reader = BufReader::new(stream.try_clone().unwrap());
     let mut writer = stream.try_clone().unwrap();
-    raw_hello(&mut writer, &mut reader);
+    raw_hello(&mut writer, &mut reader, 1);
 
     const N: u64 = 1_000_000;
     let sender = std::thread::spawn(move || {
@@ -591,7 +592,7 @@ fn a_clean_stop_answers_what_it_read_then_says_where_it_stopped() {
     let data = tempfile::tempdir().unwrap();
     let mut server = ServerProc::start(data.path(), "127.0.0.1:0", &[]);
     let mut s = std::net::TcpStream::connect(&server.addr).unwrap();
-    raw_hello(&mut &s, &mut &s);
+    raw_hello(&mut &s, &mut &s, 1);
     let lock = |owner: u32, wait: bool| Op::Lock {
         target: Target { resource: b"r".to_vec(), kind: Kind::Ofd, owner, start: 0, end: 0 },
         mode: Mode::EX as u8,
@@ -625,7 +626,10 @@ fn a_clean_stop_answers_what_it_read_then_says_where_it_stopped() {
             rdev: 0,
             target: Vec::new(),
         };
-        burst.extend(raw_frame(&ClientMsg::Request { id: 10 + i, op: Op::Meta { cred: root.clone(), op: create } }));
+        burst.extend(raw_frame(&ClientMsg::Request {
+            id: 10 + i,
+            op: Op::Meta { cred: root.clone(), op: create, once: None },
+        }));
         ends.push(sent + burst.len() as u64);
     }
     s.write_all(&burst).unwrap();
@@ -663,4 +667,73 @@ fn a_clean_stop_answers_what_it_read_then_says_where_it_stopped() {
         found
     });
     assert_eq!(found, read, "a file is there exactly when its create was read and answered");
+}
+
+/// A change that may not be made twice, made and answered, then the
+/// server killed: the client asks again with the same id in a session on
+/// the restarted server (as it does when the answer never came) and is
+/// answered as the first time, with the change not made twice; a request
+/// that the dead server never made is made; the cache is the client's
+/// own (another client asking with the same id has its change made).
+#[test]
+fn a_change_asked_for_again_after_a_crash_is_answered_as_it_was_made() {
+    use interlock_meta::{Cred, FileType, ROOT, RenameFlags};
+    use interlock_proto::meta::{MetaOp, MetaReply, Once};
+    use interlock_proto::{ClientMsg, Op, Reply, ServerMsg};
+    let data = tempfile::tempdir().unwrap();
+    let mut server = ServerProc::start(data.path(), "127.0.0.1:0", &[]);
+    let root = Cred { uid: 0, gid: 0, groups: Vec::new() };
+    let create = |name: &str| MetaOp::Create {
+        parent: ROOT,
+        name: name.as_bytes().to_vec(),
+        kind: FileType::Regular,
+        perm: 0o644,
+        rdev: 0,
+        target: Vec::new(),
+    };
+    let rename = MetaOp::Rename {
+        parent: ROOT,
+        name: b"a".to_vec(),
+        new_parent: ROOT,
+        new_name: b"b".to_vec(),
+        flags: RenameFlags::default(),
+    };
+    let unlink = |name: &str| MetaOp::Unlink { parent: ROOT, name: name.as_bytes().to_vec() };
+    // Asks `op` as request `id` of the connection's client; its reply.
+    let ask = |s: &mut std::net::TcpStream, id: u64, op: MetaOp, settled: u64, again: bool| {
+        let once = Some(Once { settled, again });
+        s.write_all(&raw_frame(&ClientMsg::Request { id, op: Op::Meta { cred: root.clone(), op, once } })).unwrap();
+        match interlock_proto::decode(&read_raw_frame(s)).unwrap() {
+            ServerMsg::Reply { id: got, reply } if got == id => reply,
+            other => panic!("unexpected {other:?}"),
+        }
+    };
+    let connect = |server: &ServerProc, origin: u64| {
+        let s = std::net::TcpStream::connect(&server.addr).unwrap();
+        raw_hello(&mut &s, &mut &s, origin);
+        s
+    };
+    let mut s = connect(&server, 77);
+    let Reply::Meta(MetaReply::Attr(made)) = ask(&mut s, 5, create("a"), 5, false) else { panic!("create") };
+    assert_eq!(ask(&mut s, 6, rename.clone(), 5, false), Reply::Meta(MetaReply::Done));
+    server.kill9();
+    let server = ServerProc::start(data.path(), "127.0.0.1:0", &[]);
+    let mut s = connect(&server, 77);
+    match ask(&mut s, 5, create("a"), 5, true) {
+        Reply::Meta(MetaReply::Attr(a)) => assert_eq!(a.ino, made.ino, "the file the first create made"),
+        other => panic!("the create asked again: {other:?}"),
+    }
+    assert_eq!(ask(&mut s, 6, rename, 5, true), Reply::Meta(MetaReply::Done), "not ENOENT");
+    // Request 7 never reached the dead server: it is made now.
+    assert_eq!(ask(&mut s, 7, unlink("b"), 5, true), Reply::Meta(MetaReply::Done));
+    // Another client's request 5 is its own.
+    let mut other = connect(&server, 78);
+    let Reply::Meta(MetaReply::Attr(second)) = ask(&mut other, 5, create("a"), 5, true) else { panic!("create") };
+    assert_ne!(second.ino, made.ino);
+    let names: Vec<Vec<u8>> = rt().block_on(async {
+        let c = client(&server.addr).await;
+        let (listing, _) = c.readdir(&root, ROOT, 0, 100, false).await.unwrap();
+        listing.into_iter().map(|e| e.name).collect()
+    });
+    assert_eq!(names, [b"a".to_vec()], "one create of a and one rename of it by client 77, made once each");
 }

@@ -98,6 +98,7 @@ async fn hello(inner: &Inner, stream: TcpStream) -> Result<Welcomed, ClientError
         session,
         received: inner.received.load(Ordering::Relaxed),
         secret,
+        origin: inner.origin,
     };
     let sent = Instant::now();
     proto::send(&mut wr, &hello).await.map_err(|_| ClientError::ConnectionLost)?;
@@ -189,7 +190,7 @@ pub(crate) fn settle(inner: &Arc<Inner>, w: &Welcomed, now: Instant, goodbye: Op
     if let Some(served) = goodbye {
         t.unread_past(served);
     }
-    t.pending.clear();
+    t.session_lost(settled == Settled::Reclaim);
     inner.received.store(0, Ordering::Relaxed);
     crate::opens::reopen_all(inner, &mut t);
     if settled == Settled::Lost {
@@ -410,7 +411,7 @@ fn dispatch(inner: &Arc<Inner>, msg: ServerMsg) {
         ServerMsg::Reply { id: 0, .. } => {}
         ServerMsg::Reply { id, reply } => {
             let mut t = inner.tables.lock();
-            if let Some(p) = t.pending.remove(&id) {
+            if let Some(p) = t.resolve(id) {
                 let _ = p.tx.send(Ok(reply));
             } else if let Some(request) = t.cancelling.remove(&id) {
                 t.abandoned.remove(&request);

@@ -68,6 +68,8 @@ pub mod meta;
 mod opens;
 mod outbox;
 
+use std::collections::BTreeSet;
+
 use foldhash::{HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -247,18 +249,29 @@ pub struct Blocking {
 /// A DLM lock held: (resource, owner, mode, start, end).
 pub(crate) type DlmEntry = (Vec<u8>, u32, u8, u64, u64);
 
-/// What comes back for a request: its reply, or word that the server
-/// stopped cleanly before it read the request.
-pub(crate) type Replied = Result<Reply, Unread>;
+/// What comes back for a request: its reply, or why none will come in
+/// its session.
+pub(crate) type Replied = Result<Reply, NoReply>;
 
-/// A request the server never read: it stopped cleanly first (its
-/// `Goodbye`), so the request had no effect.
+/// Why a request got no reply in the session it was sent in.
 #[derive(Debug)]
-pub(crate) struct Unread;
+pub(crate) enum NoReply {
+    /// The server never read it: it stopped cleanly first (its
+    /// `Goodbye`), so the request had no effect.
+    Unread,
+    /// A change that may not be made twice (`Once`), in flight when the
+    /// server restarted: the client is back within the recovery window,
+    /// so the server still knows whether it made the change. Ask again,
+    /// with the same id.
+    AskAgain,
+}
 
-impl From<Unread> for ClientError {
-    fn from(_: Unread) -> ClientError {
-        ClientError::Unread
+impl From<NoReply> for ClientError {
+    fn from(n: NoReply) -> ClientError {
+        match n {
+            NoReply::Unread => ClientError::Unread,
+            NoReply::AskAgain => ClientError::ConnectionLost,
+        }
     }
 }
 
@@ -267,6 +280,8 @@ struct Pending {
     /// Where the request ends in the session's stream.
     end: u64,
     tx: oneshot::Sender<Replied>,
+    /// A change that may not be made twice: listed in `Tables::once`.
+    once: bool,
 }
 
 #[derive(Default)]
@@ -294,6 +309,11 @@ struct Tables {
     alias: HashMap<u64, u64>,
     /// Files held open at the server, to open again in a new session.
     opens: opens::Opens,
+    /// The ids of the changes that may not be made twice and are not yet
+    /// answered (listed in `pending`, or being sent again after a
+    /// restart): the lowest is the `settled` each such request carries,
+    /// which lets the server forget the ones below it.
+    once: BTreeSet<u64>,
 }
 
 impl Tables {
@@ -302,8 +322,18 @@ impl Tables {
     fn send(&mut self, outbox: &Outbox, id: u64, op: &Op) -> Result<oneshot::Receiver<Replied>, ClientError> {
         let end = outbox.send(&ClientMsgRef::Request { id, op })?;
         let (tx, rx) = oneshot::channel();
-        self.pending.insert(id, Pending { end, tx });
+        let once = matches!(op, Op::Meta { once: Some(_), .. });
+        self.pending.insert(id, Pending { end, tx, once });
         Ok(rx)
+    }
+
+    /// Takes request `id` off the lists: its reply came. O(log once).
+    fn resolve(&mut self, id: u64) -> Option<Pending> {
+        let p = self.pending.remove(&id)?;
+        if p.once {
+            self.once.remove(&id);
+        }
+        Some(p)
     }
 
     /// The server stopped cleanly having read the session's stream up to
@@ -312,8 +342,26 @@ impl Tables {
     /// after any loss of the session. O(pending).
     fn unread_past(&mut self, served: u64) {
         let waits = &self.waits;
-        for (_, p) in self.pending.extract_if(|id, p| p.end > served && !waits.contains_key(id)) {
-            let _ = p.tx.send(Err(Unread));
+        for (id, p) in self.pending.extract_if(|id, p| p.end > served && !waits.contains_key(id)) {
+            if p.once {
+                self.once.remove(&id);
+            }
+            let _ = p.tx.send(Err(NoReply::Unread));
+        }
+    }
+
+    /// The session is gone, and no reply listed will come. If the server
+    /// restarted and the client is back within its recovery window
+    /// (`reclaim`), each change that may not be made twice is told to ask
+    /// again (the server kept whether it made it); every other request is
+    /// dropped, and its caller sees [`ClientError::ConnectionLost`].
+    /// O(pending).
+    fn session_lost(&mut self, reclaim: bool) {
+        for (id, p) in self.pending.drain() {
+            let asks = reclaim && p.once && p.tx.send(Err(NoReply::AskAgain)).is_ok();
+            if p.once && !asks {
+                self.once.remove(&id);
+            }
         }
     }
 }
@@ -322,6 +370,9 @@ struct Inner {
     addr: String,
     options: ClientOptions,
     next_id: AtomicU64,
+    /// This client, for its life: a random number its hello gives, which
+    /// the server writes with each change that may not be made twice.
+    origin: u64,
     session: AtomicU64,
     /// What resuming the session takes.
     secret: Mutex<Secret>,
@@ -362,11 +413,44 @@ impl Inner {
     /// With a `fence`, only in that session (see [`Client::within`]).
     fn submit(&self, id: u64, op: Op, wait: bool, fence: Option<u64>) -> Result<Submitted, ClientError> {
         let mut t = self.tables.lock();
-        // The generation changes under the tables' lock: a fenced request
-        // is listed in its session or not sent at all.
-        if fence.is_some_and(|g| g != self.generation.load(Ordering::Relaxed)) {
-            return Err(ClientError::ConnectionLost);
+        self.fenced(fence)?;
+        self.submit_listed(&mut t, id, op, wait)
+    }
+
+    /// Whether a request fenced to session `fence` may go out now: the
+    /// generation changes under the tables' lock (which the caller
+    /// holds), so a fenced request is listed in its session or not sent
+    /// at all.
+    fn fenced(&self, fence: Option<u64>) -> Result<(), ClientError> {
+        match fence {
+            Some(g) if g != self.generation.load(Ordering::Relaxed) => Err(ClientError::ConnectionLost),
+            _ => Ok(()),
         }
+    }
+
+    /// [`submit`](Inner::submit) of `op`, a change that may not be made
+    /// twice (`Op::Meta` with `once`): a new request, or request
+    /// `again`, sent again after a restart ([`NoReply::AskAgain`]). A new
+    /// one is numbered under the tables' lock: so no such request with a
+    /// lower id goes out after one whose `settled` has passed it, which
+    /// would let the server forget it before it is made. Its id, and what
+    /// [`submit`](Inner::submit) returns.
+    fn submit_once(&self, mut op: Op, again: Option<u64>, fence: Option<u64>) -> Result<(u64, Submitted), ClientError> {
+        let mut t = self.tables.lock();
+        let id = again.unwrap_or_else(|| self.next_id.fetch_add(1, Ordering::Relaxed));
+        if let Err(e) = self.fenced(fence) {
+            t.once.remove(&id);
+            return Err(e);
+        }
+        t.once.insert(id);
+        if let Op::Meta { once: Some(o), .. } = &mut op {
+            *o = interlock_proto::meta::Once { settled: *t.once.first().expect("just listed"), again: again.is_some() };
+        }
+        Ok((id, self.submit_listed(&mut t, id, op, false)?))
+    }
+
+    /// Sends request `id` and lists it in `t`, the tables, locked.
+    fn submit_listed(&self, t: &mut Tables, id: u64, op: Op, wait: bool) -> Result<Submitted, ClientError> {
         let reply_rx = t.send(&self.outbox, id, &op)?;
         if let Op::Meta { op: interlock_proto::meta::MetaOp::Release { ino }, .. } = &op {
             t.opens.take(*ino);
@@ -447,6 +531,7 @@ impl Client {
             addr: addr.to_string(),
             options,
             next_id: AtomicU64::new(1),
+            origin: random_origin(),
             session: AtomicU64::new(0),
             secret: Mutex::default(),
             boot: AtomicU64::new(0),
@@ -548,7 +633,7 @@ impl Client {
             // answered, and blocking requests will not be granted.
             inner.outbox.close();
             let mut t = inner.tables.lock();
-            t.pending.clear();
+            t.session_lost(false);
             t.waits.clear();
         });
         let weak = Arc::downgrade(&self.inner);
@@ -583,14 +668,31 @@ impl Client {
         self.request_in(op).await.map(|(r, _)| r)
     }
 
-    /// A request's reply, and the session (generation) it came in.
+    /// A request's reply, and the session (generation) it came in. A
+    /// change that may not be made twice, in flight when the server
+    /// restarted, is asked about again in the new session (see
+    /// [`NoReply::AskAgain`]): its caller sees one answer.
     async fn request_in(&self, op: Op) -> Result<(Reply, u64), ClientError> {
-        let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
-        let sent = self.inner.submit(id, op, false, self.fence)?;
-        match sent.reply_rx.await.map_err(|_| ClientError::ConnectionLost)?? {
-            Reply::Error(e) => Err(ClientError::Server(e)),
-            Reply::Recovering { left_ms } => Err(ClientError::Recovering(Duration::from_millis(left_ms))),
-            r => Ok((r, sent.generation)),
+        let (id, mut sent) = match op {
+            Op::Meta { once: Some(_), .. } => self.inner.submit_once(op, None, self.fence)?,
+            op => {
+                let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
+                (id, self.inner.submit(id, op, false, self.fence)?)
+            }
+        };
+        loop {
+            match sent.reply_rx.await.map_err(|_| ClientError::ConnectionLost)? {
+                Err(NoReply::AskAgain) => {
+                    let op = sent.op.expect("a request that does not wait is handed back");
+                    sent = self.inner.submit_once(op, Some(id), self.fence)?.1;
+                }
+                Err(unread) => return Err(unread.into()),
+                Ok(Reply::Error(e)) => return Err(ClientError::Server(e)),
+                Ok(Reply::Recovering { left_ms }) => {
+                    return Err(ClientError::Recovering(Duration::from_millis(left_ms)));
+                }
+                Ok(r) => return Ok((r, sent.generation)),
+            }
         }
     }
 
@@ -900,6 +1002,15 @@ impl Client {
     }
 }
 
+/// A client's origin: 64 random bits from the operating system (two
+/// clients that drew the same could be answered each other's changes
+/// after a restart: about one chance in 10^11 for a thousand clients).
+fn random_origin() -> u64 {
+    let mut b = [0u8; 8];
+    getrandom::fill(&mut b).expect("the operating system's random source");
+    u64::from_le_bytes(b)
+}
+
 /// Wakes local waiters that the local table granted.
 fn local_effects(inner: &Inner, effects: Vec<Effect>) {
     for e in effects {
@@ -939,7 +1050,7 @@ mod tests {
         t.waits.insert(4, Waiting { grant_tx: None, op: Op::Status });
         // The server read requests 1 and 2.
         t.unread_past(ends[1]);
-        assert!(matches!(rx[2].try_recv(), Ok(Err(Unread))), "request 3 was not read");
+        assert!(matches!(rx[2].try_recv(), Ok(Err(NoReply::Unread))), "request 3 was not read");
         let listed: Vec<u64> = {
             let mut l: Vec<u64> = t.pending.keys().copied().collect();
             l.sort();

@@ -20,7 +20,7 @@ use std::time::Duration;
 pub use interlock_meta::{
     Attr, Caller, Cred, Fallocate, FileType, Ino, ROOT, RenameFlags, SeekTo, SetAttr, StatFs, TimeSet, XattrMode,
 };
-use interlock_proto::meta::{ChangelogOp, ChangelogReply, MetaOp, MetaReply};
+use interlock_proto::meta::{ChangelogOp, ChangelogReply, MetaOp, MetaReply, Once};
 pub use interlock_proto::meta::{ChangelogRecord, ConsumerInfo, Entry};
 use interlock_proto::{Op, Reply};
 
@@ -39,9 +39,14 @@ impl Client {
         self.meta_in(cred, op).await.map(|(r, _)| r)
     }
 
-    /// A namespace operation's reply, and the session it came in.
+    /// A namespace operation's reply, and the session it came in. A
+    /// change that may not be made twice ([`MetaOp::once`]) goes with
+    /// [`Once`], which the client fills in as it sends it: after a server
+    /// restart it gets the answer the first attempt got (or would have),
+    /// never the errno of the change made twice.
     async fn meta_in(&self, cred: &Cred, op: MetaOp) -> Result<(MetaReply, u64), ClientError> {
-        match self.request_in(Op::Meta { cred: cred.clone(), op }).await? {
+        let once = op.once().then_some(Once { settled: 0, again: false });
+        match self.request_in(Op::Meta { cred: cred.clone(), op, once }).await? {
             (Reply::Meta(r), generation) => Ok((r, generation)),
             (Reply::Errno(e), _) => Err(ClientError::Errno(e)),
             (other, _) => Err(unexpected(other)),

@@ -72,7 +72,7 @@ pub(crate) fn reopen_all(inner: &Arc<Inner>, t: &mut Tables) {
 /// server's recovery window): said loudly, and no longer counted.
 fn reopen(inner: &Arc<Inner>, t: &mut Tables, ino: Ino) {
     let id = inner.next_id.fetch_add(1, Ordering::Relaxed);
-    let op = Op::Meta { cred: Cred::root(), op: MetaOp::Open { ino, want: 0 } };
+    let op = Op::Meta { cred: Cred::root(), op: MetaOp::Open { ino, want: 0 }, once: None };
     let Ok(rx) = t.send(&inner.outbox, id, &op) else { return };
     let weak = Arc::downgrade(inner);
     tokio::spawn(async move {

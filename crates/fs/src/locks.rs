@@ -254,8 +254,8 @@ impl Fs {
     pub(crate) async fn getlk(&self, ino: Ino, a: &mut Args<'_>) -> Answer {
         let lk = LkIn::parse(a)?;
         let owner = self.owners.number(lk.owner);
-        let spec = lk.spec(ino, owner, lk.request()?);
-        let out = match self.once(|| self.client.test(&spec)).await? {
+        let spec = &lk.spec(ino, owner, lk.request()?);
+        let out = match self.on_file(ino, true, |c| async move { c.test(spec).await }).await? {
             None => lk_out(lk.start, lk.end, None, 0),
             Some(c) => {
                 let here = owner::session(c.owner) == self.client.session();
@@ -276,8 +276,8 @@ impl Fs {
         let lk = LkIn::parse(a)?;
         let asked = lk.request()?;
         if asked.0 == Mode::NL {
-            let spec = lk.spec(ino, self.owners.number(lk.owner), asked);
-            self.once(|| self.client.unlock(&spec)).await?;
+            let spec = &lk.spec(ino, self.owners.number(lk.owner), asked);
+            self.on_file(ino, true, |c| async move { c.unlock(spec).await }).await?;
             return Ok(Vec::new());
         }
         // Held before the request goes: the number stays while the lock
@@ -291,11 +291,11 @@ impl Fs {
             self.owners.note_posix(lk.owner, ino);
         }
         let owner = self.owners.number(lk.owner);
-        let spec = lk.spec(ino, owner, asked);
+        let spec = &lk.spec(ino, owner, asked);
         let granted = match cancel {
-            None => self.once(|| self.client.try_lock(&spec)).await?.is_some(),
+            None => self.on_file(ino, true, |c| async move { c.try_lock(spec).await }).await?.is_some(),
             Some(cancel) => tokio::select! {
-                r = self.client.lock(&spec) => { r.map_err(|e| errno(&e))?; true }
+                r = self.client.lock(spec) => { r.map_err(|e| errno(&e))?; true }
                 _ = cancel => return Err(libc::EINTR),
             },
         };

@@ -363,8 +363,8 @@ fn a_tagged_change_is_found_after_a_restart_until_its_client_settles_it() {
     let (store, _) = Store::open(tmp.path(), opts(), 1).unwrap();
     let me = Cred::root();
     let file = || new(FileType::Regular, 0o644);
-    let (a, seq) = tagged(Tag { origin: 5, id: 10, settled: 10 }, || store.ns().create(&me, ROOT, b"a", file(), b"", 2))
-        .unwrap();
+    let (a, seq) =
+        tagged(Tag { origin: 5, id: 10, settled: 10 }, || store.ns().create(&me, ROOT, b"a", file(), b"", 2)).unwrap();
     store.wait(seq).unwrap();
     let seq = tagged(Tag { origin: 5, id: 11, settled: 10 }, || store.ns().unlink(&me, ROOT, b"a", 3)).unwrap();
     store.wait(seq).unwrap();
@@ -380,8 +380,8 @@ fn a_tagged_change_is_found_after_a_restart_until_its_client_settles_it() {
     let (store, opened) = Store::open(tmp.path(), opts(), 6).unwrap();
     assert_eq!((opened.replayed, found(&store)), (0, [Some(a.ino), Some(a.ino), None]), "from the checkpoint");
     // Request 12 says 10 and 11 were answered.
-    let (c, seq) = tagged(Tag { origin: 5, id: 12, settled: 12 }, || store.ns().create(&me, ROOT, b"c", file(), b"", 7))
-        .unwrap();
+    let (c, seq) =
+        tagged(Tag { origin: 5, id: 12, settled: 12 }, || store.ns().create(&me, ROOT, b"c", file(), b"", 7)).unwrap();
     store.wait(seq).unwrap();
     assert_eq!(found(&store), [None, None, Some(c.ino)]);
     drop(store);

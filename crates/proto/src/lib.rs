@@ -37,7 +37,7 @@ use serde::{Deserialize, Serialize};
 pub use unacked::Unacked;
 
 /// The protocol version this build speaks.
-pub const VERSION: u32 = 14;
+pub const VERSION: u32 = 15;
 /// The largest frame either side accepts, in bytes: room for an extended
 /// attribute's largest value (64 KiB) and a page of directory entries.
 pub const MAX_FRAME: usize = 256 << 10;
@@ -178,8 +178,10 @@ pub enum Op {
     /// client out). Any client with the token may.
     Evict { session: u64 },
     /// A namespace operation by `cred` (version 5): [`Reply::Meta`] or
-    /// [`Reply::Errno`], once any change it made is durable.
-    Meta { cred: interlock_meta::Cred, op: meta::MetaOp },
+    /// [`Reply::Errno`], once any change it made is durable. `once`
+    /// (version 15) for a change that may not be made twice: see
+    /// [`meta::Once`].
+    Meta { cred: interlock_meta::Cred, op: meta::MetaOp, once: Option<meta::Once> },
     /// A changelog request (version 5): [`Reply::Changelog`].
     Changelog(meta::ChangelogOp),
 }
@@ -191,7 +193,9 @@ pub enum ClientMsg {
     /// reconnect within the lease, or to reclaim locks after a server
     /// restart); `received`: the bytes of its stream from the server taken
     /// in so far (the server sends the rest again); `secret`: the
-    /// session's secret from its welcome (zeros for a new session). Later
+    /// session's secret from its welcome (zeros for a new session);
+    /// `origin` (version 15): the client, for its life, across sessions
+    /// and server restarts (a random number; see [`meta::Once`]). Later
     /// versions only add fields at the end, so any version's hello decodes
     /// far enough to be refused by its version.
     Hello {
@@ -200,6 +204,7 @@ pub enum ClientMsg {
         session: Option<u64>,
         received: u64,
         secret: Secret,
+        origin: u64,
     },
     Request {
         id: u64,
@@ -568,7 +573,7 @@ pub fn reader<T, R: tokio::io::AsyncRead>(io: R) -> tokio_util::codec::FramedRea
 /// after a reconnect) without copying it.
 #[derive(Serialize)]
 pub enum ClientMsgRef<'a> {
-    Hello { version: u32, token: Option<&'a str>, session: Option<u64>, received: u64, secret: Secret },
+    Hello { version: u32, token: Option<&'a str>, session: Option<u64>, received: u64, secret: Secret, origin: u64 },
     Request { id: u64, op: &'a Op },
 }
 
@@ -608,8 +613,9 @@ mod tests {
         assert_eq!(encode(&unlock), [5, 1, b'r', 1, 0xac, 0x02, 1, 1, 9]);
         let grant = ServerMsg::Granted { id: 2, grant: GrantInfo { fence: 1, lvb: None, handle: Some(4) } };
         assert_eq!(encode(&grant), [3, 2, 1, 0, 1, 4]);
-        let hello = ClientMsg::Hello { version: 3, token: None, session: Some(5), received: 130, secret: [7; 16] };
-        assert_eq!(encode(&hello)[..], [&[0u8, 3, 0, 1, 5, 0x82, 0x01][..], &[7; 16]].concat());
+        let hello =
+            ClientMsg::Hello { version: 3, token: None, session: Some(5), received: 130, secret: [7; 16], origin: 9 };
+        assert_eq!(encode(&hello)[..], [&[0u8, 3, 0, 1, 5, 0x82, 0x01][..], &[7; 16], &[9]].concat());
         let welcome = ServerMsg::Welcome {
             version: 3,
             session: 5,
@@ -651,8 +657,14 @@ mod tests {
     /// far enough to read its version.
     #[test]
     fn a_later_hello_decodes_to_its_version() {
-        let mut bytes =
-            encode(&ClientMsg::Hello { version: 4, token: None, session: None, received: 0, secret: [0; 16] });
+        let mut bytes = encode(&ClientMsg::Hello {
+            version: 4,
+            token: None,
+            session: None,
+            received: 0,
+            secret: [0; 16],
+            origin: 0,
+        });
         bytes.extend_from_slice(&[9, 9, 9]);
         assert!(matches!(decode::<ClientMsg>(&bytes).unwrap(), ClientMsg::Hello { version: 4, .. }));
     }
@@ -666,14 +678,26 @@ mod tests {
             Op::Unlock { target: Target { resource: b"abc".to_vec(), kind: Kind::Posix, owner: 1, start: 0, end: 5 } };
         let mut out = BytesMut::new();
         write_frame(&ClientMsgRef::Request { id: 9, op: &op }, &mut out).unwrap();
-        let hello =
-            ClientMsg::Hello { version: VERSION, token: Some("t".into()), session: None, received: 4, secret: [3; 16] };
+        let hello = ClientMsg::Hello {
+            version: VERSION,
+            token: Some("t".into()),
+            session: None,
+            received: 4,
+            secret: [3; 16],
+            origin: 5,
+        };
         write_frame(&hello, &mut out).unwrap();
         // Larger than the stack buffer of the fast path.
         let big = ClientMsg::Request { id: 10, op: Op::Close { resource: vec![3; 2000], kind: Kind::Ofd, owner: 2 } };
         write_frame(&big, &mut out).unwrap();
-        let hello_ref =
-            ClientMsgRef::Hello { version: VERSION, token: Some("t"), session: None, received: 4, secret: [3; 16] };
+        let hello_ref = ClientMsgRef::Hello {
+            version: VERSION,
+            token: Some("t"),
+            session: None,
+            received: 4,
+            secret: [3; 16],
+            origin: 5,
+        };
         let total = out.len() as u64;
         let mut reader = Reader::<ClientMsg>::default();
         assert_eq!(reader.decode(&mut out).unwrap().unwrap(), ClientMsg::Request { id: 9, op });

@@ -200,6 +200,28 @@ pub enum MetaOp {
 }
 
 impl MetaOp {
+    /// Whether the operation is a change that may not be made twice: made
+    /// again after it took effect, a create would fail with `EEXIST`, an
+    /// unlink or a rename with `ENOENT`, an append would append twice.
+    /// Such a request carries [`Once`]. (A write at an offset, a setattr,
+    /// an open are made again harmlessly.)
+    pub fn once(&self) -> bool {
+        use MetaOp::*;
+        match self {
+            Create { .. }
+            | CreateOpen { .. }
+            | Tmpfile { .. }
+            | Link { .. }
+            | Unlink { .. }
+            | Rmdir { .. }
+            | Rename { .. }
+            | Setxattr { .. }
+            | Removexattr { .. } => true,
+            Write { append, .. } => *append,
+            _ => false,
+        }
+    }
+
     /// The inodes the request works on, named by number: at most two, and
     /// never the directory a name is looked up, made or removed in. When
     /// one of them no longer exists, the request fails with `ESTALE`, as
@@ -246,6 +268,24 @@ impl MetaOp {
             | Statfs => [None, None],
         }
     }
+}
+
+/// A change that may not be made twice ([`MetaOp::once`]), as its client
+/// asks for it (version 15). The server writes the client's `origin`
+/// (from its hello), the request's id and `settled` in the change's
+/// journal record: a server restarted after a crash finds there whether
+/// it made the change (NFSv4.1's replay cache, kept in the journal and
+/// the checkpoint, not in memory alone).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Once {
+    /// Every such request of the client with a lower id has been
+    /// answered: the server may forget them.
+    pub settled: u64,
+    /// Sent again, with its first id, in a session after the server
+    /// restarted, the first answer never having come: if the server made
+    /// the change before, it answers as it did then (the inode the change
+    /// made or named, as it is now), without making it again.
+    pub again: bool,
 }
 
 /// The most data one `Read` or `Write` carries: a frame with room to

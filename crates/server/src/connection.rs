@@ -64,7 +64,7 @@ pub(crate) async fn connection(
     };
     greeted();
     let refuse = |reason: String| ServerMsg::Refused { reason, auth: false };
-    let ClientMsg::Hello { version, token, session, received, secret } = hello else {
+    let ClientMsg::Hello { version, token, session, received, secret, origin } = hello else {
         let _ = wire::send(&wr, &refuse("the first message must be Hello".into())).await;
         return;
     };
@@ -90,6 +90,7 @@ pub(crate) async fn connection(
         }
     };
     let Some((session, mut turn)) = take_over(&inner, attached, received, &wr, peer).await else { return };
+    inner.origins.set(session.sid, origin);
     let mut welcome = BytesMut::new();
     wire::put(
         &mut welcome,
@@ -239,9 +240,9 @@ async fn serve_connection(
             },
         };
         let op = match (op, squash) {
-            (Op::Meta { mut cred, op }, Some(anon)) => {
+            (Op::Meta { mut cred, op, once }, Some(anon)) => {
                 cred.squash(anon);
-                Op::Meta { cred, op }
+                Op::Meta { cred, op, once }
             }
             (op, _) => op,
         };

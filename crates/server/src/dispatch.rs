@@ -103,7 +103,7 @@ pub(crate) fn handle(inner: &Inner, sid: u64, id: u64, op: Op) -> Option<Reply> 
     }
     let index = metrics::op_index(&op);
     let serve = || match op {
-        Op::Meta { cred, op } => crate::meta::request(inner, sid, id, &cred, op),
+        Op::Meta { cred, op, once } => crate::meta::request(inner, sid, id, &cred, op, once),
         Op::Changelog(op) => crate::meta::changelog(inner, sid, id, op),
         op => Some(execute(inner, sid, id, op).unwrap_or_else(Reply::Error)),
     };

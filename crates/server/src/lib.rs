@@ -72,6 +72,9 @@ pub(crate) struct Inner {
     pub acker: Arc<durable::Acker>,
     /// Files each session holds open.
     pub opens: meta::Opens,
+    /// Each session's client, as its hello named it (for the replay
+    /// cache: see `meta`).
+    pub origins: meta::Origins,
     /// This server, for work handed to other threads.
     pub me: std::sync::Weak<Inner>,
     config: Config,
@@ -170,6 +173,7 @@ impl Server {
             store,
             acker: Arc::default(),
             opens: meta::Opens::default(),
+            origins: meta::Origins::default(),
             me: me.clone(),
             config,
             boot: start.boot,

@@ -12,16 +12,16 @@
 //! O(log n) for entry operations, O(log n + k) for a listing of k);
 //! opening and closing cost O(1) expected more here.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use interlock_journal::changelog::{Consumer, Mask};
 use interlock_meta::ReadFrom::{Cache, Disk};
-use interlock_meta::{Caller, Cred, Errno, FileType, Ino, NewInode, Seq};
+use interlock_meta::{Caller, Cred, Errno, FileType, Ino, NewInode, Seq, Tag};
 use interlock_proto::Reply;
 use interlock_proto::meta::{
-    ChangelogOp, ChangelogRecord, ChangelogReply, ConsumerInfo, Entry, MAX_DATA, MetaOp, MetaReply,
+    ChangelogOp, ChangelogRecord, ChangelogReply, ConsumerInfo, Entry, MAX_DATA, MetaOp, MetaReply, Once,
 };
 
 use crate::{Inner, durable};
@@ -84,9 +84,42 @@ impl Opens {
     }
 }
 
-/// Closes the files a session that ended held open.
+/// Each session's client: session -> origin (see `Once`).
+#[derive(Default)]
+pub(crate) struct Origins(scc::HashMap<u64, u64, foldhash::fast::RandomState>);
+
+impl Origins {
+    pub fn set(&self, sid: u64, origin: u64) {
+        let _ = self.0.upsert_sync(sid, origin);
+    }
+
+    fn of(&self, sid: u64) -> Option<u64> {
+        self.0.read_sync(&sid, |_, o| *o)
+    }
+
+    fn end(&self, sid: u64) -> Option<u64> {
+        self.0.remove_sync(&sid).map(|(_, o)| o)
+    }
+
+    /// The clients with a session now. O(sessions).
+    fn live(&self) -> HashSet<u64> {
+        let mut all = HashSet::new();
+        self.0.iter_sync(|_, o| {
+            all.insert(*o);
+            true
+        });
+        all
+    }
+}
+
+/// Closes the files a session that ended held open, and lets go of its
+/// client's replay cache: a client whose session ended is told its
+/// requests are lost, and asks about none of them again.
 pub(crate) fn end_session(inner: &Inner, sid: u64) {
     let ns = inner.store.ns();
+    if let Some(origin) = inner.origins.end(sid) {
+        ns.replies().forget(origin);
+    }
     for (ino, n) in inner.opens.end(sid) {
         for _ in 0..n {
             if let Err(e) = ns.release(&Cred::root(), ino) {
@@ -97,7 +130,16 @@ pub(crate) fn end_session(inner: &Inner, sid: u64) {
 }
 
 /// Serves a namespace request; `None` when the answer will be pushed.
-pub(crate) fn request(inner: &Inner, sid: u64, id: u64, cred: &Cred, op: MetaOp) -> Option<Reply> {
+/// A change that may not be made twice (`once`) is made tagged, or, sent
+/// again after a restart, answered from the replay cache if it was made.
+pub(crate) fn request(inner: &Inner, sid: u64, id: u64, cred: &Cred, op: MetaOp, once: Option<Once>) -> Option<Reply> {
+    let tag = once.zip(inner.origins.of(sid)).map(|(o, origin)| Tag { origin, id, settled: o.settled });
+    if let Some(tag) = tag
+        && once.is_some_and(|o| o.again)
+        && let Some(ino) = inner.store.ns().replies().find(tag.origin, id)
+    {
+        return Some(made_before(inner, sid, &op, ino));
+    }
     let offload = match &op {
         MetaOp::CopyRange { .. } | MetaOp::Fsync { .. } | MetaOp::Fallocate { .. } => true,
         // A read the page cache holds is served here; one that would
@@ -129,12 +171,34 @@ pub(crate) fn request(inner: &Inner, sid: u64, id: u64, cred: &Cred, op: MetaOp)
         });
         return None;
     }
-    match run(inner, sid, cred, op) {
+    let ran = match tag {
+        Some(tag) => interlock_meta::tagged(tag, || run(inner, sid, cred, op)),
+        None => run(inner, sid, cred, op),
+    };
+    match ran {
         Ok((reply, seq)) => {
             inner.acker.answer(inner.store.changelog().journal(), &*inner.sessions, (seq, sid, id), Reply::Meta(reply))
         }
         Err(e) => Some(Reply::Errno(e.0)),
     }
+}
+
+/// The answer to change `op`, made before the server restarted, whose
+/// record named inode `ino`: what the first answer was, with the inode's
+/// attributes as they are now (`ESTALE` if it is gone since); a file
+/// made open is opened in this session, as it was in the first. Its
+/// record is durable (replay found it): nothing to wait for.
+fn made_before(inner: &Inner, sid: u64, op: &MetaOp, ino: Ino) -> Reply {
+    let ns = inner.store.ns();
+    let made = match op {
+        MetaOp::CreateOpen { .. } | MetaOp::Tmpfile { .. } => ns.open(&Cred::root(), ino, 0).map(|a| {
+            inner.opens.add(sid, ino);
+            MetaReply::Attr(a)
+        }),
+        MetaOp::Create { .. } | MetaOp::Link { .. } | MetaOp::Write { .. } => ns.stat(ino).map(MetaReply::Attr),
+        _ => Ok(MetaReply::Done),
+    };
+    made.map_or_else(|_| Reply::Errno(Errno::ESTALE.0), Reply::Meta)
 }
 
 /// Runs `op`; an `ENOENT` because an inode it names is gone is `ESTALE`
@@ -359,7 +423,8 @@ fn read(inner: &Inner, who: &str, from: Option<u64>, max: u32, wait: Option<Dura
 /// for a wait that doubles up to [`CHECKPOINT_BACKOFF_MAX`] ticks),
 /// idle changelog consumers deregistered, orphans whose last close found
 /// the disk full freed once it has room, and once the recovery window
-/// is over, orphans nobody reopened freed (at once when it ends: until
+/// is over, orphans nobody reopened freed and the replay cache of clients
+/// that did not come back let go of (at once when it ends: until
 /// then `status` says the server is recovering). Runs until the server
 /// is gone.
 pub(crate) fn checkpointer(inner: std::sync::Weak<Inner>) {
@@ -374,6 +439,10 @@ pub(crate) fn checkpointer(inner: std::sync::Weak<Inner>) {
             if let Err(e) = server.store.ns().forget_orphans(&Cred::root()) {
                 tracing::error!(error = %e, "freeing orphans after the restart");
             }
+            // Those that did not come back lost their sessions: they ask
+            // about none of their requests again.
+            let live = server.origins.live();
+            server.store.ns().replies().retain(|origin| live.contains(&origin));
             server.orphans_pending.store(false, Ordering::Relaxed);
         }
         let nap = server.recovering().filter(|_| pending).map_or(TICK, |left| left.min(TICK));

@@ -115,14 +115,16 @@ pub fn read_raw_frame(r: &mut impl std::io::Read) -> Vec<u8> {
     try_read_raw_frame(r).expect("a whole frame")
 }
 
-/// Says hello for a new session on a raw connection and reads the welcome.
-pub fn raw_hello(w: &mut impl std::io::Write, r: &mut impl std::io::Read) {
+/// Says hello for a new session of client `origin` on a raw connection
+/// and reads the welcome.
+pub fn raw_hello(w: &mut impl std::io::Write, r: &mut impl std::io::Read, origin: u64) {
     let hello = interlock_proto::ClientMsg::Hello {
         version: interlock_proto::VERSION,
         token: None,
         session: None,
         received: 0,
         secret: [0; 16],
+        origin,
     };
     w.write_all(&raw_frame(&hello)).unwrap();
     let welcome: interlock_proto::ServerMsg = interlock_proto::decode(&read_raw_frame(r)).unwrap();
