@@ -24,7 +24,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{BIN, ServerProc, Tmpfs, proptest_cases};
+use common::{BIN, ServerProc, Tmpfs, proptest_cases, wait_for};
 use nix::errno::Errno;
 use nix::fcntl::{FcntlArg, FlockArg, fcntl};
 
@@ -96,15 +96,6 @@ impl Drop for Mount {
             let _ = self.child.kill();
             let _ = self.child.wait();
         }
-    }
-}
-
-/// Polls `done` until it holds (at most 30 s).
-fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
-    let until = Instant::now() + Duration::from_secs(30);
-    while !done() {
-        assert!(Instant::now() < until, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(10));
     }
 }
 

@@ -736,4 +736,26 @@ fn a_change_asked_for_again_after_a_crash_is_answered_as_it_was_made() {
         listing.into_iter().map(|e| e.name).collect()
     });
     assert_eq!(names, [b"a".to_vec()], "one create of a and one rename of it by client 77, made once each");
+    // The cache keeps a client while its session lasts, lets go of one
+    // that ends it (says bye), and after a
+    // restart of those that do not come back within the recovery window.
+    let status = |addr: &str| rt().block_on(async { client(addr).await.status().await.unwrap() });
+    assert_eq!(status(&server.addr).replay_clients, 2);
+    rt().block_on(async {
+        let c = client(&server.addr).await;
+        c.create(&root, ROOT, b"c", FileType::Regular, 0o644, b"").await.unwrap();
+        assert_eq!(c.status().await.unwrap().replay_clients, 3);
+        c.bye().await.unwrap();
+    });
+    wait_for("the cache to let go of the client that said bye", || status(&server.addr).replay_clients == 2);
+    drop((s, other));
+    let mut server = server;
+    server.kill9();
+    let server = ServerProc::start(data.path(), "127.0.0.1:0", &["--recovery-ms", "2000"]);
+    let s = status(&server.addr);
+    // Replayed from the journal: the client that said bye too (a bye is
+    // not journaled; the window's end lets go of it as of the others).
+    assert!(s.recovering_ms > 0 && s.replay_clients == 3, "replayed from the journal: {s:?}");
+    wait_for("the recovery window to end", || status(&server.addr).recovering_ms == 0);
+    assert_eq!(status(&server.addr).replay_clients, 0, "none came back");
 }

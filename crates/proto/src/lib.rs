@@ -275,6 +275,10 @@ pub struct StatusInfo {
     /// requests are served as these ids but from the addresses listed
     /// (prefixes, `ADDR/LEN`).
     pub root_squash: Option<RootSquashInfo>,
+    /// Clients with changes in the replay cache (version 15): changes
+    /// they may ask about again after a crash of the server (see
+    /// [`meta::Once`]).
+    pub replay_clients: u64,
 }
 
 /// A server's root squash, as [`StatusInfo`] reports it.

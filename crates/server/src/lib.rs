@@ -440,6 +440,7 @@ impl Inner {
             disk_available_bytes: disk.1,
             disk_full: self.store.changelog().journal().space_low(),
             root_squash: self.config.root_squash.as_ref().map(RootSquash::info),
+            replay_clients: self.store.ns().replies().clients() as u64,
             consumers: self
                 .store
                 .changelog()

@@ -98,6 +98,7 @@ fn print_status(s: &StatusInfo, json: bool) {
         "journal     last record {}, {} since the checkpoint (a restart replays them)",
         s.journal_last, s.since_checkpoint
     );
+    println!("replay      {} clients with changes they may ask about again after a crash", s.replay_clients);
     if s.consumers.is_empty() {
         println!("changelog   no consumers");
     }
@@ -187,7 +188,7 @@ fn status_json(s: &StatusInfo, rate: f64) -> serde_json::Value {
         "requests_per_sec": rate, "recovering_ms": s.recovering_ms,
         "inodes": s.inodes, "journal_last": s.journal_last, "since_checkpoint": s.since_checkpoint,
         "durable": s.durable, "disk_bytes": s.disk_bytes, "disk_available_bytes": s.disk_available_bytes,
-        "disk_full": s.disk_full,
+        "disk_full": s.disk_full, "replay_clients": s.replay_clients,
         "root_squash": s.root_squash.as_ref().map(|q| serde_json::json!({"uid": q.uid, "gid": q.gid, "except": q.except})),
         "consumers": s.consumers.iter().map(|c| serde_json::json!({
             "id": c.id, "name": c.name, "cleared": c.cleared, "mask": c.mask,

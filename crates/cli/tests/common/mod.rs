@@ -131,6 +131,15 @@ pub fn raw_hello(w: &mut impl std::io::Write, r: &mut impl std::io::Read, origin
     assert!(matches!(welcome, interlock_proto::ServerMsg::Welcome { .. }), "{welcome:?}");
 }
 
+/// Polls `done` until it holds (at most 30 s).
+pub fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !done() {
+        assert!(std::time::Instant::now() < until, "timed out waiting for {what}");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
 /// How many cases a property test runs: `default`, or what
 /// `PROPTEST_CASES` says (for a soak).
 pub fn proptest_cases(default: u32) -> u32 {
