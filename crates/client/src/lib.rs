@@ -16,7 +16,11 @@
 //!   [`LostLock`]), who must stop acting under them. Requests that were in
 //!   flight fail with [`ClientError::ConnectionLost`], or, if the server
 //!   stopped cleanly before reading them, with [`ClientError::Unread`]:
-//!   they had no effect and may be made again. A request that
+//!   they had no effect and may be made again. Namespace changes that may
+//!   not be made twice (create, rename, unlink, …) are the exception
+//!   after a restart the client is back in time for: it asks the new
+//!   server about each with its first id, and the server answers from
+//!   its replay cache what it made, or makes it (protocol 15). A request that
 //!   relies on a lock goes through [`Client::within`] the session the
 //!   caller last checked its losses in ([`Client::settled`]): it is never
 //!   sent in a later one, where the lock may be lost before its loss is

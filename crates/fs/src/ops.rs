@@ -232,9 +232,11 @@ impl Fs {
 
     /// Runs a call that may not be repeated (create, unlink, rename, …:
     /// the first may have taken effect) again only if the server never
-    /// read it, having stopped cleanly first; after a server's death it
-    /// fails with `EIO`. So a restart of the server for an upgrade fails
-    /// no program, one that crashes only those with such a call on the way.
+    /// read it, having stopped cleanly first. After a server's death the
+    /// client asks the next server about it (protocol 15's replay cache),
+    /// and only a session lost for good (the lease ran out, the recovery
+    /// window passed) fails it with `EIO`. So neither a restart of the
+    /// server for an upgrade nor its crash fails a program.
     pub(crate) async fn once<T, F: Future<Output = Result<T, ClientError>>>(
         &self,
         f: impl Fn() -> F,
