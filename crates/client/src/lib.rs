@@ -72,9 +72,8 @@ pub mod meta;
 mod opens;
 mod outbox;
 
-use std::collections::BTreeSet;
-
 use foldhash::{HashMap, HashSet};
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -1062,5 +1061,41 @@ mod tests {
         };
         assert_eq!(listed, [1, 2, 4], "read ones wait for their replies; the wait stays to be sent again");
         assert!(rx[0].try_recv().is_err() && rx[1].try_recv().is_err() && rx[3].try_recv().is_err());
+    }
+
+    /// When the session is lost to a restart the client is back in time
+    /// for, each change that may not be made twice is told to ask again
+    /// and stays listed in `once` (its id holds `settled` down); any other
+    /// request is dropped. Otherwise all are dropped and none stays.
+    #[test]
+    fn only_changes_made_once_are_asked_again_and_only_after_a_reclaim() {
+        let outbox = Outbox::default();
+        outbox.open();
+        let change = |name: &[u8]| Op::Meta {
+            cred: interlock_meta::Cred::root(),
+            op: interlock_proto::meta::MetaOp::Unlink { parent: 1, name: name.to_vec() },
+            once: Some(interlock_proto::meta::Once { settled: 0, again: false }),
+        };
+        for reclaim in [true, false] {
+            let mut t = Tables::default();
+            t.once.extend([1, 3]);
+            let mut rx = [t.send(&outbox, 1, &change(b"a")).unwrap(), t.send(&outbox, 2, &Op::Status).unwrap()];
+            let gone = t.send(&outbox, 3, &change(b"b")).unwrap();
+            drop(gone);
+            t.session_lost(reclaim);
+            assert!(t.pending.is_empty());
+            match rx[0].try_recv() {
+                Ok(Err(NoReply::AskAgain)) => assert!(reclaim),
+                Err(_) => assert!(!reclaim),
+                other => panic!("{other:?}"),
+            }
+            assert!(rx[1].try_recv().is_err(), "dropped: its caller sees ConnectionLost");
+            let listed: Vec<u64> = t.once.iter().copied().collect();
+            assert_eq!(
+                listed,
+                if reclaim { vec![1] } else { vec![] },
+                "a change whose caller is gone is not asked again"
+            );
+        }
     }
 }

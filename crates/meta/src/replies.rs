@@ -23,12 +23,13 @@
 //! not come back within a restarted server's recovery window
 //! ([`retain`](Replies::retain)), is let go of whole.
 //!
-//! Costs: O(log k) to note or find, for k requests of that client kept
-//! (its tagged requests in flight, a few); O(clients) to retain; the
-//! image O(total kept).
+//! Costs: O(log k) to find, and to note a client's next request, for k
+//! requests of that client kept (its tagged requests in flight, a few;
+//! O(k) for one noted out of order); O(clients) to retain; the image
+//! O(total kept).
 
 use std::cell::Cell;
-use std::collections::BTreeMap;
+use std::collections::VecDeque;
 
 use serde::{Deserialize, Serialize};
 
@@ -96,8 +97,12 @@ pub(crate) fn current() -> Option<Tag> {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct Recent {
     settled: u64,
-    /// Request id -> the inode its record names.
-    done: BTreeMap<u64, Ino>,
+    /// (Request id, the inode its record names), by id: a client's ids
+    /// come nearly in order, so a note goes at the back and a settle
+    /// takes from the front, with no allocation once the queue has room
+    /// for the client's requests in flight (a map's `split_off` at each
+    /// settle cost an allocation a create).
+    done: VecDeque<(u64, Ino)>,
 }
 
 /// The replay cache: client origin -> its requests made and perhaps not
@@ -110,23 +115,29 @@ impl Replies {
     /// inode `ino`, and lets go of the client's requests below its
     /// `settled`. Records apply in any order a checkpoint's image and
     /// replay give them: a request already let go of is not noted again.
-    /// O(log k).
+    /// O(log k) for the client's latest request, O(k) for an earlier one.
     pub(crate) fn note(&self, tag: Tag, ino: Ino) {
         let mut e = self.0.entry_sync(tag.origin).or_default();
         let r = e.get_mut();
         if tag.settled > r.settled {
             r.settled = tag.settled;
-            r.done = r.done.split_off(&tag.settled);
+            let below = r.done.partition_point(|&(id, _)| id < tag.settled);
+            r.done.drain(..below);
         }
         if tag.id >= r.settled {
-            r.done.insert(tag.id, ino);
+            match r.done.binary_search_by_key(&tag.id, |&(id, _)| id) {
+                Ok(at) => r.done[at].1 = ino,
+                Err(at) => r.done.insert(at, (tag.id, ino)),
+            }
         }
     }
 
     /// The inode the record of request `id` of client `origin` named, if
     /// that request was made (and not yet let go of). O(log k).
     pub fn find(&self, origin: u64, id: u64) -> Option<Ino> {
-        self.0.read_sync(&origin, |_, r| r.done.get(&id).copied()).flatten()
+        self.0
+            .read_sync(&origin, |_, r| r.done.binary_search_by_key(&id, |&(id, _)| id).ok().map(|at| r.done[at].1))
+            .flatten()
     }
 
     /// Lets go of client `origin` (it ended its session: it will ask
