@@ -958,9 +958,10 @@ fn a_crash_of_the_server_fails_no_call_on_the_mount() {
     restarts_fail_no_call("a_crash_of_the_server_fails_no_call_on_the_mount", ServerProc::kill9);
 }
 
-/// Four programs create, lock, rename and remove files through a mount
-/// while the server is ended with `end_server` and started again, eight
-/// times: no call fails, and every file goes.
+/// Four programs create, lock, rename and remove files, and append a
+/// line to a log each, through a mount while the server is ended with
+/// `end_server` and started again, eight times: no call fails, every file
+/// goes, and each log holds each line once, in order.
 fn restarts_fail_no_call(test: &str, end_server: fn(&mut ServerProc)) {
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
     let flags = ["--lease-ms", "5000", "--recovery-ms", "300"];
@@ -968,6 +969,7 @@ fn restarts_fail_no_call(test: &str, end_server: fn(&mut ServerProc)) {
     let addr = server.addr.clone();
     let dir = m.join("churn");
     std::fs::create_dir(&dir).unwrap();
+    let log_of = |t: usize| m.join(&format!("log{t}"));
     let (stop, done) = (AtomicBool::new(false), AtomicU64::new(0));
     let failures: Vec<String> = std::thread::scope(|s| {
         let workers: Vec<_> = (0..4)
@@ -975,6 +977,7 @@ fn restarts_fail_no_call(test: &str, end_server: fn(&mut ServerProc)) {
                 let (dir, stop, done) = (&dir, &stop, &done);
                 s.spawn(move || {
                     let mut failed = Vec::new();
+                    let mut log = File::options().append(true).create(true).open(log_of(t)).unwrap();
                     let mut i = 0;
                     while !stop.load(Ordering::Relaxed) {
                         let (a, b) = (dir.join(format!("{t}-{i}")), dir.join(format!("{t}-{i}.moved")));
@@ -988,7 +991,8 @@ fn restarts_fail_no_call(test: &str, end_server: fn(&mut ServerProc)) {
                                 fcntl(f.as_fd(), FcntlArg::F_OFD_SETLK(&lock)).map(drop).map_err(|e| ("lock", e.into()))
                             })
                             .and_then(|()| std::fs::rename(&a, &b).map_err(|e| ("rename", e)))
-                            .and_then(|()| std::fs::remove_file(&b).map_err(|e| ("unlink", e)));
+                            .and_then(|()| std::fs::remove_file(&b).map_err(|e| ("unlink", e)))
+                            .and_then(|()| log.write_all(format!("{i}\n").as_bytes()).map_err(|e| ("append", e)));
                         if let Err((call, e)) = r {
                             failed.push(format!("{call} of {t}-{i}: {e}"));
                         }
@@ -1012,6 +1016,11 @@ fn restarts_fail_no_call(test: &str, end_server: fn(&mut ServerProc)) {
         workers.into_iter().flat_map(|w| w.join().unwrap()).collect()
     });
     assert!(failures.is_empty(), "calls failed across restarts:\n{}", failures.join("\n"));
+    for t in 0..4 {
+        let log = std::fs::read_to_string(log_of(t)).unwrap();
+        let lines: Vec<usize> = log.lines().map(|l| l.parse().unwrap()).collect();
+        assert!(lines.iter().enumerate().all(|(k, &i)| k == i), "program {t}'s appends, each once and in order: {lines:?}");
+    }
     let left: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name()).collect();
     assert!(left.is_empty(), "every file was made, moved and removed once: {left:?}");
 }

@@ -673,12 +673,13 @@ fn a_clean_stop_answers_what_it_read_then_says_where_it_stopped() {
 /// server killed: the client asks again with the same id in a session on
 /// the restarted server (as it does when the answer never came) and is
 /// answered as the first time, with the change not made twice; a request
-/// that the dead server never made is made; the cache is the client's
-/// own (another client asking with the same id has its change made).
+/// that the dead server never made is made (or, asked only if made, is
+/// not); the cache is the client's own (another client asking with the
+/// same id has its change made).
 #[test]
 fn a_change_asked_for_again_after_a_crash_is_answered_as_it_was_made() {
     use interlock_meta::{Cred, FileType, ROOT, RenameFlags};
-    use interlock_proto::meta::{MetaOp, MetaReply, Once};
+    use interlock_proto::meta::{Asking, MetaOp, MetaReply, Once};
     use interlock_proto::{ClientMsg, Op, Reply, ServerMsg};
     let data = tempfile::tempdir().unwrap();
     let mut server = ServerProc::start(data.path(), "127.0.0.1:0", &[]);
@@ -700,8 +701,8 @@ fn a_change_asked_for_again_after_a_crash_is_answered_as_it_was_made() {
     };
     let unlink = |name: &str| MetaOp::Unlink { parent: ROOT, name: name.as_bytes().to_vec() };
     // Asks `op` as request `id` of the connection's client; its reply.
-    let ask = |s: &mut std::net::TcpStream, id: u64, op: MetaOp, settled: u64, again: bool| {
-        let once = Some(Once { settled, again });
+    let ask = |s: &mut std::net::TcpStream, id: u64, op: MetaOp, settled: u64, asking: Asking| {
+        let once = Some(Once { settled, asking });
         s.write_all(&raw_frame(&ClientMsg::Request { id, op: Op::Meta { cred: root.clone(), op, once } })).unwrap();
         match interlock_proto::decode(&read_raw_frame(s)).unwrap() {
             ServerMsg::Reply { id: got, reply } if got == id => reply,
@@ -714,21 +715,25 @@ fn a_change_asked_for_again_after_a_crash_is_answered_as_it_was_made() {
         s
     };
     let mut s = connect(&server, 77);
-    let Reply::Meta(MetaReply::Attr(made)) = ask(&mut s, 5, create("a"), 5, false) else { panic!("create") };
-    assert_eq!(ask(&mut s, 6, rename.clone(), 5, false), Reply::Meta(MetaReply::Done));
+    let Reply::Meta(MetaReply::Attr(made)) = ask(&mut s, 5, create("a"), 5, Asking::First) else { panic!("create") };
+    assert_eq!(ask(&mut s, 6, rename.clone(), 5, Asking::First), Reply::Meta(MetaReply::Done));
     server.kill9();
     let server = ServerProc::start(data.path(), "127.0.0.1:0", &[]);
     let mut s = connect(&server, 77);
-    match ask(&mut s, 5, create("a"), 5, true) {
+    match ask(&mut s, 5, create("a"), 5, Asking::Again) {
         Reply::Meta(MetaReply::Attr(a)) => assert_eq!(a.ino, made.ino, "the file the first create made"),
         other => panic!("the create asked again: {other:?}"),
     }
-    assert_eq!(ask(&mut s, 6, rename, 5, true), Reply::Meta(MetaReply::Done), "not ENOENT");
+    assert_eq!(ask(&mut s, 6, rename.clone(), 5, Asking::Again), Reply::Meta(MetaReply::Done), "not ENOENT");
+    // Asked only if made (a write fenced to its old session): answered
+    // as made, or `NotMade`, with nothing made.
+    assert_eq!(ask(&mut s, 6, rename, 5, Asking::IfMade), Reply::Meta(MetaReply::Done));
+    assert_eq!(ask(&mut s, 8, create("x"), 5, Asking::IfMade), Reply::NotMade);
     // Request 7 never reached the dead server: it is made now.
-    assert_eq!(ask(&mut s, 7, unlink("b"), 5, true), Reply::Meta(MetaReply::Done));
+    assert_eq!(ask(&mut s, 7, unlink("b"), 5, Asking::Again), Reply::Meta(MetaReply::Done));
     // Another client's request 5 is its own.
     let mut other = connect(&server, 78);
-    let Reply::Meta(MetaReply::Attr(second)) = ask(&mut other, 5, create("a"), 5, true) else { panic!("create") };
+    let Reply::Meta(MetaReply::Attr(second)) = ask(&mut other, 5, create("a"), 5, Asking::Again) else { panic!("create") };
     assert_ne!(second.ino, made.ino);
     let names: Vec<Vec<u8>> = rt().block_on(async {
         let c = client(&server.addr).await;

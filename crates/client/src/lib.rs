@@ -79,6 +79,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use interlock_core::{Effect, LockKind, LockRequest, LockSpace, Mode, Outcome, Range};
+use interlock_proto::meta::{Asking, Once};
 use interlock_proto::{
     ClientMsgRef, ConflictInfo, GrantInfo, Kind, Op, Reply, ResourceInfo, Secret, StatusInfo, Target, owner,
 };
@@ -130,10 +131,11 @@ pub enum ClientError {
     /// one and take effect exactly once.
     #[error("connection to the server lost")]
     ConnectionLost,
-    /// The server stopped cleanly before it read the request: it had no
-    /// effect, and may be made again once the client has its next server,
-    /// whatever the request (see `ServerMsg::Goodbye`).
-    #[error("the server stopped before it read the request, which had no effect")]
+    /// The request had no effect, and may be made again once the client
+    /// has its next server, whatever the request: the server stopped
+    /// cleanly before it read it (see `ServerMsg::Goodbye`), or died
+    /// before it made it (a change asked again [`IfMade`](Asking::IfMade)).
+    #[error("the server stopped before it made the request, which had no effect")]
     Unread,
     #[error("server: {0}")]
     Server(String),
@@ -438,16 +440,21 @@ impl Inner {
     /// lower id goes out after one whose `settled` has passed it, which
     /// would let the server forget it before it is made. Its id, and what
     /// [`submit`](Inner::submit) returns.
+    /// A change fenced to an earlier session is asked again only
+    /// [`IfMade`](Asking::IfMade): it went out in its session, but may not
+    /// be made in this one.
     fn submit_once(&self, mut op: Op, again: Option<u64>, fence: Option<u64>) -> Result<(u64, Submitted), ClientError> {
         let mut t = self.tables.lock();
+        let asking = match (again, self.fenced(fence)) {
+            (None, Err(e)) => return Err(e),
+            (None, Ok(())) => Asking::First,
+            (Some(_), Ok(())) => Asking::Again,
+            (Some(_), Err(_)) => Asking::IfMade,
+        };
         let id = again.unwrap_or_else(|| self.next_id.fetch_add(1, Ordering::Relaxed));
-        if let Err(e) = self.fenced(fence) {
-            t.once.remove(&id);
-            return Err(e);
-        }
         t.once.insert(id);
         if let Op::Meta { once: Some(o), .. } = &mut op {
-            *o = interlock_proto::meta::Once { settled: *t.once.first().expect("just listed"), again: again.is_some() };
+            *o = Once { settled: *t.once.first().expect("just listed"), asking };
         }
         Ok((id, self.submit_listed(&mut t, id, op, false)?))
     }
@@ -690,6 +697,7 @@ impl Client {
                     sent = self.inner.submit_once(op, Some(id), self.fence)?.1;
                 }
                 Err(unread) => return Err(unread.into()),
+                Ok(Reply::NotMade) => return Err(ClientError::Unread),
                 Ok(Reply::Error(e)) => return Err(ClientError::Server(e)),
                 Ok(Reply::Recovering { left_ms }) => {
                     return Err(ClientError::Recovering(Duration::from_millis(left_ms)));
@@ -1074,7 +1082,7 @@ mod tests {
         let change = |name: &[u8]| Op::Meta {
             cred: interlock_meta::Cred::root(),
             op: interlock_proto::meta::MetaOp::Unlink { parent: 1, name: name.to_vec() },
-            once: Some(interlock_proto::meta::Once { settled: 0, again: false }),
+            once: Some(Once { settled: 0, asking: Asking::First }),
         };
         for reclaim in [true, false] {
             let mut t = Tables::default();

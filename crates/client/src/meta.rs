@@ -20,7 +20,7 @@ use std::time::Duration;
 pub use interlock_meta::{
     Attr, Caller, Cred, Fallocate, FileType, Ino, ROOT, RenameFlags, SeekTo, SetAttr, StatFs, TimeSet, XattrMode,
 };
-use interlock_proto::meta::{ChangelogOp, ChangelogReply, MetaOp, MetaReply, Once};
+use interlock_proto::meta::{Asking, ChangelogOp, ChangelogReply, MetaOp, MetaReply, Once};
 pub use interlock_proto::meta::{ChangelogRecord, ConsumerInfo, Entry};
 use interlock_proto::{Op, Reply};
 
@@ -45,7 +45,7 @@ impl Client {
     /// restart it gets the answer the first attempt got (or would have),
     /// never the errno of the change made twice.
     async fn meta_in(&self, cred: &Cred, op: MetaOp) -> Result<(MetaReply, u64), ClientError> {
-        let once = op.once().then_some(Once { settled: 0, again: false });
+        let once = op.once().then_some(Once { settled: 0, asking: Asking::First });
         match self.request_in(Op::Meta { cred: cred.clone(), op, once }).await? {
             (Reply::Meta(r), generation) => Ok((r, generation)),
             (Reply::Errno(e), _) => Err(ClientError::Errno(e)),

@@ -364,6 +364,9 @@ pub enum Reply {
     Errno(i32),
     /// A changelog request's result.
     Changelog(meta::ChangelogReply),
+    /// A change asked about with [`meta::Asking::IfMade`] was not made
+    /// (version 15): it had no effect, and the caller may make it anew.
+    NotMade,
 }
 
 /// Server to client.

@@ -281,11 +281,26 @@ pub struct Once {
     /// Every such request of the client with a lower id has been
     /// answered: the server may forget them.
     pub settled: u64,
+    pub asking: Asking,
+}
+
+/// How a change that may not be made twice is asked for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Asking {
+    /// The first time.
+    First,
     /// Sent again, with its first id, in a session after the server
     /// restarted, the first answer never having come: if the server made
     /// the change before, it answers as it did then (the inode the change
-    /// made or named, as it is now), without making it again.
-    pub again: bool,
+    /// made or named, as it is now), without making it again; if not, it
+    /// makes it now.
+    Again,
+    /// As `Again`, but a change not made before is not made now: the
+    /// answer is [`Reply::NotMade`](crate::Reply::NotMade). For a change
+    /// its caller may make only in the session it was asked in (a write
+    /// under the caller's locks, which the new session may have lost: the
+    /// client's `within`), so that the caller decides anew.
+    IfMade,
 }
 
 /// The most data one `Read` or `Write` carries: a frame with room to

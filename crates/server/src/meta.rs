@@ -21,7 +21,7 @@ use interlock_meta::ReadFrom::{Cache, Disk};
 use interlock_meta::{Caller, Cred, Errno, FileType, Ino, NewInode, Seq, Tag};
 use interlock_proto::Reply;
 use interlock_proto::meta::{
-    ChangelogOp, ChangelogRecord, ChangelogReply, ConsumerInfo, Entry, MAX_DATA, MetaOp, MetaReply, Once,
+    Asking, ChangelogOp, ChangelogRecord, ChangelogReply, ConsumerInfo, Entry, MAX_DATA, MetaOp, MetaReply, Once,
 };
 
 use crate::{Inner, durable};
@@ -131,14 +131,16 @@ pub(crate) fn end_session(inner: &Inner, sid: u64) {
 
 /// Serves a namespace request; `None` when the answer will be pushed.
 /// A change that may not be made twice (`once`) is made tagged, or, sent
-/// again after a restart, answered from the replay cache if it was made.
+/// again after a restart, answered from the replay cache if it was made
+/// (and, asked `IfMade`, answered `NotMade` if it was not).
 pub(crate) fn request(inner: &Inner, sid: u64, id: u64, cred: &Cred, op: MetaOp, once: Option<Once>) -> Option<Reply> {
     let tag = once.zip(inner.origins.of(sid)).map(|(o, origin)| Tag { origin, id, settled: o.settled });
-    if let Some(tag) = tag
-        && once.is_some_and(|o| o.again)
-        && let Some(ino) = inner.store.ns().replies().find(tag.origin, id)
-    {
-        return Some(made_before(inner, sid, &op, ino));
+    if let (Some(tag), Some(Once { asking: asking @ (Asking::Again | Asking::IfMade), .. })) = (tag, once) {
+        match inner.store.ns().replies().find(tag.origin, id) {
+            Some(ino) => return Some(made_before(inner, sid, &op, ino)),
+            None if asking == Asking::IfMade => return Some(Reply::NotMade),
+            None => {}
+        }
     }
     let offload = match &op {
         MetaOp::CopyRange { .. } | MetaOp::Fsync { .. } | MetaOp::Fallocate { .. } => true,
