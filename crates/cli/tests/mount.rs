@@ -959,11 +959,13 @@ fn a_crash_of_the_server_fails_no_call_on_the_mount() {
 }
 
 /// Four programs create, lock, rename and remove files, and append a
-/// line to a log each, through a mount while the server is ended with
-/// `end_server` and started again, eight times: no call fails, every file
-/// goes, and each log holds each line once, in order.
+/// line to a log each, and two more only append to theirs, through a
+/// mount while the server is ended with `end_server` and started again,
+/// eight times: no call fails, every file goes, and each log holds each
+/// line once, in order.
 fn restarts_fail_no_call(test: &str, end_server: fn(&mut ServerProc)) {
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    const CHURNERS: usize = 4;
     let flags = ["--lease-ms", "5000", "--recovery-ms", "300"];
     let Some((data, mut server, m)) = one_mount_with(test, &flags) else { return };
     let addr = server.addr.clone();
@@ -972,7 +974,7 @@ fn restarts_fail_no_call(test: &str, end_server: fn(&mut ServerProc)) {
     let log_of = |t: usize| m.join(&format!("log{t}"));
     let (stop, done) = (AtomicBool::new(false), AtomicU64::new(0));
     let failures: Vec<String> = std::thread::scope(|s| {
-        let workers: Vec<_> = (0..4)
+        let workers: Vec<_> = (0..CHURNERS + 2)
             .map(|t| {
                 let (dir, stop, done) = (&dir, &stop, &done);
                 s.spawn(move || {
@@ -980,23 +982,33 @@ fn restarts_fail_no_call(test: &str, end_server: fn(&mut ServerProc)) {
                     let mut log = File::options().append(true).create(true).open(log_of(t)).unwrap();
                     let mut i = 0;
                     while !stop.load(Ordering::Relaxed) {
-                        let (a, b) = (dir.join(format!("{t}-{i}")), dir.join(format!("{t}-{i}.moved")));
-                        let r = File::options()
-                            .write(true)
-                            .create_new(true)
-                            .open(&a)
-                            .map_err(|e| ("create", e))
-                            .and_then(|f| {
-                                let lock = posix(libc::F_WRLCK, 0, 0);
-                                fcntl(f.as_fd(), FcntlArg::F_OFD_SETLK(&lock)).map(drop).map_err(|e| ("lock", e.into()))
-                            })
-                            .and_then(|()| std::fs::rename(&a, &b).map_err(|e| ("rename", e)))
-                            .and_then(|()| std::fs::remove_file(&b).map_err(|e| ("unlink", e)))
-                            .and_then(|()| log.write_all(format!("{i}\n").as_bytes()).map_err(|e| ("append", e)));
+                        let append =
+                            |log: &mut File| log.write_all(format!("{i}\n").as_bytes()).map_err(|e| ("append", e));
+                        let r = if t < CHURNERS {
+                            let (a, b) = (dir.join(format!("{t}-{i}")), dir.join(format!("{t}-{i}.moved")));
+                            File::options()
+                                .write(true)
+                                .create_new(true)
+                                .open(&a)
+                                .map_err(|e| ("create", e))
+                                .and_then(|f| {
+                                    let lock = posix(libc::F_WRLCK, 0, 0);
+                                    fcntl(f.as_fd(), FcntlArg::F_OFD_SETLK(&lock))
+                                        .map(drop)
+                                        .map_err(|e| ("lock", e.into()))
+                                })
+                                .and_then(|()| std::fs::rename(&a, &b).map_err(|e| ("rename", e)))
+                                .and_then(|()| std::fs::remove_file(&b).map_err(|e| ("unlink", e)))
+                                .and_then(|()| append(&mut log))
+                        } else {
+                            append(&mut log)
+                        };
                         if let Err((call, e)) = r {
                             failed.push(format!("{call} of {t}-{i}: {e}"));
                         }
-                        done.fetch_add(1, Ordering::Relaxed);
+                        if t < CHURNERS {
+                            done.fetch_add(1, Ordering::Relaxed);
+                        }
                         i += 1;
                     }
                     failed
@@ -1016,10 +1028,13 @@ fn restarts_fail_no_call(test: &str, end_server: fn(&mut ServerProc)) {
         workers.into_iter().flat_map(|w| w.join().unwrap()).collect()
     });
     assert!(failures.is_empty(), "calls failed across restarts:\n{}", failures.join("\n"));
-    for t in 0..4 {
+    for t in 0..CHURNERS + 2 {
         let log = std::fs::read_to_string(log_of(t)).unwrap();
         let lines: Vec<usize> = log.lines().map(|l| l.parse().unwrap()).collect();
-        assert!(lines.iter().enumerate().all(|(k, &i)| k == i), "program {t}'s appends, each once and in order: {lines:?}");
+        assert!(
+            lines.iter().enumerate().all(|(k, &i)| k == i),
+            "program {t}'s appends, each once and in order: {lines:?}"
+        );
     }
     let left: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name()).collect();
     assert!(left.is_empty(), "every file was made, moved and removed once: {left:?}");

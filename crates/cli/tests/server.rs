@@ -733,7 +733,9 @@ fn a_change_asked_for_again_after_a_crash_is_answered_as_it_was_made() {
     assert_eq!(ask(&mut s, 7, unlink("b"), 5, Asking::Again), Reply::Meta(MetaReply::Done));
     // Another client's request 5 is its own.
     let mut other = connect(&server, 78);
-    let Reply::Meta(MetaReply::Attr(second)) = ask(&mut other, 5, create("a"), 5, Asking::Again) else { panic!("create") };
+    let Reply::Meta(MetaReply::Attr(second)) = ask(&mut other, 5, create("a"), 5, Asking::Again) else {
+        panic!("create")
+    };
     assert_ne!(second.ino, made.ino);
     let names: Vec<Vec<u8>> = rt().block_on(async {
         let c = client(&server.addr).await;
