@@ -177,6 +177,7 @@ fn metrics_count_what_happened() {
                 let disk = sample(&text, "interlock_disk_bytes");
                 assert!(disk > 0.0 && sample(&text, "interlock_disk_available_bytes") <= disk, "{text}");
                 assert_eq!(sample(&text, "interlock_disk_full"), 0.0, "a disk with room");
+                assert_eq!(sample(&text, "interlock_replay_clients"), 0.0, "no change asked for yet");
                 break;
             }
             assert!(Instant::now() < deadline, "the killed client's session never expired:\n{text}");

@@ -53,8 +53,9 @@ fn call<T>(r: Result<T, ClientError>) -> Result<T, i32> {
 }
 
 /// Whether a call that ended so is to be made again, after a pause, while
-/// there is time left: one the server never read (it stopped cleanly
-/// first: `ClientError::Unread`) always; one whose session ended (the
+/// there is time left: one that had no effect (the server stopped
+/// cleanly before it read it, or died before it made it:
+/// `ClientError::Unread`) always; one whose session ended (the
 /// server restarted, or the lease ran out) if it may be `repeated`; and a
 /// lock request that would not wait, refused while the restarted server's
 /// recovery window lasts, once the window is over: a conflict it cannot

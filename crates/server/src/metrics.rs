@@ -136,6 +136,11 @@ fn render(inner: &Inner, m: &Metrics) -> String {
     r.register("locks", "Locks held", gauge(s.locks));
     r.register("waiters", "Requests queued", gauge(s.waiters));
     r.register("inodes", "Inodes in the namespace, orphans included", gauge(s.inodes));
+    r.register(
+        "replay_clients",
+        "Clients with changes in the replay cache (they may ask about them again after a crash)",
+        gauge(s.replay_clients),
+    );
     r.register_with_unit(
         "disk",
         "Size of the file system holding the data directory",
