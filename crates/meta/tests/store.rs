@@ -240,7 +240,8 @@ proptest! {
 
 /// A checkpoint taken while threads create, rename, link, unlink and
 /// chmod in shared directories (the fuzzy image: objects caught at
-/// different moments) replays to the state the threads left.
+/// different moments) replays to the state the threads left, the replay
+/// cache of the threads' tagged changes included.
 #[test]
 fn checkpoints_under_load_replay_to_the_state_left() {
     for round in 0..4u64 {
@@ -299,7 +300,10 @@ fn checkpoints_under_load_replay_to_the_state_left() {
                         let name = format!("n{}", (x >> 16) % 24);
                         let other = format!("n{}", (x >> 24) % 24);
                         let t = 10 + i;
-                        let seq = match (x >> 32) % 6 {
+                        // Worker w is a client that says its requests up
+                        // to a few back were answered.
+                        let tag = Tag { origin: w, id: i as u64, settled: (i - i % 8) as u64 };
+                        let seq = tagged(tag, || match (x >> 32) % 6 {
                             0 | 1 => {
                                 ns.create(&root, d, name.as_bytes(), new(FileType::Regular, 0o644), b"", t).map(|r| r.1)
                             }
@@ -322,7 +326,7 @@ fn checkpoints_under_load_replay_to_the_state_left() {
                                     )
                                 })
                                 .map(|r| r.1),
-                        };
+                        });
                         if let Ok(s) = seq {
                             store.wait(s).unwrap();
                         }
@@ -337,8 +341,13 @@ fn checkpoints_under_load_replay_to_the_state_left() {
         assert!(checkpoints >= 1);
         let before = dump(store.ns(), &[]);
         let inodes = store.ns().inode_count();
+        let cached =
+            |s: &Store| (0..4).flat_map(|w| (0..3_000).map(move |i| s.ns().replies().find(w, i))).collect::<Vec<_>>();
+        let replies = cached(&store);
+        assert!(replies.iter().flatten().count() >= 4, "each client's last changes are kept");
         drop(store);
         let (again, opened) = Store::open(tmp.path(), StoreOptions::default(), 1).unwrap();
+        assert_eq!(cached(&again), replies, "the replay cache, round {round}");
         assert!(opened.dangling.is_empty(), "dangling entries {:?}", opened.dangling);
         assert!(opened.replayed > 0, "the last checkpoint ended before the load did");
         assert_eq!(
