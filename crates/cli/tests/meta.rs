@@ -355,6 +355,95 @@ fn changes_survive_kill_9(mode: &[&str]) {
     });
 }
 
+/// Changes that may not be made twice, on their way through a client
+/// when the server is killed, are each made once: the client asks the
+/// restarted server about each again (protocol 15), and the server
+/// answers from its replay cache what it made, or makes it. Eight tasks
+/// create, rename and remove files and append a line to a log each,
+/// through one client, while the server is killed and started again 15
+/// times: no call fails, no file is left, and every log holds each line
+/// once, in order. (Before protocol 15 such calls failed with
+/// `ConnectionLost`; made again blindly, with `EEXIST` and `ENOENT`.)
+#[test]
+fn changes_on_their_way_at_kills_of_the_server_are_made_once() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    const TASKS: usize = 8;
+    // The client must be back within the window (no lock waits for it).
+    let flags = ["--lease-ms", "5000", "--recovery-ms", "5000"];
+    let data = tempfile::tempdir().unwrap();
+    let mut server = ServerProc::start(data.path(), "127.0.0.1:0", &flags);
+    let addr = server.addr.clone();
+    let rt = rt();
+    let c = rt.block_on(client(&addr));
+    let (stop, done) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicU64::new(0)));
+    let tasks: Vec<_> = (0..TASKS)
+        .map(|t| {
+            let (c, stop, done) = (c.clone(), stop.clone(), done.clone());
+            rt.spawn(async move {
+                let name = format!("log{t}");
+                let log = c.create(&root(), ROOT, name.as_bytes(), FileType::Regular, 0o644, b"").await.unwrap().ino;
+                let mut failed = Vec::new();
+                let mut i = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    let (a, b) = (format!("{t}-{i}"), format!("{t}-{i}.moved"));
+                    let (a, b) = (a.as_bytes(), b.as_bytes());
+                    let r = async {
+                        let file = FileType::Regular;
+                        c.create(&root(), ROOT, a, file, 0o644, b"").await.map_err(|e| ("create", e))?;
+                        let renamed = c.rename(&root(), (ROOT, a), (ROOT, b), RenameFlags::default()).await;
+                        renamed.map_err(|e| ("rename", e))?;
+                        c.unlink(&root(), ROOT, b).await.map_err(|e| ("unlink", e))?;
+                        c.append(&root(), log, format!("{i}\n").as_bytes()).await.map_err(|e| ("append", e))
+                    };
+                    if let Err((call, e)) = r.await {
+                        failed.push(format!("{call} of {t}-{i}: {e}"));
+                    }
+                    done.fetch_add(1, Ordering::Relaxed);
+                    i += 1;
+                }
+                (log, failed)
+            })
+        })
+        .collect();
+    for _ in 0..15 {
+        let before = done.load(Ordering::Relaxed);
+        wait_for("the tasks to make progress", || done.load(Ordering::Relaxed) >= before + 100);
+        server.kill9();
+        server = ServerProc::start(data.path(), &addr, &flags);
+    }
+    let before = done.load(Ordering::Relaxed);
+    wait_for("the tasks to go on after the last restart", || done.load(Ordering::Relaxed) >= before + 100);
+    stop.store(true, Ordering::Relaxed);
+    rt.block_on(async {
+        let mut logs = Vec::new();
+        let mut failed = Vec::new();
+        for task in tasks {
+            let (log, f) = task.await.unwrap();
+            logs.push(log);
+            failed.extend(f);
+        }
+        assert!(failed.is_empty(), "calls failed across kills:\n{}", failed.join("\n"));
+        for (t, log) in logs.into_iter().enumerate() {
+            let mut text = Vec::new();
+            while let Ok(part) = c.read(&root(), log, text.len() as u64, 1 << 20).await {
+                if part.is_empty() {
+                    break;
+                }
+                text.extend(part);
+            }
+            let lines: Vec<usize> = String::from_utf8(text).unwrap().lines().map(|l| l.parse().unwrap()).collect();
+            assert!(
+                lines.iter().enumerate().all(|(k, &i)| k == i),
+                "task {t}'s appends, each once, in order: {lines:?}"
+            );
+        }
+        let (left, _) = c.readdir(&root(), ROOT, 0, 100, false).await.unwrap();
+        let left: Vec<String> = left.iter().map(|e| String::from_utf8_lossy(&e.name).into_owned()).collect();
+        assert_eq!(left.len(), TASKS, "only the logs are left: {left:?}");
+    });
+}
+
 #[test]
 fn changelog_commands_and_status() {
     let (data, mut server) = long_lease_server();

@@ -944,7 +944,7 @@ fn fsx_reads_back_every_write_across_kills_of_the_server() {
 /// lock asked in the window failed with `EAGAIN`, as if another held it.
 #[test]
 fn a_clean_restart_of_the_server_fails_no_call_on_the_mount() {
-    restarts_fail_no_call("a_clean_restart_of_the_server_fails_no_call_on_the_mount", ServerProc::terminate);
+    restarts_fail_no_call("a_clean_restart_of_the_server_fails_no_call_on_the_mount", ServerProc::terminate, "300");
 }
 
 /// Nor does a crash of the server (SIGKILL, then a new server on the same
@@ -955,18 +955,21 @@ fn a_clean_restart_of_the_server_fails_no_call_on_the_mount() {
 /// (in 3 kills of 5, with two programs), as on NFS after a reboot.
 #[test]
 fn a_crash_of_the_server_fails_no_call_on_the_mount() {
-    restarts_fail_no_call("a_crash_of_the_server_fails_no_call_on_the_mount", ServerProc::kill9);
+    restarts_fail_no_call("a_crash_of_the_server_fails_no_call_on_the_mount", ServerProc::kill9, "1000");
 }
 
 /// Four programs create, lock, rename and remove files, and append a
 /// line to a log each, and two more only append to theirs, through a
 /// mount while the server is ended with `end_server` and started again,
 /// eight times: no call fails, every file goes, and each log holds each
-/// line once, in order.
-fn restarts_fail_no_call(test: &str, end_server: fn(&mut ServerProc)) {
+/// line once, in order. The restarted server's recovery window lasts
+/// `recovery_ms`: the mount must be back within it (a killed server's
+/// mount finds out later than one told goodbye), and the programs' locks
+/// wait for its end.
+fn restarts_fail_no_call(test: &str, end_server: fn(&mut ServerProc), recovery_ms: &str) {
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
     const CHURNERS: usize = 4;
-    let flags = ["--lease-ms", "5000", "--recovery-ms", "300"];
+    let flags = ["--lease-ms", "5000", "--recovery-ms", recovery_ms];
     let Some((data, mut server, m)) = one_mount_with(test, &flags) else { return };
     let addr = server.addr.clone();
     let dir = m.join("churn");
