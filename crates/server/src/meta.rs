@@ -188,8 +188,12 @@ pub(crate) fn request(inner: &Inner, sid: u64, id: u64, cred: &Cred, op: MetaOp,
 /// The answer to change `op`, made before the server restarted, whose
 /// record named inode `ino`: what the first answer was, with the inode's
 /// attributes as they are now (`ESTALE` if it is gone since); a file
-/// made open is opened in this session, as it was in the first. Its
-/// record is durable (replay found it): nothing to wait for.
+/// made open is opened in this session, as it was in the first. Nothing
+/// to wait for: a client asks again only of a restarted server, whose
+/// entries for requests of the dead server's sessions came from replay,
+/// so from durable records. (A client that asked again of the server that
+/// made the change would have its answer before the record is durable:
+/// its own loss.)
 fn made_before(inner: &Inner, sid: u64, op: &MetaOp, ino: Ino) -> Reply {
     let ns = inner.store.ns();
     let made = match op {
