@@ -98,7 +98,7 @@ fn print_status(s: &StatusInfo, json: bool) {
         "journal     last record {}, {} since the checkpoint (a restart replays them)",
         s.journal_last, s.since_checkpoint
     );
-    println!("replay      {} clients with changes they may ask about again after a crash", s.replay_clients);
+    println!("replay      {} (clients with changes they may ask about again after a crash)", s.replay_clients);
     if s.consumers.is_empty() {
         println!("changelog   no consumers");
     }
