@@ -1,10 +1,12 @@
-//! The namespace's operations on the wire (protocol 13): each request
+//! The namespace's operations on the wire (protocol 15): each request
 //! carries the caller's credentials, which the server checks permissions
 //! with, as a local file system checks a process's; each answer is a
 //! [`MetaReply`] or the errno the operation failed with, which the mount
 //! hands to the kernel verbatim. A change is answered only once its
 //! journal record is durable (a `Write` excepted: like `write(2)`, it is
-//! durable at the next `Fsync`).
+//! durable at the next `Fsync`). A change that may not be made twice
+//! carries [`Once`], so that a client may ask a restarted server whether
+//! it was made.
 //!
 //! And the changelog: register, deregister, list, read (with a wait:
 //! follow) and clear, as Lustre's `lfs changelog` does them.
