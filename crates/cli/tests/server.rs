@@ -675,7 +675,7 @@ fn a_clean_stop_answers_what_it_read_then_says_where_it_stopped() {
 /// answered as the first time, with the change not made twice; a request
 /// that the dead server never made is made (or, asked only if made, is
 /// not); the cache is the client's own (another client asking with the
-/// same id has its change made).
+/// same id has its change made), and a client with no origin has none.
 #[test]
 fn a_change_asked_for_again_after_a_crash_is_answered_as_it_was_made() {
     use interlock_meta::{Cred, FileType, ROOT, RenameFlags};
@@ -748,6 +748,9 @@ fn a_change_asked_for_again_after_a_crash_is_answered_as_it_was_made() {
     // restart of those that do not come back within the recovery window.
     let status = |addr: &str| rt().block_on(async { client(addr).await.status().await.unwrap() });
     assert_eq!(status(&server.addr).replay_clients, 2);
+    let mut anonymous = connect(&server, 0);
+    assert!(matches!(ask(&mut anonymous, 9, create("y"), 9, Asking::First), Reply::Meta(MetaReply::Attr(_))));
+    assert_eq!(status(&server.addr).replay_clients, 2, "nothing is kept for a client with no origin (0)");
     rt().block_on(async {
         let c = client(&server.addr).await;
         c.create(&root, ROOT, b"c", FileType::Regular, 0o644, b"").await.unwrap();
@@ -755,7 +758,7 @@ fn a_change_asked_for_again_after_a_crash_is_answered_as_it_was_made() {
         c.bye().await.unwrap();
     });
     wait_for("the cache to let go of the client that said bye", || status(&server.addr).replay_clients == 2);
-    drop((s, other));
+    drop((s, other, anonymous));
     let mut server = server;
     server.kill9();
     let server = ServerProc::start(data.path(), "127.0.0.1:0", &["--recovery-ms", "2000"]);

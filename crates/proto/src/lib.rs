@@ -195,7 +195,8 @@ pub enum ClientMsg {
     /// in so far (the server sends the rest again); `secret`: the
     /// session's secret from its welcome (zeros for a new session);
     /// `origin` (version 15): the client, for its life, across sessions
-    /// and server restarts (a random number; see [`meta::Once`]). Later
+    /// and server restarts (a random number; see [`meta::Once`]; 0 for
+    /// none: the server keeps no changes for it). Later
     /// versions only add fields at the end, so any version's hello decodes
     /// far enough to be refused by its version.
     Hello {

@@ -90,7 +90,10 @@ pub(crate) async fn connection(
         }
     };
     let Some((session, mut turn)) = take_over(&inner, attached, received, &wr, peer).await else { return };
-    inner.origins.set(session.sid, origin);
+    // 0: a client without one (its changes are not kept for it).
+    if origin != 0 {
+        inner.origins.set(session.sid, origin);
+    }
     let mut welcome = BytesMut::new();
     wire::put(
         &mut welcome,
