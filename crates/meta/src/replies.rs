@@ -105,6 +105,13 @@ pub(crate) struct Recent {
     done: VecDeque<(u64, Ino)>,
 }
 
+impl Recent {
+    /// Where request `id` is in `done`, or where it would go. O(log k).
+    fn at(&self, id: u64) -> Result<usize, usize> {
+        self.done.binary_search_by_key(&id, |&(id, _)| id)
+    }
+}
+
 /// The replay cache: client origin -> its requests made and perhaps not
 /// yet seen answered.
 #[derive(Default)]
@@ -125,7 +132,7 @@ impl Replies {
             r.done.drain(..below);
         }
         if tag.id >= r.settled {
-            match r.done.binary_search_by_key(&tag.id, |&(id, _)| id) {
+            match r.at(tag.id) {
                 Ok(at) => r.done[at].1 = ino,
                 Err(at) => r.done.insert(at, (tag.id, ino)),
             }
@@ -135,9 +142,7 @@ impl Replies {
     /// The inode the record of request `id` of client `origin` named, if
     /// that request was made (and not yet let go of). O(log k).
     pub fn find(&self, origin: u64, id: u64) -> Option<Ino> {
-        self.0
-            .read_sync(&origin, |_, r| r.done.binary_search_by_key(&id, |&(id, _)| id).ok().map(|at| r.done[at].1))
-            .flatten()
+        self.0.read_sync(&origin, |_, r| r.at(id).ok().map(|at| r.done[at].1)).flatten()
     }
 
     /// Lets go of client `origin` (it ended its session: it will ask
