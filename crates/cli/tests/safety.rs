@@ -217,6 +217,87 @@ fn the_client_reports_lost_locks_and_never_reclaims_them() {
     });
 }
 
+/// Item 2 during the partition itself: a client that hears nothing from
+/// its server reports its locks lost a quarter of a lease before the
+/// server may end its session, while still cut off, so that whatever acts
+/// under them can stop before another client is granted them. (Before,
+/// the loss was reported only once the partition healed, long after the
+/// other client had the lock.)
+#[test]
+fn a_cut_off_client_reports_its_locks_lost_before_another_is_granted_them() {
+    let data = tempfile::tempdir().unwrap();
+    let server = ServerProc::start(data.path(), "127.0.0.1:0", &["--lease-ms", "800"]);
+    let relay = Relay::start(&server.addr);
+    rt().block_on(async {
+        let a = client(&relay.addr).await;
+        a.lock(&spec("p", 1)).await.unwrap();
+        let mut lost = a.lost_locks();
+        let before = a.settled();
+        let b = client(&server.addr).await;
+        relay.freeze();
+        let taken = tokio::spawn(async move {
+            b.lock(&spec("p", 2)).await.unwrap();
+            (Instant::now(), b)
+        });
+        tokio::time::timeout(Duration::from_secs(10), lost.wait_for(|&n| n >= 1))
+            .await
+            .expect("reported while still cut off")
+            .unwrap();
+        let lost_at = Instant::now();
+        assert!(!taken.is_finished(), "reported before the other client's grant");
+        let (taken_at, b) = taken.await.unwrap();
+        assert!(lost_at < taken_at);
+        assert_eq!(a.lost_since(0).len(), 1);
+        assert!(
+            matches!(a.within(before).status().await, Err(ClientError::ConnectionLost)),
+            "fenced to the old session"
+        );
+        // Healed, A goes on in a new session and takes nothing back.
+        relay.thaw();
+        let now = tokio::time::timeout(Duration::from_secs(10), async {
+            loop {
+                if let Ok(st) = a.within(a.settled()).status().await {
+                    break st;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await
+        .expect("A reconnects");
+        assert_eq!(now.locks, 1, "only B's lock");
+        assert_eq!(b.status().await.unwrap().sessions, 2, "A's new session and B's");
+    });
+}
+
+/// Item 2 for the wrapper: cut off from its server, `interlock lock`
+/// stops its command (SIGTERM, then SIGKILL: this one ignores SIGTERM)
+/// before the server can give the lock to another, whose command then
+/// finds it dead.
+#[test]
+fn a_cut_off_wrapper_stops_its_command_before_the_lock_moves() {
+    let data = tempfile::tempdir().unwrap();
+    let server = ServerProc::start(data.path(), "127.0.0.1:0", &["--lease-ms", "1000"]);
+    let relay = Relay::start(&server.addr);
+    let (log, pidfile) = (data.path().join("log"), data.path().join("pid"));
+    let script = format!(
+        "echo $$ > {1}; trap 'echo term >> {0}' TERM; echo run >> {0}; while :; do sleep 0.01; done",
+        log.display(),
+        pidfile.display()
+    );
+    let mut wrapper = Reaped(lock_cmd(&relay.addr, &["cut", "--", "sh", "-c", &script]).spawn().unwrap());
+    until(Duration::from_secs(10), "the command runs", || std::fs::read_to_string(&log).is_ok());
+    let pid = pid_in(&pidfile);
+    relay.freeze();
+    let next =
+        format!("if kill -0 {pid} 2>/dev/null; then echo alive >> {0}; else echo dead >> {0}; fi", log.display());
+    let status = lock_cmd(&server.addr, &["cut", "--", "sh", "-c", &next]).status().unwrap();
+    assert_eq!(status.code(), Some(0), "the next holder's command ran");
+    let lines = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(lines.lines().collect::<Vec<_>>(), ["run", "term", "dead"], "stopped before the lock moved");
+    let status = exits_within(&mut wrapper, Duration::from_secs(10)).expect("the wrapper exits");
+    assert_eq!(status.code(), Some(75), "the lock-lost status");
+}
+
 /// Item 3: the holder's session id is disclosed by a conflict; naming it
 /// in a hello without the session's secret is refused, and the victim
 /// keeps its session and its lock.

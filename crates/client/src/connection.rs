@@ -32,6 +32,8 @@ pub(crate) struct Conn {
 /// A connection's session, as the welcome gave it.
 pub(crate) struct Welcomed {
     pub conn: Conn,
+    /// The hello named a session: one not given up ([`give_up`]).
+    pub named: bool,
     /// The session asked for was resumed; then `received` is how much of
     /// our stream its server took in.
     pub resumed: bool,
@@ -91,6 +93,7 @@ async fn halves(inner: &Inner, stream: TcpStream) -> Result<(ReadHalf, WriteHalf
 async fn hello(inner: &Inner, stream: TcpStream) -> Result<Welcomed, ClientError> {
     let (rd, mut wr) = halves(inner, stream).await?;
     let session = Some(inner.session.load(Ordering::Relaxed)).filter(|&s| s != 0);
+    let named = session.is_some();
     let secret = *inner.secret.lock();
     let hello = ClientMsgRef::Hello {
         version: proto::VERSION,
@@ -113,6 +116,7 @@ async fn hello(inner: &Inner, stream: TcpStream) -> Result<Welcomed, ClientError
             inner.lease_ms.store(lease_ms, Ordering::Relaxed);
             Ok(Welcomed {
                 conn: Conn { frames, wr },
+                named,
                 resumed,
                 received,
                 restarted: before != 0 && before != boot,
@@ -129,11 +133,19 @@ async fn hello(inner: &Inner, stream: TcpStream) -> Result<Welcomed, ClientError
 }
 
 /// Reconnects with exponential backoff (50 ms to 2 s). Gives up when the
-/// server refuses the client or the client is dropped.
+/// server refuses the client or the client is dropped. While it has a
+/// session, no attempt or pause outlasts the point its lease is trusted
+/// until: there the session is given up ([`give_up`]), and the attempts
+/// go on for a new one.
 pub(crate) async fn reconnect(inner: &Arc<Inner>) -> Option<Welcomed> {
     let mut delay = Duration::from_millis(50);
     while !inner.closed() {
-        match handshake(inner).await {
+        let until = (inner.session.load(Ordering::Relaxed) != 0).then(|| inner.lease.lock().trusted_until());
+        let Ok(attempt) = within(until, handshake(inner)).await else {
+            give_up(inner);
+            continue;
+        };
+        match attempt {
             Ok(c) => return Some(c),
             Err(e @ (ClientError::Refused(_) | ClientError::Auth(_))) => {
                 tracing::error!(error = %e, "server refused the reconnect");
@@ -141,10 +153,42 @@ pub(crate) async fn reconnect(inner: &Arc<Inner>) -> Option<Welcomed> {
             }
             Err(e) => tracing::debug!(error = %e, "reconnect failed; retrying"),
         }
-        tokio::time::sleep(delay).await;
+        if within(until, tokio::time::sleep(delay)).await.is_err() {
+            give_up(inner);
+        }
         delay = (delay * 2).min(Duration::from_secs(2));
     }
     None
+}
+
+/// `f`, unless `until` passes first.
+async fn within<F: std::future::Future>(
+    until: Option<Instant>,
+    f: F,
+) -> Result<F::Output, tokio::time::error::Elapsed> {
+    match until {
+        Some(t) => tokio::time::timeout_at(t.into(), f).await,
+        None => Ok(f.await),
+    }
+}
+
+/// The lease ran out as far as the client can tell (it is past
+/// [`Lease::trusted_until`] with no renewal answered): the server may end
+/// the session a notice from now and give its locks to others. So the
+/// client gives the session up while still cut off, and begins the next
+/// one's streams ([`begin`]): every lock is reported lost now, requests
+/// in flight fail ([`ClientError::ConnectionLost`]), and a request fenced
+/// to the old session ([`Client::within`](crate::Client::within)) or a
+/// grant answered in it is refused from now on. What is sent from now on
+/// waits for the new session, which the next hello opens (the old one is
+/// never resumed: a server that kept it ends it by its lease). The
+/// caller no longer uses the old session's connection.
+fn give_up(inner: &Arc<Inner>) {
+    let t = inner.tables.lock();
+    inner.session.store(0, Ordering::Relaxed);
+    tracing::warn!("no answer from the server for three quarters of the lease: the session's locks are lost");
+    begin(inner, t, false);
+    resend_waits(inner);
 }
 
 /// What a new connection does with the session's locks.
@@ -159,6 +203,10 @@ pub(crate) enum Settled {
     /// took our locks (our lease ran out, or the window is closed): they
     /// are lost.
     Lost,
+    /// A new session after the client gave up the last one
+    /// ([`give_up`]), which began the new one's streams then: what was
+    /// sent since goes out in it.
+    Begun,
 }
 
 /// Sets up the session's streams on a new connection: a resumed session
@@ -182,25 +230,38 @@ pub(crate) fn settle(inner: &Arc<Inner>, w: &Welcomed, now: Instant, goodbye: Op
     // from the stream yet left listed, or sent in the new stream yet
     // forgotten, or recorded as held after the loss below.
     let mut t = inner.tables.lock();
+    if !w.named {
+        *inner.lease.lock() = Lease::new(w.lease, w.sent);
+        return Some(Settled::Begun);
+    }
     let in_time = inner.lease.lock().holds_at(now);
     let settled = if w.restarted && w.recovering && in_time { Settled::Reclaim } else { Settled::Lost };
     *inner.lease.lock() = Lease::new(w.lease, w.sent);
-    inner.generation.fetch_add(1, Ordering::Relaxed);
-    inner.outbox.open();
     if let Some(served) = goodbye {
         t.unread_past(served);
     }
-    t.session_lost(settled == Settled::Reclaim);
+    begin(inner, t, settled == Settled::Reclaim);
+    Some(settled)
+}
+
+/// Begins a new session's streams, under the tables' lock `t`: the
+/// requests in flight in the old one are dropped, but for the changes
+/// asked again after a `reclaim` ([`Tables::session_lost`]); the files
+/// held open are opened again; without a reclaim, every lock is reported
+/// lost. Then the new session counts as settled.
+fn begin(inner: &Arc<Inner>, mut t: parking_lot::MutexGuard<'_, crate::Tables>, reclaim: bool) {
+    inner.generation.fetch_add(1, Ordering::Relaxed);
+    inner.outbox.open();
+    t.session_lost(reclaim);
     inner.received.store(0, Ordering::Relaxed);
     crate::opens::reopen_all(inner, &mut t);
-    if settled == Settled::Lost {
-        drop(t);
+    drop(t);
+    if !reclaim {
         lose_all(inner);
     }
     // Only now: a fenced request (`Client::within`) of the new session
     // was fenced after its sender saw this session's losses.
     inner.settled.store(inner.generation.load(Ordering::SeqCst), Ordering::SeqCst);
-    Some(settled)
 }
 
 /// Bytes of the server's stream taken in between acknowledgements (the
@@ -218,7 +279,7 @@ pub(crate) async fn run(inner: Arc<Inner>, conn: Conn, settled: Settled) -> Opti
     if settled == Settled::Reclaim {
         reclaim(&inner);
     }
-    if settled != Settled::Resumed {
+    if matches!(settled, Settled::Reclaim | Settled::Lost) {
         resend_waits(&inner);
     }
     // Where the server's stream stood when this connection began (modulo
@@ -226,7 +287,23 @@ pub(crate) async fn run(inner: Arc<Inner>, conn: Conn, settled: Settled) -> Opti
     let mut acked = inner.received.load(Ordering::Relaxed);
     let origin = acked.wrapping_sub(frames.decoder().consumed());
     let mut goodbye = None;
-    while let Some(read) = frames.next().await {
+    // Wakes at the point the lease is trusted until, to give the session
+    // up if no renewal moved that point meanwhile (see `lease`).
+    let lapse = tokio::time::sleep_until(inner.lease.lock().trusted_until().into());
+    tokio::pin!(lapse);
+    let lapsed = loop {
+        let read = tokio::select! {
+            read = frames.next() => read,
+            () = &mut lapse => {
+                let until = inner.lease.lock().trusted_until();
+                if until > Instant::now() {
+                    lapse.as_mut().reset(until.into());
+                    continue;
+                }
+                break true;
+            }
+        };
+        let Some(read) = read else { break false };
         match read {
             // The last the server sends before it stops cleanly: what it
             // did not read is told so once the next session is settled (a
@@ -242,15 +319,22 @@ pub(crate) async fn run(inner: Arc<Inner>, conn: Conn, settled: Settled) -> Opti
                     acked = received;
                 }
             }
-            Err(proto::ReadError::Io(_)) => break,
+            Err(proto::ReadError::Io(_)) => break false,
             Err(e) => {
                 tracing::warn!(error = %e, "bad message from the server; reconnecting");
-                break;
+                break false;
             }
         }
-    }
+    };
     // Requests sent from now on wait for the next connection.
     writer.abort();
+    if lapsed {
+        // Gone for good before the new session's stream begins, so that
+        // nothing of it goes out in this one.
+        let _ = writer.await;
+        give_up(&inner);
+        return None;
+    }
     goodbye
 }
 

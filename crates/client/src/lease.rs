@@ -6,6 +6,13 @@
 //! until `t + lease`. Past that, the server may have ended the session and
 //! given its locks to others: the client must not reclaim them after a
 //! server restart, nor believe it still holds them (Chubby's rule).
+//!
+//! So the client stops counting on its locks earlier, at
+//! [`Lease::trusted_until`], while it is still cut off: it reports them
+//! lost a [`notice`](Lease::notice) before the server may give them away,
+//! and whatever acts under them (a wrapper's command) has that long to
+//! stop. It renews every [`renew_every`](Lease::renew_every), so a client
+//! whose renewals are answered never comes near that point.
 
 use std::time::{Duration, Instant};
 
@@ -32,6 +39,27 @@ impl Lease {
     pub fn holds_at(&self, now: Instant) -> bool {
         now < self.confirmed + self.length
     }
+
+    /// How long before the server may end the session the client gives
+    /// up its locks: a quarter of a lease of `length`.
+    pub fn notice(length: Duration) -> Duration {
+        length / 4
+    }
+
+    /// How often the client renews a lease of `length`: four times a
+    /// lease, so that three renewals may go unanswered before
+    /// [`trusted_until`](Lease::trusted_until) (never less than 10 ms
+    /// apart, should a lease of 0 be welcomed).
+    pub fn renew_every(length: Duration) -> Duration {
+        (length / 4).max(Duration::from_millis(10))
+    }
+
+    /// Until when the client counts on its locks: a
+    /// [`notice`](Lease::notice) before the earliest the server can end
+    /// the session.
+    pub fn trusted_until(&self) -> Instant {
+        self.confirmed + self.length - Lease::notice(self.length)
+    }
 }
 
 #[cfg(test)]
@@ -50,5 +78,19 @@ mod tests {
         // An answer to an older request does not move it back.
         l.confirm(t0 + s);
         assert!(l.holds_at(t0 + 7 * s) && !l.holds_at(t0 + 8 * s));
+    }
+
+    #[test]
+    fn the_locks_are_given_up_a_notice_before_the_lease_can_end() {
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        let mut l = Lease::new(ms(4000), t0);
+        assert_eq!(l.trusted_until(), t0 + ms(3000));
+        assert!(l.holds_at(l.trusted_until()) && !l.holds_at(l.trusted_until() + Lease::notice(ms(4000))));
+        l.confirm(t0 + ms(1000));
+        assert_eq!(l.trusted_until(), t0 + ms(4000));
+        // Answered renewals keep it ahead: three may be missed.
+        assert!(t0 + ms(1000) + 3 * Lease::renew_every(ms(4000)) <= l.trusted_until());
+        assert_eq!(Lease::renew_every(ms(0)), ms(10), "never a busy loop");
     }
 }

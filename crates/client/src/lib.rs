@@ -600,6 +600,14 @@ impl Client {
         self.inner.losses.watch()
     }
 
+    /// How long before the server may give a lock of this client to
+    /// another the client reports it lost, when it hears nothing from the
+    /// server (a quarter of the lease): whatever acts under the lock has
+    /// that long to stop.
+    pub fn loss_notice(&self) -> Duration {
+        Lease::notice(Duration::from_millis(self.inner.lease_ms.load(Ordering::Relaxed)))
+    }
+
     /// The locks lost after the first `from`.
     pub fn lost_since(&self, from: usize) -> Vec<LostLock> {
         self.inner.losses.since(from)
@@ -650,26 +658,31 @@ impl Client {
         tokio::spawn(async move {
             loop {
                 let every = match weak.upgrade() {
-                    Some(i) if !i.closed() => Duration::from_millis((i.lease_ms.load(Ordering::Relaxed) / 3).max(50)),
+                    Some(i) if !i.closed() => {
+                        Lease::renew_every(Duration::from_millis(i.lease_ms.load(Ordering::Relaxed)))
+                    }
                     _ => return,
                 };
                 tokio::time::sleep(every).await;
                 let Some(inner) = weak.upgrade() else { return };
-                // Answered, a renewal proves the lease ran at least a lease
-                // past its sending (see `lease`); while the answer is
-                // late, the next renewal goes anyway.
                 let received = inner.received.load(Ordering::Relaxed);
                 let id = inner.next_id.fetch_add(1, Ordering::Relaxed);
                 let sent_at = Instant::now();
                 let Ok(sent) = inner.submit(id, Op::Renew { received }, false, None) else { continue };
                 let generation = sent.generation;
                 drop(inner);
-                if let Ok(Ok(Ok(Reply::Done))) = tokio::time::timeout(every, sent.reply_rx).await
-                    && let Some(inner) = weak.upgrade()
-                    && inner.generation.load(Ordering::Relaxed) == generation
-                {
-                    inner.lease.lock().confirm(sent_at);
-                }
+                // Answered, a renewal proves the lease ran at least a lease
+                // past its sending (see `lease`), however late the answer
+                // comes; meanwhile the next renewals go anyway.
+                let weak = weak.clone();
+                tokio::spawn(async move {
+                    if let Ok(Ok(Reply::Done)) = sent.reply_rx.await
+                        && let Some(inner) = weak.upgrade()
+                        && inner.generation.load(Ordering::Relaxed) == generation
+                    {
+                        inner.lease.lock().confirm(sent_at);
+                    }
+                });
             }
         });
     }

@@ -6,9 +6,15 @@
 //!   withdraw the wait at the server before the wrapper exits.
 //! - If the wrapper is killed (SIGKILL), the command is killed with it
 //!   (`PR_SET_PDEATHSIG`), well before the lease can free the lock.
-//! - If the lock is lost (the session's lease ran out: a partition, a
-//!   stopped wrapper), the command gets SIGTERM, then SIGKILL after
-//!   [`GRACE`], and the wrapper exits with [`exit::LOCK_LOST`].
+//! - If the lock is lost, the command gets SIGTERM, then SIGKILL, and the
+//!   wrapper exits with [`exit::LOCK_LOST`]. Cut off from the server (a
+//!   partition, a server that hangs), the client reports the loss a
+//!   quarter of a lease before the server may give the lock to another
+//!   ([`Client::loss_notice`]), and the SIGKILL comes half that later
+//!   (at most [`GRACE`]): the command is dead before anyone else holds
+//!   the lock. A wrapper stopped past its lease learns of the loss only
+//!   when it runs again; what its command did meanwhile is what the
+//!   fencing token (`INTERLOCK_FENCE`) is for.
 
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -21,7 +27,8 @@ use tokio::signal::unix::{Signal, SignalKind, signal};
 use super::{ServerArgs, runtime, status_of};
 use crate::{args, exit};
 
-/// How long a command that lost its lock has between SIGTERM and SIGKILL.
+/// The longest a command that lost its lock has between SIGTERM and
+/// SIGKILL.
 pub const GRACE: Duration = Duration::from_secs(5);
 
 #[derive(clap::Args)]
@@ -157,17 +164,22 @@ async fn run(args: LockArgs) -> ExitCode {
         Err(ClientError::Server(e)) => return fail(exit::USAGE, &e),
         Err(e) => return fail(status_of(&e), &e),
     };
-    let code = run_command(&args.command, grant.fence, lost, &mut signals).await;
+    // Dead before the server may give the lock away: the kill lands
+    // within half the client's notice, and the other half covers the
+    // time a kill takes and clocks that run at slightly different rates.
+    let grace = GRACE.min(client.loss_notice() / 2);
+    let code = run_command(&args.command, grant.fence, lost, grace, &mut signals).await;
     let _ = tokio::time::timeout(Duration::from_secs(2), client.bye()).await;
     code
 }
 
 /// Runs the command under the lock: signals forwarded, the command
-/// stopped if the lock is lost.
+/// stopped if the lock is lost (SIGTERM, then SIGKILL `grace` later).
 async fn run_command(
     command: &[String],
     fence: u64,
     mut lost: tokio::sync::watch::Receiver<usize>,
+    grace: Duration,
     signals: &mut Signals,
 ) -> ExitCode {
     if *lost.borrow_and_update() > 0 {
@@ -212,14 +224,14 @@ async fn run_command(
             }
             Ok(()) = lost.changed() => {
                 eprintln!(
-                    "interlock lock: the lock was lost (the session's lease ran out); stopping the command: SIGTERM, then SIGKILL after {} s",
-                    GRACE.as_secs()
+                    "interlock lock: the lock was lost (no answer from the server for most of the lease, or the lease ran out); stopping the command: SIGTERM, then SIGKILL after {} ms",
+                    grace.as_millis()
                 );
                 if let Some(pid) = pid {
                     // SAFETY: signalling our own child.
                     unsafe { libc::kill(pid, libc::SIGTERM) };
                 }
-                if tokio::time::timeout(GRACE, child.wait()).await.is_err() {
+                if tokio::time::timeout(grace, child.wait()).await.is_err() {
                     let _ = child.kill().await;
                 }
                 return ExitCode::from(exit::LOCK_LOST);
