@@ -10,10 +10,15 @@
 //!   once (requests made meanwhile wait for the new connection).
 //! - At most one holder: if the server restarted while the client's lease
 //!   still ran, the client reclaims every lock it holds during the
-//!   server's recovery window. If its lease ran out instead (a partition,
-//!   a stopped process), or a reclaim is refused, the locks are lost:
-//!   never reclaimed, and reported to the caller ([`Client::lost_locks`],
-//!   [`LostLock`]), who must stop acting under them. Requests that were in
+//!   server's recovery window. If its lease ran out instead (a stopped
+//!   process), or a reclaim is refused, the locks are lost: never
+//!   reclaimed, and reported to the caller ([`Client::lost_locks`],
+//!   [`LostLock`]), who must stop acting under them. A client cut off
+//!   from its server (a partition) does not wait to learn it: with no
+//!   renewal answered for three quarters of the lease, it gives the
+//!   session up and reports its locks lost then, a quarter of a lease
+//!   ([`Client::loss_notice`]) before the server may give them to
+//!   another. Requests that were in
 //!   flight fail with [`ClientError::ConnectionLost`], or, if the server
 //!   stopped cleanly before reading them, with [`ClientError::Unread`]:
 //!   they had no effect and may be made again. Namespace changes that may
