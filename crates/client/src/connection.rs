@@ -293,6 +293,10 @@ pub(crate) async fn run(inner: Arc<Inner>, conn: Conn, settled: Settled) -> Opti
     tokio::pin!(lapse);
     let lapsed = loop {
         let read = tokio::select! {
+            // Frames first: the timer is then polled once per read that
+            // drains the socket, not once per frame (a frame ready means
+            // the server is heard from anyway).
+            biased;
             read = frames.next() => read,
             () = &mut lapse => {
                 let until = inner.lease.lock().trusted_until();
