@@ -1707,6 +1707,43 @@ fn a_mount_that_lost_its_locks_fails_with_eio_until_the_file_is_closed() {
     });
 }
 
+/// A mount cut off from its server (a partition) while a program holds a
+/// lock there: the program's write, stuck in the partition, fails with
+/// `EIO` while the mount is still cut off and before the server may give
+/// the lock to another mount (which still finds it held then), and the
+/// other mount then holds it alone. Until session 37 the write waited for
+/// the partition to heal, long after the other mount had the lock.
+#[test]
+fn a_mount_cut_off_from_its_server_fails_the_locked_file_before_the_lock_moves() {
+    let test = "a_mount_cut_off_from_its_server_fails_the_locked_file_before_the_lock_moves";
+    if !fuse_ready(test) {
+        return;
+    }
+    use std::os::unix::fs::FileExt;
+    let data = tempfile::tempdir().unwrap();
+    let server = ServerProc::start(data.path(), "127.0.0.1:0", &LEASE);
+    let relay = common::Relay::start(&server.addr);
+    let (a, b) = (Mount::new(&relay.addr), Mount::new(&server.addr));
+    let fa = rw(&a.join("f"));
+    flock(&fa, FlockArg::LockExclusive).unwrap();
+    fa.write_all_at(b"a's..", 0).unwrap();
+    let fb = rw(&b.join("f"));
+    relay.freeze();
+    let stale = std::thread::spawn(move || {
+        let r = fa.write_all_at(b"STALE", 0).map_err(|e| e.raw_os_error());
+        (fa, r)
+    });
+    wait_for("a's write to end", || stale.is_finished());
+    let (mut fa, r) = stale.join().unwrap();
+    assert_eq!(r, Err(Some(libc::EIO)), "the write made while cut off");
+    assert_eq!(flock(&fb, FlockArg::LockExclusiveNonblock), Err(Errno::EWOULDBLOCK), "a's lock still held");
+    wait_for("a's lease to run out", || flock(&fb, FlockArg::LockExclusiveNonblock).is_ok());
+    fb.write_all_at(b"b's!!", 0).unwrap();
+    relay.thaw();
+    assert_eq!(fa.write_all(b"x").map_err(|e| e.raw_os_error()), Err(Some(libc::EIO)), "a later write");
+    assert_eq!(std::fs::read(b.join("f")).unwrap(), b"b's!!", "what the lock's holder wrote");
+}
+
 #[test]
 fn a_lock_cycle_across_two_mounts_is_refused_with_edeadlk() {
     let Some((_data, server, a, b)) = two_mounts("a_lock_cycle_across_two_mounts_is_refused_with_edeadlk") else {

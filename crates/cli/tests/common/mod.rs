@@ -188,3 +188,53 @@ impl Drop for Tmpfs {
         let _ = Command::new("umount").arg("--lazy").arg(self.0.path()).status();
     }
 }
+
+/// A TCP relay that can stop passing bytes both ways (a partition).
+pub struct Relay {
+    pub addr: String,
+    frozen: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Relay {
+    pub fn start(to: &str) -> Relay {
+        use std::sync::atomic::Ordering;
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap().to_string();
+        let frozen = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (to, f) = (to.to_string(), frozen.clone());
+        std::thread::spawn(move || {
+            for c in l.incoming() {
+                let Ok(c) = c else { return };
+                let Ok(s) = std::net::TcpStream::connect(&to) else { return };
+                for (mut from, mut into) in [(c.try_clone().unwrap(), s.try_clone().unwrap()), (s, c)] {
+                    let f = f.clone();
+                    std::thread::spawn(move || {
+                        let mut buf = [0u8; 16 << 10];
+                        loop {
+                            let n = match std::io::Read::read(&mut from, &mut buf) {
+                                Ok(0) | Err(_) => break,
+                                Ok(n) => n,
+                            };
+                            while f.load(Ordering::Relaxed) {
+                                std::thread::sleep(std::time::Duration::from_millis(10));
+                            }
+                            if std::io::Write::write_all(&mut into, &buf[..n]).is_err() {
+                                break;
+                            }
+                        }
+                        let _ = into.shutdown(std::net::Shutdown::Both);
+                    });
+                }
+            }
+        });
+        Relay { addr, frozen }
+    }
+
+    pub fn freeze(&self) {
+        self.frozen.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    pub fn thaw(&self) {
+        self.frozen.store(false, std::sync::atomic::Ordering::Relaxed);
+    }
+}
