@@ -431,15 +431,76 @@ fn silent_server(welcome: bool) -> (String, std::thread::JoinHandle<()>) {
                     secret: [1; 16],
                     boot: 1,
                 };
-                let body = interlock_proto::encode(&w);
-                s.write_all(&(body.len() as u32).to_be_bytes()).unwrap();
-                s.write_all(&body).unwrap();
+                send_raw(&mut s, &w);
             }
             held.push(s);
         }
         std::thread::sleep(Duration::from_secs(20));
     });
     (addr, h)
+}
+
+/// Item 6: `interlock lock --nowait` whose request was on its way when
+/// the server died asks the restarted server, rather than exit 69 as if
+/// no server were there: the dead server's locks went with it, so no
+/// lock came of the first request. A scripted server reads the request
+/// and dies; its successor (a new `boot`) grants the request asked again.
+#[test]
+fn a_nowait_lock_on_its_way_at_a_crash_is_asked_again() {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap().to_string();
+    let server = std::thread::spawn(move || {
+        let mut locks = 0;
+        for boot in [1, 2] {
+            let mut s = l.incoming().next().unwrap().unwrap();
+            let _hello = read_raw_frame(&mut s);
+            let welcome = ServerMsg::Welcome {
+                version: interlock_proto::VERSION,
+                session: boot,
+                lease_ms: 60_000,
+                resumed: false,
+                recovering_ms: 0,
+                received: 0,
+                secret: [1; 16],
+                boot,
+            };
+            send_raw(&mut s, &welcome);
+            while let Some(frame) = try_read_raw_frame(&mut s) {
+                let ClientMsg::Request { id, op } = interlock_proto::decode::<ClientMsg>(&frame).unwrap() else {
+                    continue;
+                };
+                let reply = match op {
+                    interlock_proto::Op::Lock { .. } => {
+                        locks += 1;
+                        if boot == 1 {
+                            break; // read, never answered: the server dies
+                        }
+                        interlock_proto::Reply::Granted(interlock_proto::GrantInfo {
+                            fence: 7,
+                            lvb: None,
+                            handle: Some(1),
+                        })
+                    }
+                    interlock_proto::Op::Bye => break,
+                    _ => interlock_proto::Reply::Done,
+                };
+                send_raw(&mut s, &ServerMsg::Reply { id, reply });
+            }
+        }
+        locks
+    });
+    let out = lock_cmd(&addr, &["--nowait", "k", "--", "sh", "-c", "test \"$INTERLOCK_FENCE\" = 7"])
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(server.join().unwrap(), 2, "asked once of each server");
+}
+
+fn send_raw(s: &mut std::net::TcpStream, msg: &ServerMsg) {
+    let body = interlock_proto::encode(msg);
+    s.write_all(&(body.len() as u32).to_be_bytes()).unwrap();
+    s.write_all(&body).unwrap();
 }
 
 fn run_with_stderr(mut c: Command) -> (Option<i32>, String, Duration) {

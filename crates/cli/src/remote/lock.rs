@@ -140,7 +140,24 @@ async fn run(args: LockArgs) -> ExitCode {
     let acquire = async {
         match (args.nowait, deadline) {
             // A request that does not wait still needs an answer.
-            (true, _) => client.lock_by(&spec, false, answer_by.max(Instant::now() + Duration::from_secs(1))).await,
+            (true, _) => {
+                let by = answer_by.max(Instant::now() + Duration::from_secs(1));
+                // A few times, not in a loop: a client that gave up its
+                // server fails at once.
+                let mut again = 3;
+                loop {
+                    match client.lock_by(&spec, false, by).await {
+                        // The server stopped before it read the request,
+                        // or the session ended with the request on its
+                        // way (a lock it got went with the session): ask
+                        // in the next session.
+                        Err(ClientError::Unread | ClientError::ConnectionLost) if again > 0 && Instant::now() < by => {
+                            again -= 1;
+                        }
+                        got => break got,
+                    }
+                }
+            }
             (false, Some(d)) => client.lock_by(&spec, true, d).await,
             (false, None) => client.lock(&spec).await.map(Some),
         }
