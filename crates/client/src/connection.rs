@@ -220,6 +220,8 @@ pub(crate) enum Settled {
 pub(crate) fn settle(inner: &Arc<Inner>, w: &Welcomed, now: Instant, goodbye: Option<u64>) -> Option<Settled> {
     if w.resumed {
         if inner.outbox.resume(w.received) {
+            // The server renewed the lease as it took the session back.
+            inner.lease.lock().confirm(w.sent);
             return Some(Settled::Resumed);
         }
         tracing::error!(received = w.received, "the server's count of our stream is impossible; reconnecting");
