@@ -47,7 +47,8 @@ impl Lease {
     }
 
     /// How often the client renews a lease of `length`: four times a
-    /// lease, so that three renewals may go unanswered before
+    /// lease, so that after the last answered one, two more may go
+    /// unanswered and a third be sent before
     /// [`trusted_until`](Lease::trusted_until) (never less than 10 ms
     /// apart, should a lease of 0 be welcomed).
     pub fn renew_every(length: Duration) -> Duration {
@@ -89,7 +90,8 @@ mod tests {
         assert!(l.holds_at(l.trusted_until()) && !l.holds_at(l.trusted_until() + Lease::notice(ms(4000))));
         l.confirm(t0 + ms(1000));
         assert_eq!(l.trusted_until(), t0 + ms(4000));
-        // Answered renewals keep it ahead: three may be missed.
+        // The third renewal after an answered one goes out at the latest
+        // at the point the locks are given up.
         assert!(t0 + ms(1000) + 3 * Lease::renew_every(ms(4000)) <= l.trusted_until());
         assert_eq!(Lease::renew_every(ms(0)), ms(10), "never a busy loop");
     }
