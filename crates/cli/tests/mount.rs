@@ -1744,6 +1744,71 @@ fn a_mount_cut_off_from_its_server_fails_the_locked_file_before_the_lock_moves()
     assert_eq!(std::fs::read(b.join("f")).unwrap(), b"b's!!", "what the lock's holder wrote");
 }
 
+/// A user other than root mounts through `fusermount3`: the mount is
+/// that user's alone (root is kept out, as FUSE does without
+/// `allow_other`), what the user makes there is the shared namespace's
+/// (a root mount sees it, owned by the user), the server checks the
+/// user's ids (the root directory is root's), locks work, and SIGTERM
+/// unmounts. Until session 37 the mount refused: it needed root.
+#[test]
+fn a_user_mounts_through_fusermount3() {
+    let test = "a_user_mounts_through_fusermount3";
+    let Some((_data, server, root)) = one_mount(test) else { return };
+    let Some(_helper) = tool("fusermount3", "fuse3") else { return };
+    use std::os::unix::fs::PermissionsExt;
+    if std::fs::metadata("/dev/fuse").unwrap().permissions().mode() & 0o006 != 0o006 {
+        assert!(std::env::var_os("INTERLOCK_REQUIRE_FUSE").is_none(), "scripts/test makes /dev/fuse 0666");
+        eprintln!("SKIPPED {test}: /dev/fuse is not open to other users (Debian's udev makes it 0666)");
+        return;
+    }
+    let nobody = 65534;
+    let chown = |p: &Path| std::os::unix::fs::chown(p, Some(nobody), Some(nobody)).unwrap();
+    std::fs::create_dir(root.join("home")).unwrap();
+    chown(&root.join("home"));
+    // The user runs a copy of the binary from a directory it may enter
+    // (the build's may be under a home it may not).
+    let place = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(place.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let bin = place.path().join("interlock");
+    std::fs::copy(BIN, &bin).unwrap();
+    let dir = place.path().join("mnt");
+    std::fs::create_dir(&dir).unwrap();
+    chown(&dir);
+    let as_user = |program: &Path| {
+        let mut c = Command::new("setpriv");
+        c.args(["--reuid", "65534", "--regid", "65534", "--clear-groups"]).arg(program);
+        c
+    };
+    let mut mount = as_user(&bin).args(["mount", &server.addr]).arg(&dir).env("INTERLOCK_LOG", "warn").spawn().unwrap();
+    wait_for("the user's mount", || {
+        assert!(mount.try_wait().unwrap().is_none(), "the user's mount exited");
+        interlock_fs::is_mounted(&dir)
+    });
+    let script = format!(
+        "echo hi > {0}/home/f && flock {0}/home/f cat {0}/home/f && ! (echo no > {0}/not-mine) 2>/dev/null",
+        dir.display()
+    );
+    let out = as_user(Path::new("sh")).arg("-c").arg(&script).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(out.stdout, b"hi\n");
+    let made = std::fs::metadata(root.join("home/f")).unwrap();
+    assert_eq!((made.uid(), made.gid(), made.len()), (nobody, nobody, 3), "the user's file, seen by root's mount");
+    assert!(!root.join("not-mine").exists(), "the root directory is root's");
+    assert_eq!(
+        std::fs::read_dir(&dir).map(|_| ()).map_err(|e| e.raw_os_error()),
+        Err(Some(libc::EACCES)),
+        "the user's mount is the user's alone"
+    );
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(mount.id() as i32), nix::sys::signal::Signal::SIGTERM).unwrap();
+    let mut status = None;
+    wait_for("the user's mount to end", || {
+        status = mount.try_wait().unwrap();
+        status.is_some()
+    });
+    assert!(status.unwrap().success(), "{status:?}");
+    assert!(!interlock_fs::is_mounted(&dir), "unmounted by fusermount3");
+}
+
 #[test]
 fn a_lock_cycle_across_two_mounts_is_refused_with_edeadlk() {
     let Some((_data, server, a, b)) = two_mounts("a_lock_cycle_across_two_mounts_is_refused_with_edeadlk") else {

@@ -1,10 +1,17 @@
 //! Attaching `/dev/fuse` to a directory and detaching it.
 //!
-//! The mount is made with mount(2) directly, as root: `allow_other`
+//! As root, the mount is made with mount(2) directly: `allow_other`
 //! (every user of the machine goes through it, as with NFS and Lustre)
 //! and `default_permissions` (the kernel checks the mode bits too, so
 //! `access(2)` answers right; the server checks every request again with
 //! the caller's ids). Unmounting: `umount2`, lazily if the mount is busy.
+//!
+//! Any other user mounts through `fusermount3` (the setuid helper of the
+//! `fuse3` package), as every FUSE file system does: it opens the device,
+//! makes the mount for that user alone (the kernel lets no one else in,
+//! root included, unless `/etc/fuse.conf` allows `allow_other`), and
+//! hands the device back over a socket (`_FUSE_COMMFD`). It also
+//! unmounts (`fusermount3 -u`).
 
 use std::fs::{File, OpenOptions};
 use std::os::fd::AsRawFd;
@@ -21,8 +28,12 @@ pub enum MountError {
         "/dev/fuse is missing or cannot be opened ({0}); load the fuse module (modprobe fuse) or, in a container, pass the device through"
     )]
     NoDevice(std::io::Error),
-    #[error("interlock mount needs root (as mount.nfs does): a root mount serves every user of the machine")]
-    NotRoot,
+    #[error(
+        "cannot run fusermount3 ({0}), which mounts for users other than root: install the fuse3 package, or mount as root"
+    )]
+    NoHelper(std::io::Error),
+    #[error("fusermount3 could not mount {0} (it said why above)")]
+    Helper(PathBuf),
     #[error("mount point {0}: {1}")]
     MountPoint(PathBuf, String),
     #[error(
@@ -42,10 +53,10 @@ pub struct MountOptions {
 /// Opens `/dev/fuse` and mounts it at `path`; the device, whose reads are
 /// the kernel's requests.
 pub fn mount(path: &Path, options: &MountOptions) -> Result<File, MountError> {
-    if !nix::unistd::Uid::effective().is_root() {
-        return Err(MountError::NotRoot);
-    }
     let path = check(path)?;
+    if !nix::unistd::Uid::effective().is_root() {
+        return user_mount(&path, options);
+    }
     let dev = OpenOptions::new()
         .read(true)
         .write(true)
@@ -69,6 +80,49 @@ pub fn mount(path: &Path, options: &MountOptions) -> Result<File, MountError> {
     }
     r.map_err(|e| MountError::Mount(path.clone(), e))?;
     Ok(dev)
+}
+
+/// Mounts `path` through `fusermount3`, for the user who runs us; the
+/// device it hands back, made non-blocking as the root mount's is.
+fn user_mount(path: &Path, options: &MountOptions) -> Result<File, MountError> {
+    use rustix::net::{AddressFamily, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SocketFlags, SocketType};
+    let io = |e: rustix::io::Errno| MountError::NoHelper(e.into());
+    // Ours closes on exec; theirs is inherited by fusermount3.
+    let (ours, theirs) =
+        rustix::net::socketpair(AddressFamily::UNIX, SocketType::STREAM, SocketFlags::CLOEXEC, None).map_err(io)?;
+    rustix::io::fcntl_setfd(&theirs, rustix::io::FdFlags::empty()).map_err(io)?;
+    let opts = format!(
+        "default_permissions,max_read={},fsname=interlock,subtype=interlock,nosuid,nodev,noatime{}",
+        crate::session::MAX_WRITE,
+        if options.read_only { ",ro" } else { "" }
+    );
+    let status = std::process::Command::new("fusermount3")
+        .arg("-o")
+        .arg(&opts)
+        .arg("--")
+        .arg(path)
+        .env("_FUSE_COMMFD", theirs.as_raw_fd().to_string())
+        .status()
+        .map_err(MountError::NoHelper)?;
+    drop(theirs);
+    if !status.success() {
+        return Err(MountError::Helper(path.to_path_buf()));
+    }
+    let mut byte = [0u8; 1];
+    let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+    let mut control = RecvAncillaryBuffer::new(&mut space);
+    rustix::net::recvmsg(&ours, &mut [std::io::IoSliceMut::new(&mut byte)], &mut control, RecvFlags::empty())
+        .map_err(io)?;
+    let dev = control
+        .drain()
+        .find_map(|m| match m {
+            RecvAncillaryMessage::ScmRights(mut fds) => fds.next(),
+            _ => None,
+        })
+        .ok_or_else(|| MountError::NoHelper(std::io::Error::other("fusermount3 mounted but sent no device")))?;
+    let flags = rustix::fs::fcntl_getfl(&dev).map_err(io)?;
+    rustix::fs::fcntl_setfl(&dev, flags | rustix::fs::OFlags::NONBLOCK).map_err(io)?;
+    Ok(File::from(dev))
 }
 
 /// The mount point, made absolute: an existing directory nothing is
@@ -99,9 +153,27 @@ pub fn is_mounted(path: &Path) -> bool {
 
 /// Unmounts `path`; lazily (detached now, gone when the last user leaves)
 /// if it is busy.
+/// A user's mount (made by `fusermount3`) is unmounted by `fusermount3
+/// -u` (`-z`: lazily).
 pub fn unmount(path: &Path) -> Result<(), Errno> {
+    if !nix::unistd::Uid::effective().is_root() {
+        return helper_unmount(path);
+    }
     match nix::mount::umount2(path, MntFlags::empty()) {
         Err(Errno::EBUSY) => nix::mount::umount2(path, MntFlags::MNT_DETACH),
         r => r,
     }
+}
+
+fn helper_unmount(path: &Path) -> Result<(), Errno> {
+    let run = |flags: &str| {
+        std::process::Command::new("fusermount3")
+            .arg(flags)
+            .arg("--")
+            .arg(path)
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    if run("-u") || run("-uz") { Ok(()) } else { Err(Errno::EPERM) }
 }

@@ -161,7 +161,7 @@ async fn run(client: Client, cfg: &Config) -> ExitCode {
         Err(e) => {
             eprintln!("interlock mount: {e}");
             return ExitCode::from(match e {
-                MountError::NotRoot => exit::AUTH,
+                MountError::Helper(_) => exit::AUTH,
                 MountError::MountPoint(..) => exit::USAGE,
                 _ => exit::UNAVAILABLE,
             });
