@@ -58,13 +58,16 @@ enum Command {
     /// `interlock mount 10.0.0.5:7420 /mnt/shared`, or with the server
     /// from --server or INTERLOCK_SERVER: `interlock mount /mnt/shared`.
     ///
-    /// Needs root and /dev/fuse (Debian package fuse3 for fusermount3).
-    /// The mount serves every user of the machine; the server checks each
-    /// operation with the calling process's uid, gid and groups. Stays in
-    /// the foreground until unmounted (fusermount3 -u MOUNTPOINT, umount,
-    /// Ctrl-C or SIGTERM). Exit status: 0 unmounted; 2 a usage error or a
-    /// bad mount point; 69 the server cannot be reached or the mount
-    /// failed; 77 not root, or the token was refused.
+    /// Needs /dev/fuse (Debian package fuse3 for fusermount3). Root's
+    /// mount serves every user of the machine; any other user mounts
+    /// through fusermount3, for that user alone, on a directory they may
+    /// write. The server checks each operation with the calling
+    /// process's uid, gid and groups. Stays in the foreground until
+    /// unmounted (fusermount3 -u MOUNTPOINT, umount, Ctrl-C or SIGTERM).
+    /// Exit status: 0 unmounted; 2 a usage error or a bad mount point; 69
+    /// the server cannot be reached, fusermount3 is missing, or the mount
+    /// failed; 77 fusermount3 refused the mount, or the token was
+    /// refused.
     #[command(override_usage = "interlock mount [OPTIONS] [SERVER] <MOUNTPOINT>")]
     Mount(remote::mount::MountArgs),
     /// Live counters of a server: sessions, resources, locks, waiters,
