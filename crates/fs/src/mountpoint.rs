@@ -108,21 +108,27 @@ fn user_mount(path: &Path, options: &MountOptions) -> Result<File, MountError> {
     if !status.success() {
         return Err(MountError::Helper(path.to_path_buf()));
     }
-    let mut byte = [0u8; 1];
-    let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
-    let mut control = RecvAncillaryBuffer::new(&mut space);
-    rustix::net::recvmsg(&ours, &mut [std::io::IoSliceMut::new(&mut byte)], &mut control, RecvFlags::empty())
-        .map_err(io)?;
-    let dev = control
-        .drain()
-        .find_map(|m| match m {
-            RecvAncillaryMessage::ScmRights(mut fds) => fds.next(),
-            _ => None,
-        })
-        .ok_or_else(|| MountError::NoHelper(std::io::Error::other("fusermount3 mounted but sent no device")))?;
-    let flags = rustix::fs::fcntl_getfl(&dev).map_err(io)?;
-    rustix::fs::fcntl_setfl(&dev, flags | rustix::fs::OFlags::NONBLOCK).map_err(io)?;
-    Ok(File::from(dev))
+    // Mounted: a failure from here on takes the mount down again.
+    let taken = || -> rustix::io::Result<File> {
+        let mut byte = [0u8; 1];
+        let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+        let mut control = RecvAncillaryBuffer::new(&mut space);
+        rustix::net::recvmsg(&ours, &mut [std::io::IoSliceMut::new(&mut byte)], &mut control, RecvFlags::empty())?;
+        let dev = control
+            .drain()
+            .find_map(|m| match m {
+                RecvAncillaryMessage::ScmRights(mut fds) => fds.next(),
+                _ => None,
+            })
+            .ok_or(rustix::io::Errno::PROTO)?;
+        let flags = rustix::fs::fcntl_getfl(&dev)?;
+        rustix::fs::fcntl_setfl(&dev, flags | rustix::fs::OFlags::NONBLOCK)?;
+        Ok(File::from(dev))
+    };
+    taken().map_err(|e| {
+        let _ = helper_unmount(path);
+        MountError::Mount(path.to_path_buf(), Errno::from_raw(e.raw_os_error()))
+    })
 }
 
 /// The mount point, made absolute: an existing directory nothing is
