@@ -1749,7 +1749,9 @@ fn a_mount_cut_off_from_its_server_fails_the_locked_file_before_the_lock_moves()
 /// `allow_other`), what the user makes there is the shared namespace's
 /// (a root mount sees it, owned by the user), the server checks the
 /// user's ids (the root directory is root's), locks work, and SIGTERM
-/// unmounts. Until session 37 the mount refused: it needed root.
+/// unmounts; `-o allow_other` reaches fusermount3, which refuses it
+/// where `/etc/fuse.conf` does not allow it. Until session 37 the mount
+/// refused: it needed root.
 #[test]
 fn a_user_mounts_through_fusermount3() {
     let test = "a_user_mounts_through_fusermount3";
@@ -1779,6 +1781,32 @@ fn a_user_mounts_through_fusermount3() {
         c.args(["--reuid", "65534", "--regid", "65534", "--clear-groups"]).arg(program);
         c
     };
+    // `allow_other` goes to fusermount3, which allows it only where
+    // /etc/fuse.conf says so (not so here: Debian ships it commented out).
+    let allowed =
+        std::fs::read_to_string("/etc/fuse.conf").is_ok_and(|c| c.lines().any(|l| l.trim() == "user_allow_other"));
+    if !allowed {
+        let mut refused = as_user(&bin)
+            .args(["mount", "-o", "allow_other", &server.addr])
+            .arg(&dir)
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let t = Instant::now();
+        while refused.try_wait().unwrap().is_none() {
+            if t.elapsed() > Duration::from_secs(20) {
+                let _ = refused.kill();
+                let _ = interlock_fs::unmount(&dir);
+                panic!("mounted with allow_other, which /etc/fuse.conf does not allow");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let out = refused.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(77), "{err}");
+        assert!(err.contains("allow_other") && err.contains("fusermount3 could not mount"), "{err}");
+        assert!(!interlock_fs::is_mounted(&dir));
+    }
     let mut mount = as_user(&bin).args(["mount", &server.addr]).arg(&dir).env("INTERLOCK_LOG", "warn").spawn().unwrap();
     wait_for("the user's mount", || {
         assert!(mount.try_wait().unwrap().is_none(), "the user's mount exited");

@@ -9,7 +9,8 @@
 //! Any other user mounts through `fusermount3` (the setuid helper of the
 //! `fuse3` package), as every FUSE file system does: it opens the device,
 //! makes the mount for that user alone (the kernel lets no one else in,
-//! root included, unless `/etc/fuse.conf` allows `allow_other`), and
+//! root included, unless the mount asks for `allow_other`, which
+//! `/etc/fuse.conf` must allow), and
 //! hands the device back over a socket (`_FUSE_COMMFD`). It also
 //! unmounts (`fusermount3 -u`).
 
@@ -48,6 +49,10 @@ pub enum MountError {
 #[derive(Clone, Debug, Default)]
 pub struct MountOptions {
     pub read_only: bool,
+    /// A user's mount open to every user of the machine (root's always
+    /// is); `fusermount3` allows it only where `/etc/fuse.conf` says
+    /// `user_allow_other`.
+    pub allow_other: bool,
 }
 
 /// Opens `/dev/fuse` and mounts it at `path`; the device, whose reads are
@@ -92,9 +97,10 @@ fn user_mount(path: &Path, options: &MountOptions) -> Result<File, MountError> {
         rustix::net::socketpair(AddressFamily::UNIX, SocketType::STREAM, SocketFlags::CLOEXEC, None).map_err(io)?;
     rustix::io::fcntl_setfd(&theirs, rustix::io::FdFlags::empty()).map_err(io)?;
     let opts = format!(
-        "default_permissions,max_read={},fsname=interlock,subtype=interlock,nosuid,nodev,noatime{}",
+        "default_permissions,max_read={},fsname=interlock,subtype=interlock,nosuid,nodev,noatime{}{}",
         crate::session::MAX_WRITE,
-        if options.read_only { ",ro" } else { "" }
+        if options.read_only { ",ro" } else { "" },
+        if options.allow_other { ",allow_other" } else { "" }
     );
     let status = std::process::Command::new("fusermount3")
         .arg("-o")

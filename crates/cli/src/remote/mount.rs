@@ -31,7 +31,9 @@ pub struct MountArgs {
     /// Mount options, comma-separated: `ro` (read-only), `rw` (the
     /// default), `entry_timeout=SECS` and `attr_timeout=SECS` (how long
     /// the kernel may keep names and attributes; default 1, 0 to ask the
-    /// server every time). File data is never cached.
+    /// server every time), `allow_other` (a user's mount open to every
+    /// user, as root's always is; fusermount3 allows it only with
+    /// `user_allow_other` in /etc/fuse.conf). File data is never cached.
     #[arg(short = 'o', value_name = "OPTIONS")]
     options: Vec<String>,
     /// Detach once the mount is live (logs are dropped unless
@@ -82,11 +84,12 @@ fn config(args: &MountArgs) -> Result<Config, String> {
         match opt.split_once('=') {
             None if opt == "ro" => cfg.options.read_only = true,
             None if opt == "rw" => cfg.options.read_only = false,
+            None if opt == "allow_other" => cfg.options.allow_other = true,
             Some(("entry_timeout", v)) => cfg.entry_timeout = secs(v)?,
             Some(("attr_timeout", v)) => cfg.attr_timeout = secs(v)?,
             _ => {
                 return Err(format!(
-                    "unknown mount option {opt:?} (known: ro, rw, entry_timeout=SECS, attr_timeout=SECS)"
+                    "unknown mount option {opt:?} (known: ro, rw, entry_timeout=SECS, attr_timeout=SECS, allow_other)"
                 ));
             }
         }
