@@ -162,6 +162,15 @@ fn a_lost_lease_stops_the_command_and_is_never_reclaimed() {
     assert_eq!(status_locks(&server.addr), 0, "the lost lock was never taken back");
 }
 
+/// A server with a lease of `lease_ms`, and a relay to it that can be
+/// frozen (a partition: the client hears nothing and says nothing).
+fn behind_a_relay(lease_ms: u64) -> (tempfile::TempDir, ServerProc, Relay) {
+    let data = tempfile::tempdir().unwrap();
+    let server = ServerProc::start(data.path(), "127.0.0.1:0", &["--lease-ms", &lease_ms.to_string()]);
+    let relay = Relay::start(&server.addr);
+    (data, server, relay)
+}
+
 fn status_locks(addr: &str) -> u64 {
     status(addr).locks
 }
@@ -174,10 +183,7 @@ fn status_locks(addr: &str) -> u64 {
 /// reported.
 #[test]
 fn the_client_reports_lost_locks_and_never_reclaims_them() {
-    let data = tempfile::tempdir().unwrap();
-    let server = ServerProc::start(data.path(), "127.0.0.1:0", &["--lease-ms", "400"]);
-    // A relay we can freeze: the client hears nothing and says nothing.
-    let relay = Relay::start(&server.addr);
+    let (_data, server, relay) = behind_a_relay(400);
     rt().block_on(async {
         let a = client(&relay.addr).await;
         let posix = LockSpec {
@@ -225,9 +231,7 @@ fn the_client_reports_lost_locks_and_never_reclaims_them() {
 /// other client had the lock.)
 #[test]
 fn a_cut_off_client_reports_its_locks_lost_before_another_is_granted_them() {
-    let data = tempfile::tempdir().unwrap();
-    let server = ServerProc::start(data.path(), "127.0.0.1:0", &["--lease-ms", "800"]);
-    let relay = Relay::start(&server.addr);
+    let (_data, server, relay) = behind_a_relay(800);
     rt().block_on(async {
         let a = client(&relay.addr).await;
         a.lock(&spec("p", 1)).await.unwrap();
@@ -275,9 +279,7 @@ fn a_cut_off_client_reports_its_locks_lost_before_another_is_granted_them() {
 /// finds it dead.
 #[test]
 fn a_cut_off_wrapper_stops_its_command_before_the_lock_moves() {
-    let data = tempfile::tempdir().unwrap();
-    let server = ServerProc::start(data.path(), "127.0.0.1:0", &["--lease-ms", "1000"]);
-    let relay = Relay::start(&server.addr);
+    let (data, server, relay) = behind_a_relay(1000);
     let (log, pidfile) = (data.path().join("log"), data.path().join("pid"));
     let script = format!(
         "echo $$ > {1}; trap 'echo term >> {0}' TERM; echo run >> {0}; while :; do sleep 0.01; done",
