@@ -119,6 +119,7 @@ impl Server {
     /// start and reserves fencing tokens, durably: a start that fails
     /// changes nothing on disk.
     pub async fn bind(config: Config) -> Result<Server, ServerError> {
+        let opening = Instant::now();
         if !config.listen.ip().is_loopback() && config.token.is_none() {
             return Err(ServerError::TokenRequired(config.listen));
         }
@@ -164,6 +165,15 @@ impl Server {
             tracing::info!("root squash: root's namespace requests are served as {}", squash.info());
         }
         let started = Instant::now();
+        if let Some(needed) = config.lease_needed_for(started - opening).filter(|_| start.restarted) {
+            tracing::warn!(
+                took_ms = (started - opening).as_millis() as u64,
+                lease_ms = config.lease.as_millis() as u64,
+                "opening the data directory took more than half the lease: a restart this slow loses every client's locks \
+                 (clients give them up before they can reclaim them); set lease-ms to at least {}",
+                needed.as_millis()
+            );
+        }
         // A restart (not a first start) opens the recovery window.
         let recovery_until = start.restarted.then(|| started + config.recovery).filter(|_| !config.recovery.is_zero());
         tracing::info!(addr = %listener.local_addr().map(|a| a.to_string()).unwrap_or_default(), boot = start.boot, recovering = recovery_until.is_some(), "interlock server listening");
