@@ -210,6 +210,8 @@ pub enum ServerError {
     JournalFailed(String),
     #[error("cannot serve metrics on {addr}: {source}")]
     Metrics { addr: SocketAddr, source: std::io::Error },
+    #[error("cannot handle signals (SIGINT, SIGTERM): {0}")]
+    Signals(std::io::Error),
     #[error("cannot listen on {addr}: {source}")]
     Listen { addr: SocketAddr, source: std::io::Error },
     #[error("the namespace store: {0}")]

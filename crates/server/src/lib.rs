@@ -470,19 +470,17 @@ impl Inner {
 /// Serves on `config` until Ctrl-C or SIGTERM; `bound` is told the
 /// address once it listens.
 pub async fn run(config: Config, bound: impl FnOnce(SocketAddr, Option<SocketAddr>)) -> Result<(), ServerError> {
+    use tokio::signal::unix::{SignalKind, signal};
+    // Handled from before the address is told, so that a SIGTERM sent as
+    // soon as the server says it listens is a clean stop, not the default
+    // action's death.
+    let mut int = signal(SignalKind::interrupt()).map_err(ServerError::Signals)?;
+    let mut term = signal(SignalKind::terminate()).map_err(ServerError::Signals)?;
     let server = Server::bind(config).await?;
     bound(server.local_addr(), server.metrics_addr());
     server
         .serve(async {
-            let ctrl_c = tokio::signal::ctrl_c();
-            #[cfg(unix)]
-            {
-                let mut term =
-                    tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
-                tokio::select! { _ = ctrl_c => {}, _ = term.recv() => {} }
-            }
-            #[cfg(not(unix))]
-            let _ = ctrl_c.await;
+            tokio::select! { _ = int.recv() => {}, _ = term.recv() => {} }
             tracing::info!("shutting down");
         })
         .await

@@ -64,7 +64,8 @@ impl ServerProc {
     pub fn terminate(&mut self) {
         let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
         nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
-        assert!(self.child.wait().unwrap().success(), "the server's clean stop failed");
+        let status = self.child.wait().unwrap();
+        assert!(status.success(), "the server's clean stop failed: {status}");
     }
 }
 
