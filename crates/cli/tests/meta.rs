@@ -155,6 +155,58 @@ fn a_server_with_root_squash_serves_root_as_the_anonymous_ids() {
     assert_eq!(json["root_squash"], serde_json::json!({"uid": 2000, "gid": 2001, "except": []}));
 }
 
+/// A client run by another user of the server's machine (here uid
+/// 65534, its socket made with that file-system uid) is served as that
+/// user, whatever ids it sends: root's ids get it nothing root has (a
+/// new name in root's directory, a root-only file, a chown), its new
+/// file is its own, with its primary group, not the groups it claims;
+/// and it may not evict a session or use the changelog. Root's client on
+/// the same server is served as root. Before session 38 every local
+/// client was served with the ids it sent: any user could be root.
+#[test]
+fn a_user_of_the_servers_machine_is_served_as_that_user_whatever_ids_it_sends() {
+    let (_data, server) = long_lease_server();
+    let rt = rt();
+    let (shared, secret, root_session) = rt.block_on(async {
+        let c = client(&server.addr).await;
+        let shared = c.create(&root(), ROOT, b"shared", FileType::Directory, 0o777, b"").await.unwrap();
+        let secret = c.create(&root(), ROOT, b"secret", FileType::Regular, 0o600, b"").await.unwrap();
+        (shared.ino, secret.ino, c.session())
+    });
+    let nobody = nix::unistd::User::from_uid(65534.into()).unwrap().expect("user 65534 in the user database");
+    let addr = server.addr.clone();
+    std::thread::spawn(move || {
+        // SAFETY: setfsuid changes only this thread's file-system uid,
+        // which the sockets this thread makes take as their owner.
+        unsafe { libc::setfsuid(65534) };
+        tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+            let c = client(&addr).await;
+            let forged = Cred { uid: 0, gid: 0, groups: vec![0] };
+            assert_eq!(errno(c.create(&forged, ROOT, b"x", FileType::Regular, 0o644, b"").await), libc::EACCES);
+            assert_eq!(errno(c.open(&forged, secret, libc::R_OK as u32).await), libc::EACCES, "a root-only file");
+            let mine = c.create(&forged, shared, b"mine", FileType::Regular, 0o644, b"").await.unwrap();
+            assert_eq!((mine.uid, mine.gid), (65534, nobody.gid.as_raw()), "its own file, in its own group");
+            let give = SetAttr { uid: Some(0), ..SetAttr::default() };
+            assert_eq!(errno(c.setattr(&forged, mine.ino, give).await), libc::EPERM, "a chown");
+            for refused in [c.evict(root_session).await, c.changelog_list().await.map(drop)] {
+                assert!(
+                    matches!(&refused, Err(ClientError::Server(e)) if e.contains("only root or the server's own user")),
+                    "{refused:?}"
+                );
+            }
+        });
+    })
+    .join()
+    .unwrap();
+    rt.block_on(async {
+        let c = client(&server.addr).await;
+        let mine = c.lookup(&root(), shared, b"mine").await.unwrap();
+        assert_eq!(mine.uid, 65534);
+        c.create(&root(), ROOT, b"x", FileType::Regular, 0o644, b"").await.expect("root is root");
+        assert!(c.changelog_list().await.is_ok());
+    });
+}
+
 /// A file unlinked while open lives until its last handle is released,
 /// or until the session holding it ends.
 #[test]

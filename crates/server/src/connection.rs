@@ -13,6 +13,7 @@ use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
 
 use crate::dispatch::{Gate, handle, later, recovery_gate};
+use crate::peer::{self, LocalUser, ServedAs};
 use crate::session::{self, same_secret};
 use crate::transport::{self, Reader, Writer};
 use crate::wire::{self, Wire};
@@ -31,6 +32,7 @@ pub(crate) async fn connection(
     evicted: CancellationToken,
     greeted: impl FnOnce(),
 ) {
+    let served_as = served_as(&inner, &stream, peer).await;
     // The TLS handshake and the hello, within the hello timeout.
     let greet = async {
         let (rd, wr) = match &inner.tls {
@@ -112,7 +114,8 @@ pub(crate) async fn connection(
         // Ahead of the stream, which waits for it (`Wire::attach`).
         wire::write_all(&wr, &welcome).await.ok()?;
         session.wire.open();
-        let ended = serve_connection(&inner, session.sid, peer, &mut source, &session.wire, &mut turn).await;
+        let ended =
+            serve_connection(&inner, session.sid, peer, &served_as, &mut source, &session.wire, &mut turn).await;
         if ended == Ended::Stopping {
             // The server stops cleanly: once every answer owed for what
             // was read is in the stream, the goodbye follows them.
@@ -132,6 +135,22 @@ pub(crate) async fn connection(
     if ended == Some(Ended::Bye) {
         end_session(&inner, session.sid);
     }
+}
+
+/// How the connection's requests are served: as the user of this
+/// machine who opened it, if that is not root or the server's user (see
+/// `peer`); otherwise with the ids they carry, root squashed where the
+/// server squashes this client's.
+async fn served_as(inner: &Inner, stream: &TcpStream, peer: SocketAddr) -> ServedAs {
+    let squash = inner.config.root_squash.as_ref().and_then(|s| s.for_peer(peer.ip()));
+    let Some(uid) = stream.local_addr().ok().and_then(|local| peer::user_of(peer, local)) else {
+        return ServedAs { user: None, squash };
+    };
+    // The user database may be slow to answer (NSS).
+    let user =
+        tokio::task::spawn_blocking(move || LocalUser::of(uid)).await.unwrap_or_else(|_| LocalUser::unknown(uid));
+    tracing::info!(%peer, uid, gid = user.gid, "a user of the server's machine: its requests are served as that user");
+    ServedAs { user: Some(user), squash }
 }
 
 /// How a connection's request loop ended.
@@ -196,13 +215,13 @@ async fn serve_connection(
     inner: &Inner,
     sid: u64,
     peer: SocketAddr,
+    served_as: &ServedAs,
     source: &mut tokio_util::codec::FramedRead<Reader, proto::Reader<ClientMsg>>,
     wire: &Wire,
     served: &mut u64,
 ) -> Ended {
     let Some(_reading) = inner.stop.reading() else { return Ended::Stopping };
     let limit = inner.config.limits.max_in_flight.max(1);
-    let squash = inner.config.root_squash.as_ref().and_then(|s| s.for_peer(peer.ip()));
     let mut unflushed = 0usize;
     let mut touched = false;
     // Where the client's stream stood when this connection began (modulo
@@ -242,13 +261,6 @@ async fn serve_connection(
                 None => return Ended::Closed,
             },
         };
-        let op = match (op, squash) {
-            (Op::Meta { mut cred, op, once }, Some(anon)) => {
-                cred.squash(anon);
-                Op::Meta { cred, op, once }
-            }
-            (op, _) => op,
-        };
         // Once per batch of requests read together: it renews the lease
         // and checks that the session has not ended. (A session that ends
         // while a request runs gets back what that request obtained: see
@@ -263,18 +275,21 @@ async fn serve_connection(
         // After a restart, only reclaims (and releases) go through until
         // the window ends; what waits is served then, apart.
         // Behind any push this request made: a grant that raced a cancel
-        // reaches the client before the cancel's reply. Served and
+        // reaches the client before the cancel's reply. ServedAs and
         // answered with no await between: a connection stopped at an
         // await has each request it read either served and answered in
         // the stream (or handed to whoever will answer it: see
         // `durable`), or neither.
-        let reply = match recovery_gate(inner, &op) {
-            Gate::Go => handle(inner, sid, id, op),
-            Gate::Later(left) => {
-                later(inner, sid, id, op, left);
-                None
-            }
-            Gate::Refuse(left) => Some(Reply::Recovering { left_ms: left.as_millis().max(1) as u64 }),
+        let reply = match served_as.admit(op) {
+            Err(refused) => Some(refused),
+            Ok(op) => match recovery_gate(inner, &op) {
+                Gate::Go => handle(inner, sid, id, op),
+                Gate::Later(left) => {
+                    later(inner, sid, id, op, left);
+                    None
+                }
+                Gate::Refuse(left) => Some(Reply::Recovering { left_ms: left.as_millis().max(1) as u64 }),
+            },
         };
         if let Some(reply) = reply {
             wire.append(&ServerMsg::Reply { id, reply });

@@ -29,6 +29,7 @@
 //! (requests onto the engine), `meta` (namespace and changelog requests
 //! onto the store, open files, the checkpointer), `durable` (answers
 //! that wait for the journal), `squash` (whose root is served as whom),
+//! `peer` (which user of this machine opened a connection),
 //! `connection` (handshake and request loop), `stop` (a clean stop).
 
 #![forbid(unsafe_code)]
@@ -40,6 +41,7 @@ mod dispatch;
 mod durable;
 mod meta;
 mod metrics;
+mod peer;
 mod session;
 mod squash;
 mod stop;
@@ -61,6 +63,7 @@ use tokio_util::sync::CancellationToken;
 pub use config::{Config, Limits, ServerError, TlsFiles, default_threads, runtime};
 use datadir::{DataDir, FENCE_BLOCK, Fences};
 pub use meta::now;
+pub use peer::LocalUser;
 use session::Sessions;
 pub use squash::{IpPrefix, RootSquash};
 
@@ -159,6 +162,12 @@ impl Server {
         if config.unsafe_no_fsync {
             tracing::warn!(
                 "--unsafe-no-fsync: changes are acknowledged before they are synced; a machine crash may lose them"
+            );
+        }
+        if !peer::owners_known() {
+            tracing::warn!(
+                "the kernel does not say who owns a client's socket (sock_diag): a client on this machine that \
+                 connects through an address other than loopback is trusted with the ids it sends, as root if it says so"
             );
         }
         if let Some(squash) = &config.root_squash {

@@ -1,9 +1,10 @@
 //! Root squash: which clients' root users the server serves as an
 //! anonymous user instead of as root.
 //!
-//! The server trusts the ids a client sends with each namespace request,
-//! as an NFS server trusts `AUTH_SYS`: the token and TLS decide which
-//! hosts may speak at all. Root squash (NFS's `root_squash`, Lustre's
+//! The server trusts the ids a client on another host sends with each
+//! namespace request, as an NFS server trusts `AUTH_SYS`: the token and
+//! TLS decide which hosts may speak at all (a client on the server's own
+//! machine is served as the user it runs as: see `peer`). Root squash (NFS's `root_squash`, Lustre's
 //! `root_squash` with its `nosquash_nids`) keeps a host's root user from
 //! being root in the shared tree: requests made as uid 0 are served as
 //! the anonymous uid, and gid 0 as the anonymous gid, except from the
