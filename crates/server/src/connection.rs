@@ -32,9 +32,10 @@ pub(crate) async fn connection(
     evicted: CancellationToken,
     greeted: impl FnOnce(),
 ) {
-    let served_as = served_as(&inner, &stream, peer).await;
-    // The TLS handshake and the hello, within the hello timeout.
+    // Who it is, the TLS handshake and the hello, within the hello
+    // timeout.
     let greet = async {
+        let served_as = served_as(&inner, &stream, peer).await;
         let (rd, wr) = match &inner.tls {
             None => transport::plain(stream),
             Some(acceptor) => match transport::tls(stream, acceptor).await {
@@ -47,14 +48,14 @@ pub(crate) async fn connection(
         };
         let mut source = proto::reader::<ClientMsg, _>(rd);
         match source.next().await? {
-            Ok(msg) => Some((msg, source, wr)),
+            Ok(msg) => Some((msg, source, wr, served_as)),
             Err(e) => {
                 tracing::warn!(%peer, error = %e, "garbage instead of hello; closing");
                 None
             }
         }
     };
-    let (hello, mut source, wr) = tokio::select! {
+    let (hello, mut source, wr, served_as) = tokio::select! {
         () = evicted.cancelled() => {
             tracing::debug!(%peer, "closing a connection that has not said hello, to make room");
             return;
@@ -275,7 +276,7 @@ async fn serve_connection(
         // After a restart, only reclaims (and releases) go through until
         // the window ends; what waits is served then, apart.
         // Behind any push this request made: a grant that raced a cancel
-        // reaches the client before the cancel's reply. ServedAs and
+        // reaches the client before the cancel's reply. Served and
         // answered with no await between: a connection stopped at an
         // await has each request it read either served and answered in
         // the stream (or handed to whoever will answer it: see
