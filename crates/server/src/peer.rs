@@ -240,17 +240,22 @@ mod tests {
     use super::*;
 
     /// The kernel names the owner of a client socket on this machine,
-    /// and finds none for addresses no socket has.
+    /// over IPv4 and IPv6 (where the machine has it), and finds none for
+    /// addresses no socket has.
     #[test]
     fn the_kernel_names_the_owner_of_a_local_client_socket() {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
-        let (_server, peer) = listener.accept().unwrap();
-        let local = listener.local_addr().unwrap();
-        assert_eq!(peer, client.local_addr().unwrap());
-        assert_eq!(owner(peer, local).unwrap(), Some(nix::unistd::geteuid().as_raw()));
-        let nobody: SocketAddr = "127.0.0.1:1".parse().unwrap();
-        assert_eq!(owner(nobody, local).unwrap(), None);
+        for (at, nobody) in [("127.0.0.1:0", "127.0.0.1:1"), ("[::1]:0", "[::1]:1")] {
+            let Ok(listener) = std::net::TcpListener::bind(at) else {
+                eprintln!("SKIPPED {at}: cannot listen there");
+                continue;
+            };
+            let client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+            let (_server, peer) = listener.accept().unwrap();
+            let local = listener.local_addr().unwrap();
+            assert_eq!(peer, client.local_addr().unwrap());
+            assert_eq!(owner(peer, local).unwrap(), Some(nix::unistd::geteuid().as_raw()), "{at}");
+            assert_eq!(owner(nobody.parse().unwrap(), local).unwrap(), None, "{at}");
+        }
     }
 
     /// A connection to a server listening on IPv6 from an IPv4 client.
