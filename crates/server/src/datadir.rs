@@ -58,16 +58,27 @@ pub(crate) struct Start {
 }
 
 impl DataDir {
-    /// Creates the directory if needed and holds it. O(1).
+    /// Creates the directory if needed (`0700`: it holds every file's
+    /// data, which the namespace's modes do not guard there) and holds
+    /// it. An existing directory that other users may enter is used, with
+    /// a warning. O(1).
     pub fn open(path: &Path) -> Result<DataDir, ServerError> {
+        use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
         let err = |p: &Path| {
             let path = p.to_path_buf();
             move |source| ServerError::Data { path, source }
         };
-        if path.exists() && !path.is_dir() {
-            return Err(ServerError::DataNotDir(path.to_path_buf()));
+        match std::fs::metadata(path) {
+            Ok(m) if !m.is_dir() => return Err(ServerError::DataNotDir(path.to_path_buf())),
+            Ok(m) if m.permissions().mode() & 0o077 != 0 => tracing::warn!(
+                path = %path.display(),
+                mode = format!("{:o}", m.permissions().mode() & 0o777),
+                "other users of this machine may enter the data directory, where every file's data is theirs \
+                 to read whatever its mode in the namespace; chmod 700 it"
+            ),
+            Ok(_) => {}
+            Err(_) => std::fs::DirBuilder::new().recursive(true).mode(0o700).create(path).map_err(err(path))?,
         }
-        std::fs::create_dir_all(path).map_err(err(path))?;
         let lock_path = path.join("lock");
         let lock =
             File::options().create(true).truncate(false).write(true).open(&lock_path).map_err(err(&lock_path))?;
@@ -240,6 +251,15 @@ mod tests {
             assert!(matches!(r, Err(ServerError::Exhausted { .. })), "{bad}");
             assert_eq!(state(dir.path()), before, "a refused start changes nothing");
         }
+    }
+
+    #[test]
+    fn a_new_data_directory_is_its_users_alone() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path().join("a/data");
+        drop(DataDir::open(&data).unwrap());
+        assert_eq!(std::fs::metadata(&data).unwrap().permissions().mode() & 0o777, 0o700);
     }
 
     #[test]
