@@ -144,7 +144,8 @@ pub(crate) async fn connection(
 /// server squashes this client's.
 async fn served_as(inner: &Inner, stream: &TcpStream, peer: SocketAddr) -> ServedAs {
     let squash = inner.config.root_squash.as_ref().and_then(|s| s.for_peer(peer.ip()));
-    let Some(uid) = stream.local_addr().ok().and_then(|local| peer::user_of(peer, local)) else {
+    let local = stream.local_addr().ok().filter(|_| inner.owners_known);
+    let Some(uid) = local.and_then(|local| peer::user_of(peer, local)) else {
         return ServedAs { user: None, squash };
     };
     // The user database may be slow to answer (NSS).

@@ -100,6 +100,9 @@ pub(crate) struct Inner {
     /// it cannot go on from): [`Server::serve`] then ends with
     /// [`ServerError::JournalFailed`].
     pub journal_failed: tokio::sync::Notify,
+    /// Whether the kernel names the owners of local clients' sockets
+    /// (see `peer`): if not, they are trusted as remote clients are.
+    pub owners_known: bool,
     /// Where a clean stop stands.
     pub stop: stop::Stop,
     /// Requests that wait, made in the recovery window and not yet
@@ -164,10 +167,11 @@ impl Server {
                 "--unsafe-no-fsync: changes are acknowledged before they are synced; a machine crash may lose them"
             );
         }
-        if !peer::owners_known() {
+        let owners_known = peer::owners_known();
+        if !owners_known {
             tracing::warn!(
-                "the kernel does not say who owns a client's socket (sock_diag): a client on this machine that \
-                 connects through an address other than loopback is trusted with the ids it sends, as root if it says so"
+                "the kernel does not say who owns a client's socket (sock_diag): every user of this machine is \
+                 trusted with the ids its clients send, root's among them, as a remote host's clients are"
             );
         }
         if let Some(squash) = &config.root_squash {
@@ -200,6 +204,7 @@ impl Server {
             started,
             recovery_until,
             orphans_pending: AtomicBool::new(start.restarted),
+            owners_known,
             requests: AtomicU64::new(0),
             conns: Conns::default(),
             tls,

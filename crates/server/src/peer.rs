@@ -134,10 +134,11 @@ pub(crate) fn user_of(peer: SocketAddr, local: SocketAddr) -> Option<u32> {
     (uid != 0 && uid != nix::unistd::geteuid().as_raw()).then_some(uid)
 }
 
-/// Whether the kernel names the owner of a connection made here: where
-/// it cannot (no `sock_diag`), a client on this machine that connects
-/// through an address other than loopback is trusted with the ids it
-/// sends, and the server says so at its start. Makes one connection to
+/// Whether the kernel names the owner of a connection made here. Where
+/// it cannot (no `sock_diag`: a kernel built without it, a sandbox that
+/// does not offer it), every client is trusted as a remote host's is,
+/// and the server says so at its start: serving root's own clients as
+/// nobody would make the server unusable there. Makes one connection to
 /// a port of its own on loopback.
 pub(crate) fn owners_known() -> bool {
     let probe = || -> std::io::Result<bool> {
