@@ -1749,7 +1749,8 @@ fn a_mount_cut_off_from_its_server_fails_the_locked_file_before_the_lock_moves()
 /// `allow_other`), what the user makes there is the shared namespace's
 /// (a root mount sees it, owned by the user), the server checks the
 /// user's ids (the root directory is root's), locks work, and SIGTERM
-/// unmounts; `-o allow_other` reaches fusermount3, which refuses it
+/// unmounts, as the user's `fusermount3 -u` ends a mount made with
+/// `--background` (live when that returns); `-o allow_other` reaches fusermount3, which refuses it
 /// where `/etc/fuse.conf` does not allow it. Until session 37 the mount
 /// refused: it needed root.
 #[test]
@@ -1835,6 +1836,20 @@ fn a_user_mounts_through_fusermount3() {
     });
     assert!(status.unwrap().success(), "{status:?}");
     assert!(!interlock_fs::is_mounted(&dir), "unmounted by fusermount3");
+    // In the background: live when the command returns, and ended by
+    // the user's `fusermount3 -u`.
+    let out = as_user(&bin).args(["mount", "--background", &server.addr]).arg(&dir).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(interlock_fs::is_mounted(&dir), "live once `mount --background` returns");
+    let seen = as_user(Path::new("cat")).arg(dir.join("home/f")).output().unwrap();
+    assert_eq!(seen.stdout, b"hi\n");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let pid: i32 = text.split("(pid ").nth(1).and_then(|t| t.split(')').next()).and_then(|p| p.parse().ok()).unwrap();
+    let unmounted = as_user(Path::new("fusermount3")).arg("-u").arg(&dir).status().unwrap();
+    assert!(unmounted.success());
+    // Gone, or a zombie its new parent has yet to reap.
+    let ended = || std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |s| s.contains(") Z "));
+    wait_for("the background mount to end", ended);
 }
 
 #[test]
