@@ -15,7 +15,10 @@
 //! ([`LocalUser::apply`]), whatever ids they carry, and the
 //! administrative requests (evicting a session, the changelog) are
 //! refused to it. A connection whose socket the kernel cannot find on
-//! this machine came from another host.
+//! this machine came from another host, unless it came over loopback
+//! (its client closed its end already, or the lookup failed): that one
+//! is served as nobody. A kernel that offers no `sock_diag` at all makes
+//! the server trust every client as a remote one ([`owners_known`]).
 //!
 //! ```
 //! use interlock_server::LocalUser;
