@@ -178,9 +178,10 @@ impl Server {
             tracing::info!("root squash: root's namespace requests are served as {}", squash.info());
         }
         let started = Instant::now();
-        if let Some(needed) = config.lease_needed_for(started - opening).filter(|_| start.restarted) {
+        let took = started - opening;
+        if let Some(needed) = config.lease_needed_for(took).filter(|_| start.restarted) {
             tracing::warn!(
-                took_ms = (started - opening).as_millis() as u64,
+                took_ms = took.as_millis() as u64,
                 lease_ms = config.lease.as_millis() as u64,
                 "opening the data directory took more than half the lease: a restart this slow loses every client's locks \
                  (clients give them up before they can reclaim them); set lease-ms to at least {}",
