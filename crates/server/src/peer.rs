@@ -90,7 +90,7 @@ impl LocalUser {
 /// How a connection's requests are served, decided once when it opens:
 /// as a local user ([`LocalUser`]), or with the ids they carry, root's
 /// squashed where the server squashes this client's root (`squash`).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct ServedAs {
     pub user: Option<LocalUser>,
     pub squash: Option<(u32, u32)>,
@@ -166,7 +166,7 @@ const NOGROUP: u32 = 65534;
 /// that too, which it can only do to itself).
 ///
 /// Errors are the netlink socket's: the caller cannot tell who is there.
-pub(crate) fn owner(peer: SocketAddr, local: SocketAddr) -> std::io::Result<Option<u32>> {
+fn owner(peer: SocketAddr, local: SocketAddr) -> std::io::Result<Option<u32>> {
     let fd = rustix::net::socket(AddressFamily::NETLINK, SocketType::DGRAM, Some(netlink::SOCK_DIAG))?;
     rustix::net::sendto(&fd, &request(peer, local), SendFlags::empty(), &netlink::SocketAddrNetlink::new(0, 0))?;
     let mut reply = [0u8; 512];
@@ -191,19 +191,15 @@ const OWNERLESS_STATES: [u8; 2] = [6, 12];
 fn request(peer: SocketAddr, local: SocketAddr) -> Vec<u8> {
     let (src, dst) = (peer.ip().to_canonical(), local.ip().to_canonical());
     let family = if src.is_ipv4() && dst.is_ipv4() { libc::AF_INET } else { libc::AF_INET6 };
-    let addr = |ip: IpAddr| -> [u8; 16] {
-        let mut out = [0u8; 16];
-        match (ip, family) {
-            (IpAddr::V4(v4), libc::AF_INET) => out[..4].copy_from_slice(&v4.octets()),
-            (ip, _) => {
-                let v6 = match ip {
-                    IpAddr::V4(v4) => v4.to_ipv6_mapped(),
-                    IpAddr::V6(v6) => v6,
-                };
-                out = v6.octets();
-            }
+    // `inet_diag_sockid` keeps 16 bytes an address: an IPv4 one first.
+    let addr = |ip: IpAddr| match ip {
+        IpAddr::V4(v4) if family == libc::AF_INET => {
+            let mut out = [0u8; 16];
+            out[..4].copy_from_slice(&v4.octets());
+            out
         }
-        out
+        IpAddr::V4(v4) => v4.to_ipv6_mapped().octets(),
+        IpAddr::V6(v6) => v6.octets(),
     };
     let mut req = Vec::with_capacity(72);
     req.extend_from_slice(&72u32.to_ne_bytes());
@@ -225,23 +221,41 @@ fn request(peer: SocketAddr, local: SocketAddr) -> Vec<u8> {
 /// `None` for "no such socket" (`ENOENT`) or a state that has no owner.
 fn answer(reply: &[u8]) -> std::io::Result<Option<u32>> {
     let bad = || std::io::Error::new(std::io::ErrorKind::InvalidData, "a short or unknown sock_diag reply");
-    let field = |at: usize, n: usize| reply.get(at..at + n).ok_or_else(bad);
-    let kind = u16::from_ne_bytes(field(4, 2)?.try_into().map_err(|_| bad())?);
+    // The `N` bytes at `at`, as the kernel wrote them.
+    fn at<const N: usize>(reply: &[u8], at: usize) -> Option<[u8; N]> {
+        reply.get(at..at + N)?.try_into().ok()
+    }
+    let kind = u16::from_ne_bytes(at(reply, 4).ok_or_else(bad)?);
     if kind == NLMSG_ERROR {
-        let errno = -i32::from_ne_bytes(field(16, 4)?.try_into().map_err(|_| bad())?);
+        let errno = -i32::from_ne_bytes(at(reply, 16).ok_or_else(bad)?);
         return if errno == libc::ENOENT { Ok(None) } else { Err(std::io::Error::from_raw_os_error(errno)) };
     }
     if kind != SOCK_DIAG_BY_FAMILY {
         return Err(bad());
     }
-    let state = field(17, 1)?[0];
-    let uid = u32::from_ne_bytes(field(16 + 64, 4)?.try_into().map_err(|_| bad())?);
+    // After the 16-byte header: family, state, …; the uid 64 bytes in.
+    let [state] = at(reply, 17).ok_or_else(bad)?;
+    let uid = u32::from_ne_bytes(at(reply, 16 + 64).ok_or_else(bad)?);
     Ok((!OWNERLESS_STATES.contains(&state)).then_some(uid))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A connection to `to` from a socket of user 65534 (made on a
+    /// thread of its own with that file-system uid) where the test runs
+    /// as root, so that an owner read from the wrong bytes (zeros, say)
+    /// shows; elsewhere of the test's own user. With the owner expected.
+    fn connect_as_another(to: SocketAddr) -> (std::net::TcpStream, u32) {
+        let euid = nix::unistd::geteuid().as_raw();
+        let uid = if euid == 0 { NOBODY } else { euid };
+        let client = std::thread::spawn(move || {
+            nix::unistd::setfsuid(uid.into());
+            std::net::TcpStream::connect(to)
+        });
+        (client.join().unwrap().unwrap(), uid)
+    }
 
     /// The kernel names the owner of a client socket on this machine,
     /// over IPv4 and IPv6 (where the machine has it), and finds none for
@@ -253,12 +267,31 @@ mod tests {
                 eprintln!("SKIPPED {at}: cannot listen there");
                 continue;
             };
-            let client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+            let (client, uid) = connect_as_another(listener.local_addr().unwrap());
             let (_server, peer) = listener.accept().unwrap();
             let local = listener.local_addr().unwrap();
             assert_eq!(peer, client.local_addr().unwrap());
-            assert_eq!(owner(peer, local).unwrap(), Some(nix::unistd::geteuid().as_raw()), "{at}");
+            assert_eq!(owner(peer, local).unwrap(), Some(uid), "{at}");
             assert_eq!(owner(nobody.parse().unwrap(), local).unwrap(), None, "{at}");
+        }
+    }
+
+    /// A client's end that closed first lingers in `TIME_WAIT`, where
+    /// the kernel reports no owner (uid 0): it is no one's, not root's.
+    #[test]
+    fn a_client_end_in_time_wait_has_no_owner() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let local = listener.local_addr().unwrap();
+        let (client, _) = connect_as_another(local);
+        let (mut server, peer) = listener.accept().unwrap();
+        drop(client);
+        std::io::Read::read_to_end(&mut server, &mut Vec::new()).unwrap();
+        drop(server);
+        // The client's end reaches TIME_WAIT once the server's FIN is in.
+        let t = std::time::Instant::now();
+        while owner(peer, local).unwrap().is_some() {
+            assert!(t.elapsed() < std::time::Duration::from_secs(10), "still owned");
+            std::thread::sleep(std::time::Duration::from_millis(1));
         }
     }
 
@@ -267,11 +300,10 @@ mod tests {
     fn a_v4_client_of_a_v6_listener_is_found() {
         let Ok(listener) = std::net::TcpListener::bind("[::]:0") else { return };
         let port = listener.local_addr().unwrap().port();
-        let _client = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        let (_client, uid) = connect_as_another(SocketAddr::from(([127, 0, 0, 1], port)));
         let (server, peer) = listener.accept().unwrap();
         assert!(matches!(peer.ip(), IpAddr::V6(v6) if v6.to_ipv4_mapped().is_some()), "{peer}");
-        let uid = owner(peer, server.local_addr().unwrap()).unwrap();
-        assert_eq!(uid, Some(nix::unistd::geteuid().as_raw()));
+        assert_eq!(owner(peer, server.local_addr().unwrap()).unwrap(), Some(uid));
     }
 
     #[test]
