@@ -300,6 +300,59 @@ fn a_cut_off_wrapper_stops_its_command_before_the_lock_moves() {
     assert_eq!(status.code(), Some(75), "the lock-lost status");
 }
 
+/// An evicted client never takes its locks back, even when the server
+/// crashes before the client hears of the evict. B is granted A's lock
+/// once A is evicted; the server dies; A, cut off until then, reaches the
+/// restarted server first, in its recovery window, while its lease still
+/// runs. A must be told that its lock is lost, and B must reclaim it,
+/// alone. (Before the evict was recorded on disk, the restarted server
+/// knew nothing of it: A reclaimed the lock, and B lost it.)
+#[test]
+fn an_evicted_client_does_not_take_its_locks_back_after_a_crash() {
+    let data = tempfile::tempdir().unwrap();
+    let args = ["--lease-ms", "6000"];
+    let mut server = ServerProc::start(data.path(), "127.0.0.1:0", &args);
+    let addr = server.addr.clone();
+    let (to_a, to_b) = (Relay::start(&addr), Relay::start(&addr));
+    rt().block_on(async {
+        let a = client(&to_a.addr).await;
+        let b = client(&to_b.addr).await;
+        a.lock(&spec("l", 1)).await.unwrap();
+        let mut a_lost = a.lost_locks();
+        // A hears nothing from now on, not even that its connection
+        // closed.
+        to_a.freeze();
+        b.evict(a.session()).await.unwrap();
+        b.lock(&spec("l", 2)).await.unwrap();
+        to_b.freeze();
+        server.kill9();
+        server = ServerProc::start(data.path(), &addr, &args);
+        to_a.thaw();
+        tokio::time::timeout(Duration::from_secs(10), a_lost.wait_for(|&n| n >= 1))
+            .await
+            .expect("A is told its lock is lost")
+            .unwrap();
+        to_b.thaw();
+        let c = client(&addr).await;
+        let holders = tokio::time::timeout(Duration::from_secs(10), async {
+            loop {
+                let held = c.inspect(b"l").await.unwrap().holders;
+                if !held.is_empty() {
+                    break held;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await
+        .expect("B reclaims the lock");
+        assert_eq!(holders.len(), 1, "{holders:?}");
+        assert_eq!((holders[0].session, holders[0].owner), (b.session(), 2), "B holds it");
+        assert!(b.lost_since(0).is_empty(), "B lost nothing");
+        assert_eq!(a.lost_since(0).len(), 1);
+    });
+    drop(server);
+}
+
 /// Item 3: the holder's session id is disclosed by a conflict; naming it
 /// in a hello without the session's secret is refused, and the victim
 /// keeps its session and its lock.

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
 use futures::{FutureExt, StreamExt};
-use interlock_proto::{self as proto, ClientMsg, Op, Reply, ServerMsg};
+use interlock_proto::{self as proto, ClientMsg, Op, Reply, Secret, ServerMsg};
 use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
 
@@ -84,7 +84,7 @@ pub(crate) async fn connection(
         let _ = wire::send(&wr, &ServerMsg::Refused { reason, auth: true }).await;
         return;
     }
-    let attached = match inner.sessions.attach(session, &secret, Instant::now(), crate::fresh_secret) {
+    let attached = match attach(&inner, session, &secret) {
         Ok(a) => a,
         Err(session::BadResume) => {
             tracing::warn!(%peer, session = ?session, "refused: resume with the wrong secret");
@@ -92,7 +92,12 @@ pub(crate) async fn connection(
             return;
         }
     };
+    // A session evicted before the restart may not be reclaimed (see
+    // `datadir`): its welcome says there is no window.
+    let named = session;
     let Some((session, mut turn)) = take_over(&inner, attached, received, &wr, peer).await else { return };
+    let recovering =
+        inner.recovering().filter(|_| session.resumed || !named.is_some_and(|s| inner.evictions.contains(s)));
     // 0: a client without one (its changes are not kept for it).
     if origin != 0 {
         inner.origins.set(session.sid, origin);
@@ -105,7 +110,7 @@ pub(crate) async fn connection(
             session: session.sid,
             lease_ms: inner.config.lease.as_millis() as u64,
             resumed: session.resumed,
-            recovering_ms: inner.recovering().map_or(0, |d| d.as_millis() as u64),
+            recovering_ms: recovering.map_or(0, |d| d.as_millis() as u64),
             received: *turn,
             secret: session.secret,
             boot: inner.boot,
@@ -155,6 +160,12 @@ async fn served_as(inner: &Inner, stream: &TcpStream, peer: SocketAddr) -> Serve
     ServedAs { user: Some(user), squash }
 }
 
+/// The session `want` if it is alive and `secret` is its secret, else a
+/// new one (see [`Sessions::attach`](session::Sessions::attach)).
+fn attach(inner: &Inner, want: Option<u64>, secret: &Secret) -> Result<session::Attached, session::BadResume> {
+    inner.sessions.attach(want, secret, Instant::now(), crate::fresh_secret, |sid| inner.evictions.contains(sid))
+}
+
 /// How a connection's request loop ended.
 #[derive(Debug, PartialEq, Eq)]
 enum Ended {
@@ -191,7 +202,7 @@ async fn take_over(
         tracing::warn!(%peer, session = session.sid, received, "the session's stream cannot be resent from there; ending it");
         drop(turn);
         end_session(inner, session.sid);
-        session = inner.sessions.attach(None, &session.secret, Instant::now(), crate::fresh_secret).ok()?;
+        session = attach(inner, None, &session.secret).ok()?;
     }
 }
 

@@ -1,5 +1,6 @@
 //! The data directory: held by one server at a time, and what it remembers
-//! across restarts, the start number and the fencing floor.
+//! across restarts: the start number, the fencing floor, and the sessions
+//! lately evicted.
 //!
 //! Fencing tokens must grow for the life of a data directory, so storage
 //! can refuse a writer whose lock has moved on even after the server
@@ -12,16 +13,36 @@
 //! end of the last reservation. No arithmetic here can wrap: a start whose
 //! reservation would pass `u64::MAX` is refused.
 //!
+//! Locks are volatile, and after a restart the server takes a client's
+//! word for the locks it reclaims. That is safe for a client whose session
+//! ended by its lease (it gave its locks up before the server could end
+//! it), but not for one an operator evicted: the evict ends the session
+//! at once and gives its locks to others, and a client cut off at that
+//! moment still believes it holds them. Should the server die before that
+//! client hears of it, the next server would know nothing of the evict,
+//! and the client would reclaim locks that others were granted. So an
+//! evict is recorded here, durably, before the session ends
+//! ([`Evictions::record`]); after a restart, a client whose hello names
+//! an evicted session is told it may not reclaim (its welcome says no
+//! recovery window: it counts every lock lost). An entry is needed only
+//! while its client may still hold its lease, so it is kept for a lease
+//! (the evicting run's) from the evict, or from the start of each later
+//! run that loads it, and dropped at the next evict after that. Session
+//! ids listed are not given to new sessions.
+//!
 //! On disk: `DIR/lock` (held with an exclusive `flock` while the server
 //! runs; a second server on the directory is refused) and
-//! `DIR/server.json` (`{"epoch": N, "fence_reserved": F}`, replaced
-//! atomically: written to a temporary file, synced, renamed, directory
-//! synced). A directory from before the floor (no `fence_reserved`) had
-//! tokens `epoch << 40 | fence`; its floor is `(epoch + 1) << 40`.
+//! `DIR/server.json` (`{"epoch": N, "fence_reserved": F, "evicted":
+//! [{"session": S, "lease_ms": L}, ...]}`, replaced atomically: written
+//! to a temporary file, synced, renamed, directory synced). A directory
+//! from before the floor (no `fence_reserved`) had tokens `epoch << 40 |
+//! fence`; its floor is `(epoch + 1) << 40`.
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
@@ -31,13 +52,23 @@ use crate::ServerError;
 /// one resource.
 pub(crate) const FENCE_BLOCK: u64 = 1 << 32;
 
-#[derive(serde::Serialize, serde::Deserialize, Default, Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(serde::Serialize, serde::Deserialize, Default, Clone, Debug, PartialEq, Eq)]
 struct Persisted {
     /// The number of the last start.
     epoch: u64,
     /// Every token issued so far is below this.
     #[serde(default)]
     fence_reserved: Option<u64>,
+    /// Sessions evicted whose clients may not know it yet.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    evicted: Vec<Evicted>,
+}
+
+/// An evicted session, and the lease it had.
+#[derive(serde::Serialize, serde::Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+struct Evicted {
+    session: u64,
+    lease_ms: u64,
 }
 
 /// A data directory held by this process.
@@ -49,12 +80,14 @@ pub(crate) struct DataDir {
     previous: Option<Persisted>,
 }
 
-/// What a start left: its number, and the tokens it may issue.
+/// What a start left: its number, the tokens it may issue, and the
+/// sessions evicted.
 pub(crate) struct Start {
     pub boot: u64,
     /// The directory had been used before: the server restarted.
     pub restarted: bool,
     pub fences: Fences,
+    pub evictions: Evictions,
 }
 
 impl DataDir {
@@ -99,41 +132,53 @@ impl DataDir {
         Ok(DataDir { path: path.to_path_buf(), _lock: lock, previous })
     }
 
-    /// Counts a start and reserves its first block of tokens, durably,
-    /// before any is issued. Call it only once the server can serve (a
-    /// failed start counts nothing).
-    pub fn start(self, block: u64) -> Result<(Start, DataDir), ServerError> {
+    /// Counts a start (at `now`) and reserves its first block of
+    /// tokens, durably, before any is issued. Call it only once the
+    /// server can serve (a failed start counts nothing).
+    pub fn start(mut self, block: u64, now: Instant) -> Result<(Start, DataDir), ServerError> {
         let state = self.path.join("server.json");
         let exhausted = |what: &str| ServerError::Exhausted { path: state.clone(), what: what.into() };
-        let prev = self.previous.unwrap_or_default();
+        let restarted = self.previous.is_some();
+        let prev = self.previous.take().unwrap_or_default();
         let boot = prev.epoch.checked_add(1).ok_or_else(|| exhausted("the start number is at its maximum"))?;
-        let floor = match (self.previous, prev.fence_reserved) {
-            (None, _) => 0,
-            (Some(_), Some(f)) => f,
+        let floor = match (restarted, prev.fence_reserved) {
+            (false, _) => 0,
+            (true, Some(f)) => f,
             // Tokens of the old layout were below (epoch + 1) << 40.
-            (Some(_), None) => (prev.epoch + 1)
+            (true, None) => (prev.epoch + 1)
                 .checked_mul(1 << 40)
                 .ok_or_else(|| exhausted("the old start number leaves no fencing tokens above its own"))?,
         };
         let reserved = floor.checked_add(block).ok_or_else(|| exhausted("fencing tokens are used up"))?;
-        let file = StateFile { path: state, epoch: boot };
-        file.write(reserved)?;
-        let fences = Fences { floor, reserved: AtomicU64::new(block), block, file: Mutex::new(file) };
-        let restarted = self.previous.is_some();
-        Ok((Start { boot, restarted, fences }, DataDir { previous: None, ..self }))
+        // Those evicted before are known from now on.
+        let evicted: Vec<_> = prev.evicted.into_iter().map(|e| (e, now)).collect();
+        let ids = Mutex::new(ids_of(&evicted));
+        let file = StateFile { path: state, epoch: boot, fence_reserved: reserved, evicted };
+        file.write()?;
+        let file = Arc::new(Mutex::new(file));
+        let fences = Fences { floor, reserved: AtomicU64::new(block), block, file: file.clone() };
+        Ok((Start { boot, restarted, fences, evictions: Evictions { file, ids } }, self))
     }
 }
 
-/// `server.json`, rewritten atomically.
+/// `server.json` as this run last wrote it, rewritten atomically at every
+/// change.
 struct StateFile {
     path: PathBuf,
     epoch: u64,
+    fence_reserved: u64,
+    /// The sessions evicted, each with when this run first knew of it.
+    evicted: Vec<(Evicted, Instant)>,
 }
 
 impl StateFile {
-    fn write(&self, fence_reserved: u64) -> Result<(), ServerError> {
-        let bytes = serde_json::to_vec(&Persisted { epoch: self.epoch, fence_reserved: Some(fence_reserved) })
-            .expect("serializes");
+    fn write(&self) -> Result<(), ServerError> {
+        let persisted = Persisted {
+            epoch: self.epoch,
+            fence_reserved: Some(self.fence_reserved),
+            evicted: self.evicted.iter().map(|&(e, _)| e).collect(),
+        };
+        let bytes = serde_json::to_vec(&persisted).expect("serializes");
         let dir = self.path.parent().expect("in the data directory");
         let tmp = dir.join("server.json.tmp");
         (|| -> std::io::Result<()> {
@@ -153,7 +198,7 @@ pub(crate) struct Fences {
     /// Counters below this may be issued: their tokens are reserved.
     reserved: AtomicU64,
     block: u64,
-    file: Mutex<StateFile>,
+    file: Arc<Mutex<StateFile>>,
 }
 
 impl Fences {
@@ -172,7 +217,7 @@ impl Fences {
     /// issued again after a restart.
     #[cold]
     fn reserve(&self, fence: u64) {
-        let file = self.file.lock();
+        let mut file = self.file.lock();
         let mut reserved = self.reserved.load(Ordering::Acquire);
         while fence >= reserved {
             let next = reserved.checked_add(self.block).filter(|r| r.checked_add(self.floor).is_some());
@@ -180,7 +225,8 @@ impl Fences {
                 tracing::error!("fencing tokens are used up; stopping rather than issue one twice");
                 std::process::abort();
             };
-            if let Err(e) = file.write(self.floor + next) {
+            file.fence_reserved = self.floor + next;
+            if let Err(e) = file.write() {
                 tracing::error!(error = %e, "cannot reserve fencing tokens; stopping rather than issue one twice");
                 std::process::abort();
             }
@@ -190,12 +236,60 @@ impl Fences {
     }
 }
 
+/// The sessions evicted whose clients may not know it yet: see the module
+/// docs.
+pub(crate) struct Evictions {
+    file: Arc<Mutex<StateFile>>,
+    /// Their ids, as last written: looked up without waiting for a write
+    /// under way (a new session's id is chosen under the session table's
+    /// lock).
+    ids: Mutex<Vec<u64>>,
+}
+
+impl Evictions {
+    /// Records durably, at `now`, that session `session` (whose lease is
+    /// `lease`) is evicted; call it before the session ends. Entries past
+    /// their lease are dropped. The caller waits for a write and two
+    /// syncs: run it where that blocks no one. O(evicts in the last
+    /// lease).
+    pub fn record(&self, session: u64, lease: Duration, now: Instant) -> Result<(), ServerError> {
+        let mut file = self.file.lock();
+        let before = file.evicted.clone();
+        let past = |&(e, since): &(Evicted, Instant)| {
+            now.saturating_duration_since(since).as_millis() >= u128::from(e.lease_ms)
+        };
+        file.evicted.retain(|e| !past(e));
+        file.evicted.push((Evicted { session, lease_ms: lease.as_millis() as u64 }, now));
+        let written = file.write();
+        if written.is_err() {
+            // The evict is refused: its session goes on. (A copy a
+            // half-done write left on disk costs its client, after a
+            // restart, only locks it counts lost.)
+            file.evicted = before;
+        } else {
+            *self.ids.lock() = ids_of(&file.evicted);
+        }
+        written
+    }
+
+    /// Whether `session` was evicted (by this run or one before) and may
+    /// still be named by its client. O(evicts in the last lease).
+    pub fn contains(&self, session: u64) -> bool {
+        self.ids.lock().contains(&session)
+    }
+}
+
+/// The session ids of `evicted`.
+fn ids_of(evicted: &[(Evicted, Instant)]) -> Vec<u64> {
+    evicted.iter().map(|(e, _)| e.session).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn start(dir: &Path, block: u64) -> (Start, DataDir) {
-        DataDir::open(dir).unwrap().start(block).unwrap()
+        DataDir::open(dir).unwrap().start(block, Instant::now()).unwrap()
     }
 
     fn state(dir: &Path) -> Persisted {
@@ -219,6 +313,47 @@ mod tests {
             }
             drop(held);
         }
+    }
+
+    /// An evict is on disk once recorded: the next run knows it, and
+    /// keeps it for a lease from its own start (the client's lease runs
+    /// on while no server does), then drops it at the next evict; a run's
+    /// own evicts are kept for a lease from each.
+    #[test]
+    fn an_evict_is_remembered_for_a_lease_of_each_run_that_knows_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let lease = Duration::from_secs(1);
+        let t0 = Instant::now();
+        let (s, held) = DataDir::open(dir.path()).unwrap().start(8, t0).unwrap();
+        s.evictions.record(7, lease, t0).unwrap();
+        assert!(s.evictions.contains(7) && !s.evictions.contains(8));
+        drop((s, held));
+        let t1 = t0 + Duration::from_secs(60);
+        let (s, held) = DataDir::open(dir.path()).unwrap().start(8, t1).unwrap();
+        assert!(s.evictions.contains(7), "known after a restart, whatever time passed");
+        s.evictions.record(8, lease, t1 + Duration::from_millis(999)).unwrap();
+        assert!(s.evictions.contains(7), "a lease from this run's start is not over");
+        s.evictions.record(9, lease, t1 + lease).unwrap();
+        assert!(!s.evictions.contains(7) && s.evictions.contains(8) && s.evictions.contains(9));
+        assert_eq!(state(dir.path()).evicted.iter().map(|e| e.session).collect::<Vec<_>>(), [8, 9]);
+        // Fencing reservations keep the list.
+        s.fences.token(8);
+        drop((s, held));
+        let (s, _held) = start(dir.path(), 8);
+        assert!(s.evictions.contains(8) && s.evictions.contains(9) && !s.evictions.contains(7));
+    }
+
+    /// An evict that cannot be written is refused and not listed.
+    #[test]
+    fn an_evict_that_cannot_be_written_is_not_listed() {
+        let dir = tempfile::tempdir().unwrap();
+        let (s, _held) = start(dir.path(), 8);
+        std::fs::create_dir(dir.path().join("server.json.tmp")).unwrap();
+        assert!(s.evictions.record(7, Duration::from_secs(1), Instant::now()).is_err());
+        assert!(!s.evictions.contains(7));
+        std::fs::remove_dir(dir.path().join("server.json.tmp")).unwrap();
+        s.evictions.record(8, Duration::from_secs(1), Instant::now()).unwrap();
+        assert_eq!(state(dir.path()).evicted, [Evicted { session: 8, lease_ms: 1000 }]);
     }
 
     #[test]
@@ -247,7 +382,7 @@ mod tests {
         ] {
             put(bad);
             let before = state(dir.path());
-            let r = DataDir::open(dir.path()).unwrap().start(8);
+            let r = DataDir::open(dir.path()).unwrap().start(8, Instant::now());
             assert!(matches!(r, Err(ServerError::Exhausted { .. })), "{bad}");
             assert_eq!(state(dir.path()), before, "a refused start changes nothing");
         }

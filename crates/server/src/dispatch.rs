@@ -105,6 +105,7 @@ pub(crate) fn handle(inner: &Inner, sid: u64, id: u64, op: Op) -> Option<Reply> 
     let serve = || match op {
         Op::Meta { cred, op, once } => crate::meta::request(inner, sid, id, &cred, op, once),
         Op::Changelog(op) => crate::meta::changelog(inner, sid, id, op),
+        Op::Evict { session } => evict(inner, sid, id, session),
         op => Some(execute(inner, sid, id, op).unwrap_or_else(Reply::Error)),
     };
     match &inner.metrics {
@@ -357,19 +358,42 @@ fn execute(inner: &Inner, sid: u64, id: u64, op: Op) -> Result<Reply, String> {
         Op::Renew { received } => inner.sessions.ack(sid, received).map(|()| Reply::Done),
         Op::Status => Ok(Reply::Status(Box::new(inner.status()))),
         Op::Inspect { resource } => inspect(inner, &resource, Instant::now()).map(Reply::Resource).map_err(err),
-        Op::Evict { session } => {
-            if !crate::end_session(inner, session) {
-                return Err(format!("no session {session} (it ended, or never was)"));
-            }
-            tracing::warn!(session, by = sid, "session evicted by an operator");
-            if let Some(m) = &inner.metrics {
-                m.evicted();
-            }
-            Ok(Reply::Done)
-        }
         Op::Bye => Ok(Reply::Done),
-        Op::Meta { .. } | Op::Changelog(_) => Err("a namespace request reached the lock dispatch".into()),
+        Op::Meta { .. } | Op::Changelog(_) | Op::Evict { .. } => Err("a request reached the wrong dispatch".into()),
     }
+}
+
+/// Ends session `target` at an operator's word (request `id` of session
+/// `sid`), once the evict is on disk: its client, if cut off now, may
+/// otherwise reclaim after a crash of the server the locks the evict
+/// gives to others (see `datadir`). On a blocking thread, which waits for
+/// the write and its syncs; the answer is pushed. A write that fails
+/// refuses the evict. O(1) here; the end of the session is O(what it
+/// held).
+fn evict(inner: &Inner, sid: u64, id: u64, target: u64) -> Option<Reply> {
+    let gone = move || Reply::Error(format!("no session {target} (it ended, or never was)"));
+    if inner.sessions.wire(target).is_none() {
+        return Some(gone());
+    }
+    // Counted until answered: a clean stop waits for it (`stop`).
+    let task = crate::stop::offload(inner.me.upgrade()?);
+    tokio::task::spawn_blocking(move || {
+        let server = task.server();
+        let reply = match server.evictions.record(target, server.config.lease, Instant::now()) {
+            Err(e) => Reply::Error(format!("evict refused: it could not be recorded ({e}); the session goes on")),
+            // Its lease ran out meanwhile.
+            Ok(()) if !crate::end_session(server, target) => gone(),
+            Ok(()) => {
+                tracing::warn!(session = target, by = sid, "session evicted by an operator");
+                if let Some(m) = &server.metrics {
+                    m.evicted();
+                }
+                Reply::Done
+            }
+        };
+        crate::durable::push(&server.sessions, sid, id, reply);
+    });
+    None
 }
 
 /// Who holds and who waits for `resource`, in every lock map, at `now`.

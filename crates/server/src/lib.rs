@@ -15,22 +15,23 @@
 //!   held locks for a recovery window and holds back new requests until it
 //!   ends, apart from the connection, which reads on (a request that would
 //!   not wait is refused at once). Reclaims are
-//!   refused outside the window. Fencing tokens grow for the life of the
-//!   data directory (see `datadir`).
+//!   refused outside the window, and never offered to the client of a
+//!   session evicted before the restart (evicts are on disk first). Fencing
+//!   tokens grow for the life of the data directory (see `datadir`).
 //!
 //! - The namespace (`interlock-meta`'s store, in `DATA/meta`) is served
 //!   on the same connections: each change is answered once its journal
 //!   record is durable, without a task waiting for the disk (`durable`).
 //!
 //! Layout: `config` (settings, start errors), `datadir` (the data
-//! directory's lock, start number and fencing floor), `session` (the
-//! session table), `transport` (a connection's bytes, in clear or TLS), `wire` (a
-//! session's output stream), `dispatch`
-//! (requests onto the engine), `meta` (namespace and changelog requests
-//! onto the store, open files, the checkpointer), `durable` (answers
-//! that wait for the journal), `squash` (whose root is served as whom),
-//! `peer` (which user of this machine opened a connection),
-//! `connection` (handshake and request loop), `stop` (a clean stop).
+//! directory's lock, start number, fencing floor and evicted sessions),
+//! `session` (the session table), `transport` (a connection's bytes, in
+//! clear or TLS), `wire` (a session's output stream), `dispatch` (requests
+//! onto the engine), `meta` (namespace and changelog requests onto the
+//! store, open files, the checkpointer), `durable` (answers that wait for
+//! the journal), `squash` (whose root is served as whom), `peer` (which
+//! user of this machine opened a connection), `connection` (handshake and
+//! request loop), `stop` (a clean stop).
 
 #![forbid(unsafe_code)]
 
@@ -61,7 +62,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 
 pub use config::{Config, Limits, ServerError, TlsFiles, default_threads, runtime};
-use datadir::{DataDir, FENCE_BLOCK, Fences};
+use datadir::{DataDir, Evictions, FENCE_BLOCK, Fences};
 pub use meta::now;
 pub use peer::LocalUser;
 use session::Sessions;
@@ -84,6 +85,9 @@ pub(crate) struct Inner {
     /// This start's number (grows at every start of the data directory).
     boot: u64,
     fences: Fences,
+    /// Sessions evicted lately, on disk: their clients may not reclaim
+    /// after a restart (see `datadir`).
+    evictions: Evictions,
     started: Instant,
     recovery_until: Option<Instant>,
     /// Set after a restart until the orphans nobody reopened in the
@@ -144,7 +148,7 @@ impl Server {
             Some(addr) => Some(TcpListener::bind(addr).await.map_err(|source| ServerError::Metrics { addr, source })?),
             None => None,
         };
-        let (start, data) = data.start(FENCE_BLOCK)?;
+        let (start, data) = data.start(FENCE_BLOCK, Instant::now())?;
         let (store, opened) =
             interlock_meta::Store::open(&config.data.join("meta"), store_options(&config), meta::now())?;
         tracing::info!(
@@ -202,6 +206,7 @@ impl Server {
             config,
             boot: start.boot,
             fences: start.fences,
+            evictions: start.evictions,
             started,
             recovery_until,
             orphans_pending: AtomicBool::new(start.restarted),

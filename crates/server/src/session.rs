@@ -149,13 +149,16 @@ impl Sessions {
     /// stopped), else opens a new session with a fresh id and secret (a
     /// session that ended, by its lease or a restart, is never resumed).
     /// A live session named with the wrong secret is refused and left as
-    /// it was. `fresh` is called for a new session's secret.
+    /// it was. `fresh` is called for a new session's secret; a new
+    /// session's id is none that `taken` names (an evicted session's,
+    /// which its client may still name after a restart: see `datadir`).
     pub fn attach(
         &self,
         want: Option<u64>,
         secret: &Secret,
         now: Instant,
         fresh: impl FnOnce() -> Secret,
+        mut taken: impl FnMut(u64) -> bool,
     ) -> Result<Attached, BadResume> {
         let mut st = self.state.lock();
         if let Some(sid) = want
@@ -173,7 +176,7 @@ impl Sessions {
             st.counter += 1;
             let c = st.counter;
             let sid = self.ids.hash_one(c) & ((1 << SESSION_BITS) - 1);
-            if sid != 0 && !st.sessions.contains_key(&sid) {
+            if sid != 0 && !st.sessions.contains_key(&sid) && !taken(sid) {
                 break sid;
             }
         };
@@ -428,4 +431,25 @@ pub(crate) fn same_secret(a: &[u8], b: &[u8]) -> bool {
 fn send(s: &mut Session, msg: ServerMsg) -> Delivered {
     s.wire.append(&msg);
     Delivered::Kick(s.wire.clone())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A new session's id is none the caller says is taken; a session
+    /// named that is not alive is not resumed.
+    #[test]
+    fn a_new_session_takes_no_id_said_to_be_taken() {
+        let sessions = Sessions::default();
+        let mut offered = Vec::new();
+        let taken = |sid| {
+            offered.push(sid);
+            offered.len() < 3
+        };
+        let a = sessions.attach(Some(5), &Secret::default(), Instant::now(), Secret::default, taken).unwrap();
+        assert!(!a.resumed);
+        assert_eq!(offered.len(), 3);
+        assert_eq!(a.sid, offered[2]);
+    }
 }

@@ -190,7 +190,10 @@ impl Drop for Tmpfs {
     }
 }
 
-/// A TCP relay that can stop passing bytes both ways (a partition).
+/// A TCP relay that can stop passing bytes both ways (a partition): while
+/// frozen, neither side hears of the other's close either. A client it
+/// cannot connect onward (the server is down) is closed, and the relay
+/// goes on.
 pub struct Relay {
     pub addr: String,
     frozen: std::sync::Arc<std::sync::atomic::AtomicBool>,
@@ -206,9 +209,14 @@ impl Relay {
         std::thread::spawn(move || {
             for c in l.incoming() {
                 let Ok(c) = c else { return };
-                let Ok(s) = std::net::TcpStream::connect(&to) else { return };
+                let Ok(s) = std::net::TcpStream::connect(&to) else { continue };
                 for (mut from, mut into) in [(c.try_clone().unwrap(), s.try_clone().unwrap()), (s, c)] {
                     let f = f.clone();
+                    let thawed = move || {
+                        while f.load(Ordering::Relaxed) {
+                            std::thread::sleep(std::time::Duration::from_millis(10));
+                        }
+                    };
                     std::thread::spawn(move || {
                         let mut buf = [0u8; 16 << 10];
                         loop {
@@ -216,13 +224,12 @@ impl Relay {
                                 Ok(0) | Err(_) => break,
                                 Ok(n) => n,
                             };
-                            while f.load(Ordering::Relaxed) {
-                                std::thread::sleep(std::time::Duration::from_millis(10));
-                            }
+                            thawed();
                             if std::io::Write::write_all(&mut into, &buf[..n]).is_err() {
                                 break;
                             }
                         }
+                        thawed();
                         let _ = into.shutdown(std::net::Shutdown::Both);
                     });
                 }
