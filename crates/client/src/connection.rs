@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use futures::StreamExt;
 use interlock_core::Namespace;
@@ -14,6 +14,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 use tokio_util::codec::FramedRead;
 
+use crate::clock::{self, Moment};
 use crate::lease::Lease;
 use crate::{Answer, Blocking, ClientError, Inner, LostLock, local_effects};
 
@@ -43,7 +44,7 @@ pub(crate) struct Welcomed {
     /// The server's recovery window is open.
     pub recovering: bool,
     /// When the hello went out, and the new session's lease length.
-    pub sent: Instant,
+    pub sent: Moment,
     pub lease: Duration,
 }
 
@@ -103,7 +104,7 @@ async fn hello(inner: &Inner, stream: TcpStream) -> Result<Welcomed, ClientError
         secret,
         origin: inner.origin,
     };
-    let sent = Instant::now();
+    let sent = Moment::now();
     proto::send(&mut wr, &hello).await.map_err(|_| ClientError::ConnectionLost)?;
     // The reader is kept: pushes may follow the welcome in the same read.
     let mut frames = proto::reader(rd);
@@ -161,14 +162,12 @@ pub(crate) async fn reconnect(inner: &Arc<Inner>) -> Option<Welcomed> {
     None
 }
 
-/// `f`, unless `until` passes first.
-async fn within<F: std::future::Future>(
-    until: Option<Instant>,
-    f: F,
-) -> Result<F::Output, tokio::time::error::Elapsed> {
-    match until {
-        Some(t) => tokio::time::timeout_at(t.into(), f).await,
-        None => Ok(f.await),
+/// `f`, unless the boot clock passes `until` first (`Err`).
+async fn within<F: std::future::Future>(until: Option<Moment>, f: F) -> Result<F::Output, ()> {
+    let Some(t) = until else { return Ok(f.await) };
+    tokio::select! {
+        out = f => Ok(out),
+        () = clock::until(t) => Err(()),
     }
 }
 
@@ -217,7 +216,7 @@ pub(crate) enum Settled {
 /// old session was last known to be needed (the lease rule in `lease`).
 /// `None` if the server's count is impossible (nothing is sent; the
 /// caller reconnects).
-pub(crate) fn settle(inner: &Arc<Inner>, w: &Welcomed, now: Instant, goodbye: Option<u64>) -> Option<Settled> {
+pub(crate) fn settle(inner: &Arc<Inner>, w: &Welcomed, now: Moment, goodbye: Option<u64>) -> Option<Settled> {
     if w.resumed {
         if inner.outbox.resume(w.received) {
             // The server renewed the lease as it took the session back.
@@ -289,9 +288,10 @@ pub(crate) async fn run(inner: Arc<Inner>, conn: Conn, settled: Settled) -> Opti
     let mut acked = inner.received.load(Ordering::Relaxed);
     let origin = acked.wrapping_sub(frames.decoder().consumed());
     let mut goodbye = None;
-    // Wakes at the point the lease is trusted until, to give the session
-    // up if no renewal moved that point meanwhile (see `lease`).
-    let lapse = tokio::time::sleep_until(inner.lease.lock().trusted_until().into());
+    // Wakes at the point the lease is trusted until, on the boot clock
+    // (see `clock`), to give the session up if no renewal moved that
+    // point meanwhile (see `lease`).
+    let lapse = clock::until(inner.lease.lock().trusted_until());
     tokio::pin!(lapse);
     let lapsed = loop {
         let read = tokio::select! {
@@ -302,8 +302,8 @@ pub(crate) async fn run(inner: Arc<Inner>, conn: Conn, settled: Settled) -> Opti
             read = frames.next() => read,
             () = &mut lapse => {
                 let until = inner.lease.lock().trusted_until();
-                if until > Instant::now() {
-                    lapse.as_mut().reset(until.into());
+                if until > Moment::now() {
+                    lapse.set(clock::until(until));
                     continue;
                 }
                 break true;

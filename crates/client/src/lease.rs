@@ -13,30 +13,35 @@
 //! and whatever acts under them (a wrapper's command) has that long to
 //! stop. It renews every [`renew_every`](Lease::renew_every), so a client
 //! whose renewals are answered never comes near that point.
+//!
+//! Every instant is a reading of the boot clock ([`Moment`]), which runs
+//! on while the machine is suspended, as the server's clock does.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use crate::clock::Moment;
 
 /// The lease as the client sees it.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Lease {
     length: Duration,
     /// The latest send time of a request that was answered.
-    confirmed: Instant,
+    confirmed: Moment,
 }
 
 impl Lease {
     /// A session welcomed in answer to a hello sent at `sent`.
-    pub fn new(length: Duration, sent: Instant) -> Lease {
+    pub fn new(length: Duration, sent: Moment) -> Lease {
         Lease { length, confirmed: sent }
     }
 
     /// A request sent at `sent` was answered.
-    pub fn confirm(&mut self, sent: Instant) {
+    pub fn confirm(&mut self, sent: Moment) {
         self.confirmed = self.confirmed.max(sent);
     }
 
     /// Whether the server cannot have ended the session by `now`.
-    pub fn holds_at(&self, now: Instant) -> bool {
+    pub fn holds_at(&self, now: Moment) -> bool {
         now < self.confirmed + self.length
     }
 
@@ -58,8 +63,8 @@ impl Lease {
     /// Until when the client counts on its locks: a
     /// [`notice`](Lease::notice) before the earliest the server can end
     /// the session.
-    pub fn trusted_until(&self) -> Instant {
-        self.confirmed + self.length - Lease::notice(self.length)
+    pub fn trusted_until(&self) -> Moment {
+        self.confirmed + (self.length - Lease::notice(self.length))
     }
 }
 
@@ -69,7 +74,7 @@ mod tests {
 
     #[test]
     fn the_lease_runs_from_the_last_answered_send() {
-        let t0 = Instant::now();
+        let t0 = Moment::now();
         let s = Duration::from_secs(1);
         let mut l = Lease::new(5 * s, t0);
         assert!(l.holds_at(t0 + 4 * s));
@@ -83,7 +88,7 @@ mod tests {
 
     #[test]
     fn the_locks_are_given_up_a_notice_before_the_lease_can_end() {
-        let t0 = Instant::now();
+        let t0 = Moment::now();
         let ms = Duration::from_millis;
         let mut l = Lease::new(ms(4000), t0);
         assert_eq!(l.trusted_until(), t0 + ms(3000));

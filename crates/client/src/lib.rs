@@ -18,7 +18,10 @@
 //!   renewal answered for three quarters of the lease, it gives the
 //!   session up and reports its locks lost then, a quarter of a lease
 //!   ([`Client::loss_notice`]) before the server may give them to
-//!   another. Requests that were in
+//!   another. The lease is measured on the boot clock, which runs on
+//!   while the machine is suspended, as the server's time does (see
+//!   `clock`): a client suspended past that point reports its locks lost
+//!   as it wakes. Requests that were in
 //!   flight fail with [`ClientError::ConnectionLost`], or, if the server
 //!   stopped cleanly before reading them, with [`ClientError::Unread`]:
 //!   they had no effect and may be made again. Namespace changes that may
@@ -69,6 +72,7 @@
 
 #![forbid(unsafe_code)]
 
+mod clock;
 mod connection;
 mod guard;
 mod lease;
@@ -91,6 +95,7 @@ use interlock_proto::{
 use parking_lot::Mutex;
 use tokio::sync::{mpsc, oneshot, watch};
 
+use clock::Moment;
 use guard::{LocalWait, WaitGuard};
 use lease::Lease;
 use lost::Losses;
@@ -550,7 +555,7 @@ impl Client {
             session: AtomicU64::new(0),
             secret: Mutex::default(),
             boot: AtomicU64::new(0),
-            lease: Mutex::new(Lease::new(Duration::ZERO, Instant::now())),
+            lease: Mutex::new(Lease::new(Duration::ZERO, Moment::now())),
             generation: AtomicU64::new(0),
             settled: AtomicU64::new(0),
             losses: Losses::default(),
@@ -639,7 +644,7 @@ impl Client {
                 let (c, settled) = match conn.take() {
                     Some(c) => c,
                     None => match connection::reconnect(&inner).await {
-                        Some(w) => match connection::settle(&inner, &w, Instant::now(), goodbye.take()) {
+                        Some(w) => match connection::settle(&inner, &w, Moment::now(), goodbye.take()) {
                             Some(settled) => (w.conn, settled),
                             // Cannot happen with a sound server; not in a hot loop.
                             None => {
@@ -672,7 +677,7 @@ impl Client {
                 let Some(inner) = weak.upgrade() else { return };
                 let received = inner.received.load(Ordering::Relaxed);
                 let id = inner.next_id.fetch_add(1, Ordering::Relaxed);
-                let sent_at = Instant::now();
+                let sent_at = Moment::now();
                 let Ok(sent) = inner.submit(id, Op::Renew { received }, false, None) else { continue };
                 let generation = sent.generation;
                 drop(inner);
