@@ -22,7 +22,9 @@ pub const UNAVAILABLE: u8 = 69;
 /// a partition, a stopped process): the command was stopped
 /// (EX_TEMPFAIL: running it again may succeed).
 pub const LOCK_LOST: u8 = 75;
-/// The server refused the token, or its TLS certificate is not trusted
+/// The server refused the token, or its TLS certificate is not trusted,
+/// or it refused the request to this user (`evict` and `changelog` by a
+/// user of the server's machine other than root or the server's own)
 /// (EX_NOPERM).
 pub const AUTH: u8 = 77;
 /// The command was found but could not be run.

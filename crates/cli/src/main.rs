@@ -76,7 +76,8 @@ enum Command {
     /// End a session at once, as if its lease had run out: its locks are
     /// released and its waits withdrawn (force a dead client out; find its
     /// session with `interlock status --resource NAME`). Exit 1 if there
-    /// is no such session.
+    /// is no such session; 77 if the caller may not (on the server's
+    /// machine, only root and the server's own user may evict).
     Evict(remote::evict::EvictArgs),
     /// Make a private CA and a server certificate for TLS: writes
     /// DIR/ca.pem (for clients' --tls-ca), DIR/server.pem and
@@ -89,7 +90,9 @@ enum Command {
     #[command(subcommand)]
     Journal(journal_cmd::JournalCommand),
     /// The namespace's changelog on a running server: register, list,
-    /// read (--follow), clear, deregister consumers.
+    /// read (--follow), clear, deregister consumers. Exit 77 if the caller
+    /// may not (on the server's machine, only root and the server's own
+    /// user may use it).
     Changelog(remote::changelog::ChangelogArgs),
     /// Check a namespace store offline: every entry names an inode in a
     /// directory, every directory has one name and is reached from the

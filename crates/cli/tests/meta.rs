@@ -190,7 +190,7 @@ fn a_user_of_the_servers_machine_is_served_as_that_user_whatever_ids_it_sends() 
             assert_eq!(errno(c.setattr(&forged, mine.ino, give).await), libc::EPERM, "a chown");
             for refused in [c.evict(root_session).await, c.changelog_list().await.map(drop)] {
                 assert!(
-                    matches!(&refused, Err(ClientError::Server(e)) if e.contains("only root or the server's own user")),
+                    matches!(&refused, Err(ClientError::Denied(e)) if e.contains("only root or the server's own user")),
                     "{refused:?}"
                 );
             }
@@ -198,6 +198,20 @@ fn a_user_of_the_servers_machine_is_served_as_that_user_whatever_ids_it_sends() 
     })
     .join()
     .unwrap();
+    // The commands say so, and exit 77 (EX_NOPERM).
+    let (_place, bin) = runnable_by_anyone();
+    for (cmd, rest) in [("evict", root_session.to_string()), ("changelog", "list".into())] {
+        let out = Command::new("setpriv")
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+            .arg(&bin)
+            .args([cmd, "--server", &server.addr, &rest])
+            .output()
+            .unwrap();
+        let args = (cmd, &rest);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(77), "{args:?}: {err}");
+        assert!(err.contains("permission denied: uid 65534"), "{args:?}: {err}");
+    }
     rt.block_on(async {
         let c = client(&server.addr).await;
         let mine = c.lookup(&root(), shared, b"mine").await.unwrap();

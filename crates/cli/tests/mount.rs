@@ -1768,12 +1768,7 @@ fn a_user_mounts_through_fusermount3() {
     let chown = |p: &Path| std::os::unix::fs::chown(p, Some(nobody), Some(nobody)).unwrap();
     std::fs::create_dir(root.join("home")).unwrap();
     chown(&root.join("home"));
-    // The user runs a copy of the binary from a directory it may enter
-    // (the build's may be under a home it may not).
-    let place = tempfile::tempdir().unwrap();
-    std::fs::set_permissions(place.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-    let bin = place.path().join("interlock");
-    std::fs::copy(BIN, &bin).unwrap();
+    let (place, bin) = common::runnable_by_anyone();
     let dir = place.path().join("mnt");
     std::fs::create_dir(&dir).unwrap();
     chown(&dir);

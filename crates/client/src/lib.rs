@@ -123,6 +123,11 @@ pub enum ClientError {
     /// needed).
     #[error("server refused: {0}")]
     Auth(String),
+    /// The server refused the request to this caller: a user of the
+    /// server's machine other than root or the server's own may not
+    /// evict a session or use the changelog.
+    #[error("{0}")]
+    Denied(String),
     /// A time limit ran out; the message says at which step.
     #[error("{0}")]
     Timeout(String),
@@ -722,6 +727,7 @@ impl Client {
                 Err(unread) => return Err(unread.into()),
                 Ok(Reply::NotMade) => return Err(ClientError::Unread),
                 Ok(Reply::Error(e)) => return Err(ClientError::Server(e)),
+                Ok(Reply::Denied(e)) => return Err(ClientError::Denied(e)),
                 Ok(Reply::Recovering { left_ms }) => {
                     return Err(ClientError::Recovering(Duration::from_millis(left_ms)));
                 }

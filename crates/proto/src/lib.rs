@@ -1,4 +1,4 @@
-//! interlock's wire protocol, version 3.
+//! interlock's wire protocol (version [`VERSION`]).
 //!
 //! A connection carries frames both ways: a 4-byte big-endian length, then
 //! that many bytes of a [postcard](https://docs.rs/postcard)-encoded
@@ -37,7 +37,7 @@ use serde::{Deserialize, Serialize};
 pub use unacked::Unacked;
 
 /// The protocol version this build speaks.
-pub const VERSION: u32 = 15;
+pub const VERSION: u32 = 16;
 /// The largest frame either side accepts, in bytes: room for an extended
 /// attribute's largest value (64 KiB) and a page of directory entries.
 pub const MAX_FRAME: usize = 256 << 10;
@@ -368,6 +368,10 @@ pub enum Reply {
     /// A change asked about with [`meta::Asking::IfMade`] was not made
     /// (version 15): it had no effect, and the caller may make it anew.
     NotMade,
+    /// The caller may not make this request (version 16): a user of the
+    /// server's machine other than root or the server's own asked to
+    /// evict a session or for the changelog. Before, an [`Reply::Error`].
+    Denied(String),
 }
 
 /// Server to client.

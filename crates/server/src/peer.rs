@@ -106,7 +106,7 @@ impl ServedAs {
                 user.apply(&mut cred);
                 Ok(Op::Meta { cred, op, once })
             }
-            (Op::Evict { .. } | Op::Changelog(_), Some(user), _) => Err(Reply::Error(format!(
+            (Op::Evict { .. } | Op::Changelog(_), Some(user), _) => Err(Reply::Denied(format!(
                 "permission denied: uid {} is a user of the server's machine; only root or the server's own user may evict a session or use the changelog",
                 user.uid
             ))),

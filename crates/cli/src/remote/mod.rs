@@ -64,7 +64,7 @@ fn token(file: Option<&PathBuf>) -> Result<Option<String>, String> {
 /// The exit status for a failure to reach or use the server.
 pub fn status_of(e: &ClientError) -> u8 {
     match e {
-        ClientError::Auth(_) | ClientError::Tls { .. } => exit::AUTH,
+        ClientError::Auth(_) | ClientError::Tls { .. } | ClientError::Denied(_) => exit::AUTH,
         ClientError::Invalid(_) => exit::USAGE,
         _ => exit::UNAVAILABLE,
     }

@@ -190,6 +190,18 @@ impl Drop for Tmpfs {
     }
 }
 
+/// A copy of the binary that any user may run, in a directory any user
+/// may enter (the build's may be under a home others may not), and that
+/// directory.
+pub fn runnable_by_anyone() -> (tempfile::TempDir, std::path::PathBuf) {
+    use std::os::unix::fs::PermissionsExt;
+    let place = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(place.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let bin = place.path().join("interlock");
+    std::fs::copy(BIN, &bin).unwrap();
+    (place, bin)
+}
+
 /// A TCP relay that can stop passing bytes both ways (a partition): while
 /// frozen, neither side hears of the other's close either. A client it
 /// cannot connect onward (the server is down) is closed, and the relay
