@@ -38,6 +38,7 @@
 //! from before the floor (no `fence_reserved`) had tokens `epoch << 40 |
 //! fence`; its floor is `(epoch + 1) << 40`.
 
+use std::collections::HashSet;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -243,7 +244,7 @@ pub(crate) struct Evictions {
     /// Their ids, as last written: looked up without waiting for a write
     /// under way (a new session's id is chosen under the session table's
     /// lock).
-    ids: Mutex<Vec<u64>>,
+    ids: Mutex<HashSet<u64>>,
 }
 
 impl Evictions {
@@ -258,7 +259,8 @@ impl Evictions {
         let past = |&(e, since): &(Evicted, Instant)| {
             now.saturating_duration_since(since).as_millis() >= u128::from(e.lease_ms)
         };
-        file.evicted.retain(|e| !past(e));
+        // Evicted twice at once: listed once, from the later.
+        file.evicted.retain(|e| !past(e) && e.0.session != session);
         file.evicted.push((Evicted { session, lease_ms: lease.as_millis() as u64 }, now));
         let written = file.write();
         if written.is_err() {
@@ -273,14 +275,14 @@ impl Evictions {
     }
 
     /// Whether `session` was evicted (by this run or one before) and may
-    /// still be named by its client. O(evicts in the last lease).
+    /// still be named by its client. O(1).
     pub fn contains(&self, session: u64) -> bool {
         self.ids.lock().contains(&session)
     }
 }
 
 /// The session ids of `evicted`.
-fn ids_of(evicted: &[(Evicted, Instant)]) -> Vec<u64> {
+fn ids_of(evicted: &[(Evicted, Instant)]) -> HashSet<u64> {
     evicted.iter().map(|(e, _)| e.session).collect()
 }
 
@@ -333,6 +335,7 @@ mod tests {
         assert!(s.evictions.contains(7), "known after a restart, whatever time passed");
         s.evictions.record(8, lease, t1 + Duration::from_millis(999)).unwrap();
         assert!(s.evictions.contains(7), "a lease from this run's start is not over");
+        s.evictions.record(9, lease, t1 + lease).unwrap();
         s.evictions.record(9, lease, t1 + lease).unwrap();
         assert!(!s.evictions.contains(7) && s.evictions.contains(8) && s.evictions.contains(9));
         assert_eq!(state(dir.path()).evicted.iter().map(|e| e.session).collect::<Vec<_>>(), [8, 9]);
