@@ -353,6 +353,33 @@ fn an_evicted_client_does_not_take_its_locks_back_after_a_crash() {
     drop(server);
 }
 
+/// After a restart, no one is granted a lock that a client of the server
+/// that died may still count on, however short the recovery window is
+/// set: such a client gives its locks up only three quarters of a lease
+/// after its last renewal answered. A holds a lock and is cut off; the
+/// server dies and comes back with no recovery window asked for; B asks
+/// for the lock, and must get it only after A has reported it lost.
+/// (Before, B got it at once, while A still counted on it.)
+#[test]
+fn a_restarted_server_grants_no_lock_its_old_holder_may_still_count_on() {
+    let data = tempfile::tempdir().unwrap();
+    let args = ["--lease-ms", "4000", "--recovery-ms", "0"];
+    let mut server = ServerProc::start(data.path(), "127.0.0.1:0", &args);
+    let addr = server.addr.clone();
+    let relay = Relay::start(&addr);
+    rt().block_on(async {
+        let a = client(&relay.addr).await;
+        a.lock(&spec("l", 1)).await.unwrap();
+        relay.freeze();
+        server.kill9();
+        server = ServerProc::start(data.path(), &addr, &args);
+        let b = client(&addr).await;
+        b.lock(&spec("l", 2)).await.unwrap();
+        assert_eq!(a.lost_since(0).len(), 1, "A had given the lock up before B was granted it");
+    });
+    drop(server);
+}
+
 /// Item 3: the holder's session id is disclosed by a conflict; naming it
 /// in a hello without the session's secret is refused, and the victim
 /// keeps its session and its lock.

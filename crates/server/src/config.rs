@@ -48,7 +48,8 @@ pub struct Config {
     /// A session whose client has not been heard from for this long is
     /// ended and its locks released.
     pub lease: Duration,
-    /// After a restart, how long clients may reclaim their locks.
+    /// After a restart, how long clients may reclaim their locks (never
+    /// shorter than the lease: see [`Config::recovery_window`]).
     pub recovery: Duration,
     pub limits: Limits,
     /// Serve TLS with this certificate and key. Off loopback the server
@@ -150,6 +151,18 @@ impl Config {
         let needed = took.saturating_mul(2);
         (needed > self.lease).then_some(needed)
     }
+
+    /// The recovery window after a restart: `recovery`, but never
+    /// shorter than the lease. A client of the server that died counts on
+    /// its locks until three quarters of a lease after its last renewal
+    /// answered, which was before this start: until a lease from now (a
+    /// quarter more, for clocks that run at slightly different rates), no
+    /// one else may be granted them, whether or not their holder comes
+    /// back to reclaim them (NFSv4's grace period lasts a lease for the
+    /// same reason).
+    pub fn recovery_window(&self) -> Duration {
+        self.recovery.max(self.lease)
+    }
 }
 
 /// The server's TLS certificate chain and private key, PEM files.
@@ -228,5 +241,12 @@ mod tests {
         assert_eq!(config.lease_needed_for(Duration::from_millis(2500)), None);
         assert_eq!(config.lease_needed_for(Duration::from_millis(2501)), Some(Duration::from_millis(5002)));
         assert_eq!(config.lease_needed_for(Duration::from_secs(15)), Some(Duration::from_secs(30)));
+    }
+
+    #[test]
+    fn the_recovery_window_lasts_at_least_a_lease() {
+        let s = Duration::from_secs;
+        let window = |recovery, lease| Config { recovery, lease, ..Config::default() }.recovery_window();
+        assert_eq!((window(s(10), s(5)), window(s(0), s(5)), window(s(2), s(5))), (s(10), s(5), s(5)));
     }
 }

@@ -192,8 +192,16 @@ impl Server {
                 needed.as_millis()
             );
         }
-        // A restart (not a first start) opens the recovery window.
-        let recovery_until = start.restarted.then(|| started + config.recovery).filter(|_| !config.recovery.is_zero());
+        // A restart (not a first start) opens the recovery window, which
+        // lasts at least a lease (`Config::recovery_window`).
+        if start.restarted && config.recovery < config.lease {
+            tracing::info!(
+                recovery_ms = config.recovery.as_millis() as u64,
+                lease_ms = config.lease.as_millis() as u64,
+                "the recovery window lasts a lease: until then a client of the server that died may still count on its locks"
+            );
+        }
+        let recovery_until = start.restarted.then(|| started + config.recovery_window());
         tracing::info!(addr = %listener.local_addr().map(|a| a.to_string()).unwrap_or_default(), boot = start.boot, recovering = recovery_until.is_some(), "interlock server listening");
         let inner = Arc::new_cyclic(|me| Inner {
             space: LockSpace::default(),

@@ -44,7 +44,9 @@ struct ServeSettings {
     #[arg(long, value_parser = args::lease_ms)]
     lease_ms: Option<u64>,
     /// Milliseconds after a restart during which clients reclaim their
-    /// locks (new requests wait until it ends). 0: none [default: 10000].
+    /// locks (new requests wait until it ends). Never shorter than the
+    /// lease: until a lease has passed, a client of the server that died
+    /// may still count on its locks [default: 10000].
     #[arg(long)]
     recovery_ms: Option<u64>,
     /// Locks one session may hold, every byte range counted
