@@ -96,8 +96,7 @@ pub(crate) async fn connection(
     // `datadir`): its welcome says there is no window.
     let named = session;
     let Some((session, mut turn)) = take_over(&inner, attached, received, &wr, peer).await else { return };
-    let recovering =
-        inner.recovering().filter(|_| session.resumed || !named.is_some_and(|s| inner.evictions.contains(s)));
+    let recovering = inner.recovering().filter(|_| !named.is_some_and(|s| inner.evictions.contains(s)));
     // 0: a client without one (its changes are not kept for it).
     if origin != 0 {
         inner.origins.set(session.sid, origin);
