@@ -2,6 +2,7 @@
 //! secret), then the loop that reads requests, answers each at once and
 //! writes the session's stream back.
 
+use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -216,7 +217,8 @@ enum Next {
 /// Serves one connection's requests, answering each at once. A burst of
 /// pipelined requests is read, answered into the session's stream (see
 /// [`Wire`]) and written back in one write. It reads ahead at most
-/// `max_in_flight` requests before writing their replies, and reads
+/// `max_in_flight` requests, or as many as leave [`wire::FLUSH_AT`]
+/// bytes of answers waiting, before writing their replies, and reads
 /// nothing while it cannot write: a client that does not read its
 /// replies is held back. Between bursts it writes what other tasks pushed
 /// and could not write themselves. `served` counts the bytes of the
@@ -235,6 +237,9 @@ async fn serve_connection(
     let Some(_reading) = inner.stop.reading() else { return Ended::Stopping };
     let limit = inner.config.limits.max_in_flight.max(1);
     let mut unflushed = 0usize;
+    // Requests read while the session's stream was full ([`Wire::full`]),
+    // not yet served, each with where it ends in the client's stream.
+    let mut held: VecDeque<(u64, Op, u64)> = VecDeque::new();
     let mut touched = false;
     // Where the client's stream stood when this connection began (modulo
     // 2^64: the hello counts in `consumed` but not in the stream).
@@ -252,6 +257,7 @@ async fn serve_connection(
                 f = source.next() => Next::Frame(f),
             }
         } else if unflushed < limit
+            && wire.waiting() < wire::FLUSH_AT
             && let Some(f) = source.next().now_or_never()
         {
             Next::Frame(f)
@@ -283,35 +289,55 @@ async fn serve_connection(
             }
             touched = true;
         }
-        let bye = matches!(op, Op::Bye);
-        // After a restart, only reclaims (and releases) go through until
-        // the window ends; what waits is served then, apart.
-        // Behind any push this request made: a grant that raced a cancel
-        // reaches the client before the cancel's reply. Served and
-        // answered with no await between: a connection stopped at an
-        // await has each request it read either served and answered in
-        // the stream (or handed to whoever will answer it: see
-        // `durable`), or neither.
-        let reply = match served_as.admit(op) {
-            Err(refused) => Some(refused),
-            Ok(op) => match recovery_gate(inner, &op) {
-                Gate::Go => handle(inner, sid, id, op),
-                Gate::Later(left) => {
-                    later(inner, sid, id, op, left);
-                    None
-                }
-                Gate::Refuse(left) => Some(Reply::Recovering { left_ms: left.as_millis().max(1) as u64 }),
-            },
-        };
-        if let Some(reply) = reply {
-            wire.append(&ServerMsg::Reply { id, reply });
+        // An acknowledgement takes effect as it is read, ahead of the
+        // requests held before it (its reply keeps its place).
+        if let Op::Renew { received } = op
+            && !held.is_empty()
+            && wire.ack(received).is_err()
+        {
+            return Ended::Closed;
         }
-        *served = origin.wrapping_add(source.decoder().consumed());
-        unflushed += 1;
-        if bye {
-            let _ = wire.flush().await;
-            return Ended::Bye;
+        held.push_back((id, op, origin.wrapping_add(source.decoder().consumed())));
+        // While the stream is full, requests wait here for the client's
+        // acknowledgements, which come behind them: served now, their
+        // answers would pile up unacknowledged. Past `limit` of them they
+        // are served anyway.
+        while held.len() > limit || (!held.is_empty() && !wire.full()) {
+            let (id, op, end) = held.pop_front().expect("not empty");
+            let bye = matches!(op, Op::Bye);
+            serve(inner, sid, id, op, served_as, wire);
+            *served = end;
+            unflushed += 1;
+            if bye {
+                let _ = wire.flush().await;
+                return Ended::Bye;
+            }
         }
+    }
+}
+
+/// Serves request `id` and puts its answer in the session's stream
+/// (unless it will be pushed later). After a restart, only reclaims (and
+/// releases) go through until the window ends; what waits is served
+/// then, apart. Behind any push this request made: a grant that raced a
+/// cancel reaches the client before the cancel's reply. Served and
+/// answered with no await between: a connection stopped at an await has
+/// each request it read either served and answered in the stream (or
+/// handed to whoever will answer it: see `durable`), or neither.
+fn serve(inner: &Inner, sid: u64, id: u64, op: Op, served_as: &ServedAs, wire: &Wire) {
+    let reply = match served_as.admit(op) {
+        Err(refused) => Some(refused),
+        Ok(op) => match recovery_gate(inner, &op) {
+            Gate::Go => handle(inner, sid, id, op),
+            Gate::Later(left) => {
+                later(inner, sid, id, op, left);
+                None
+            }
+            Gate::Refuse(left) => Some(Reply::Recovering { left_ms: left.as_millis().max(1) as u64 }),
+        },
+    };
+    if let Some(reply) = reply {
+        wire.append(&ServerMsg::Reply { id, reply });
     }
 }
 

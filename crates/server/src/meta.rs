@@ -165,11 +165,21 @@ pub(crate) fn request(inner: &Inner, sid: u64, id: u64, cred: &Cred, op: MetaOp,
         // park would, the workers being idle.
         // Counted until answered: a clean stop waits for it (`stop`).
         let (task, cred) = (crate::stop::offload(inner.me.upgrade()?), cred.clone());
+        // Its answer's bytes count as the stream's until it is pushed:
+        // the connection serves no more while they would fill it.
+        let promised = match &op {
+            MetaOp::Read { size, .. } => read_len(*size),
+            _ => 0,
+        };
+        let wire = inner.sessions.wire(sid).inspect(|w| w.promise(promised));
         tokio::task::spawn_blocking(move || {
             let server = task.server();
             let reply = run(server, sid, &cred, op)
                 .and_then(|(reply, seq)| server.store.wait(seq).map(|()| Reply::Meta(reply)));
             durable::push(&server.sessions, sid, id, reply.unwrap_or_else(|e| Reply::Errno(e.0)));
+            if let Some(w) = wire {
+                w.fulfil(promised);
+            }
         });
         return None;
     }

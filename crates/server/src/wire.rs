@@ -38,11 +38,29 @@ use tokio::sync::Notify;
 
 use crate::transport::Writer;
 
-/// Unacknowledged bytes a session may pile up (a client acknowledges
-/// every 16 KiB; this is reached only by one that does not, or by a
-/// session without a connection that is pushed to for long). Past it the
-/// session can no longer be resumed: see [`Wire::attach`].
-const MAX_UNACKED: usize = 4 << 20;
+/// Unacknowledged bytes a session may pile up. Past it the session can no
+/// longer be resumed: see [`Wire::attach`]. The client acknowledges every
+/// 16 KiB it takes in, but its acknowledgements come behind the requests
+/// it sent before them, and what the sockets hold on its way counts too
+/// (Linux lets a receive buffer grow to `tcp_rmem`'s maximum, 6 MiB by
+/// default, 32 MiB on some machines). So the connection's task holds
+/// requests back while [`FULL`] bytes are kept, reading on for the
+/// acknowledgements (see `connection`), and only a client that
+/// acknowledges nothing, or a session without a connection that is
+/// pushed to for long, reaches this. (It was 4 MiB, with nothing held
+/// back, until session 39: a mount's 32 parallel readers passed it in
+/// one batch of answers, and their session ended.)
+const MAX_UNACKED: usize = 64 << 20;
+
+/// Bytes kept (written and unacknowledged, or waiting to be written) past
+/// which the connection's task serves no more requests until the client
+/// acknowledges some.
+pub(crate) const FULL: usize = 16 << 20;
+
+/// Answers waiting to be written past which the connection's task writes
+/// them before it reads another request: the stream's growth in one batch
+/// stays bounded whatever the requests read ahead ask for.
+pub(crate) const FLUSH_AT: usize = 1 << 20;
 
 #[derive(Default)]
 struct Out {
@@ -56,6 +74,9 @@ struct Out {
     writing: bool,
     /// More than [`MAX_UNACKED`] piled up and was dropped.
     broken: bool,
+    /// Bytes of answers being made on other threads (reads from the
+    /// disk), to be pushed.
+    promised: usize,
 }
 
 impl Out {
@@ -96,6 +117,29 @@ impl Wire {
         out.wr = Some(wr);
         out.writing = true;
         true
+    }
+
+    /// Bytes waiting to be written. O(1).
+    pub fn waiting(&self) -> usize {
+        self.out.lock().pending.len()
+    }
+
+    /// Whether the stream is full: [`FULL`] bytes kept (written and not
+    /// acknowledged, or waiting to be written) or promised. O(1).
+    pub fn full(&self) -> bool {
+        let out = self.out.lock();
+        out.kept() + out.promised >= FULL
+    }
+
+    /// An answer of up to `bytes` is being made elsewhere, to be pushed.
+    pub fn promise(&self, bytes: usize) {
+        self.out.lock().promised += bytes;
+    }
+
+    /// The answer promised with `bytes` was pushed.
+    pub fn fulfil(&self, bytes: usize) {
+        let mut out = self.out.lock();
+        out.promised = out.promised.saturating_sub(bytes);
     }
 
     /// The welcome is out: bytes may go.
