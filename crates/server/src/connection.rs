@@ -290,12 +290,10 @@ async fn serve_connection(
             touched = true;
         }
         // An acknowledgement takes effect as it is read, ahead of the
-        // requests held before it (its reply keeps its place).
-        if let Op::Renew { received } = op
-            && !held.is_empty()
-            && wire.ack(received).is_err()
-        {
-            return Ended::Closed;
+        // requests held before it; its reply keeps its place (and says
+        // if it was wrong).
+        if let Op::Renew { received } = op {
+            let _ = wire.ack(received);
         }
         held.push_back((id, op, origin.wrapping_add(source.decoder().consumed())));
         // While the stream is full, requests wait here for the client's
