@@ -222,9 +222,13 @@ enum Next {
 /// nothing while it cannot write: a client that does not read its
 /// replies is held back. Between bursts it writes what other tasks pushed
 /// and could not write themselves. `served` counts the bytes of the
-/// client's stream served, request by request. A clean stop of the
-/// server ends it between two requests, with what was read answered or
-/// handed on.
+/// client's stream served, request by request. While the session's
+/// stream is full ([`Wire::full`]: the client's acknowledgements come
+/// behind its requests) it serves no more requests but reads on, holding
+/// them and applying acknowledgements as they come; held requests are
+/// not served yet, so a lost connection or a clean stop leaves them
+/// unread, for the client to send again. A clean stop of the server ends
+/// it between two requests, with what was served answered or handed on.
 async fn serve_connection(
     inner: &Inner,
     sid: u64,
