@@ -217,8 +217,7 @@ enum Next {
 /// Serves one connection's requests, answering each at once. A burst of
 /// pipelined requests is read, answered into the session's stream (see
 /// [`Wire`]) and written back in one write. It reads ahead at most
-/// `max_in_flight` requests, or as many as leave [`wire::FLUSH_AT`]
-/// bytes of answers waiting, before writing their replies, and reads
+/// `max_in_flight` requests before writing their replies, and reads
 /// nothing while it cannot write: a client that does not read its
 /// replies is held back. Between bursts it writes what other tasks pushed
 /// and could not write themselves. `served` counts the bytes of the
@@ -261,7 +260,6 @@ async fn serve_connection(
                 f = source.next() => Next::Frame(f),
             }
         } else if unflushed < limit
-            && wire.waiting() < wire::FLUSH_AT
             && let Some(f) = source.next().now_or_never()
         {
             Next::Frame(f)

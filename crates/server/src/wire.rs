@@ -57,11 +57,6 @@ const MAX_UNACKED: usize = 64 << 20;
 /// acknowledges some.
 pub(crate) const FULL: usize = 16 << 20;
 
-/// Answers waiting to be written past which the connection's task writes
-/// them before it reads another request: the stream's growth in one batch
-/// stays bounded whatever the requests read ahead ask for.
-pub(crate) const FLUSH_AT: usize = 1 << 20;
-
 #[derive(Default)]
 struct Out {
     /// Made, not yet taken for writing.
@@ -117,11 +112,6 @@ impl Wire {
         out.wr = Some(wr);
         out.writing = true;
         true
-    }
-
-    /// Bytes waiting to be written. O(1).
-    pub fn waiting(&self) -> usize {
-        self.out.lock().pending.len()
     }
 
     /// Whether the stream is full: [`FULL`] bytes kept (written and not
