@@ -235,15 +235,22 @@ fn cut_after_cut_every_request_takes_effect_exactly_once() {
 }
 
 /// A client that never acknowledges what it reads makes its session pile
-/// up output for a resume. Past the limit (4 MiB) the server drops it and
-/// closes the connection, and the session cannot be resumed: it ends, and
-/// the client is given a new one (its locks are lost).
+/// up output for a resume. Past the limit (64 MiB) the server drops it and
+/// closes the connection, and the session cannot be resumed: the client
+/// is given a new one, and counts the old one's locks lost once it reads
+/// the welcome. Until then it counts on them, so the old session keeps
+/// them until its lease runs out, and no one else is granted them before.
 /// An acknowledgement of bytes never sent is refused.
 #[test]
 fn a_session_that_never_acknowledges_cannot_resume() {
-    use interlock_proto::{ClientMsg, Op, Reply, ServerMsg};
+    use interlock_core::{Mode, Range};
+    use interlock_proto::{ClientMsg, Kind, Op, Reply, ServerMsg, Target};
     use std::io::Write;
-    let (_data, server) = long_lease_server();
+    let data = tempfile::tempdir().unwrap();
+    // Long enough for the flood below to end well within it.
+    let lease = Duration::from_secs(8);
+    let lease_ms = lease.as_millis().to_string();
+    let server = ServerProc::start(data.path(), "127.0.0.1:0", &["--lease-ms", &lease_ms]);
     let mut conn = std::net::TcpStream::connect(&server.addr).unwrap();
     let hello = |session, received, secret| ClientMsg::Hello {
         version: interlock_proto::VERSION,
@@ -258,19 +265,24 @@ fn a_session_that_never_acknowledges_cannot_resume() {
     else {
         panic!("welcome expected")
     };
-    conn.write_all(&raw_frame(&ClientMsg::Request { id: 1, op: Op::Renew { received: 1 << 40 } })).unwrap();
+    let target = Target { resource: b"held".to_vec(), kind: Kind::Dlm, owner: 1, start: 0, end: Range::WHOLE.end() };
+    let lock = Op::Lock { target, mode: Mode::EX as u8, wait: false, reclaim: false };
+    conn.write_all(&raw_frame(&ClientMsg::Request { id: 1, op: lock })).unwrap();
     let reply = interlock_proto::decode(&read_raw_frame(&mut conn)).unwrap();
-    assert!(matches!(reply, ServerMsg::Reply { id: 1, reply: Reply::Error(_) }), "{reply:?}");
+    assert!(matches!(reply, ServerMsg::Reply { id: 1, reply: Reply::Granted(_) }), "{reply:?}");
+    conn.write_all(&raw_frame(&ClientMsg::Request { id: 2, op: Op::Renew { received: 1 << 40 } })).unwrap();
+    let reply = interlock_proto::decode(&read_raw_frame(&mut conn)).unwrap();
+    assert!(matches!(reply, ServerMsg::Reply { id: 2, reply: Reply::Error(_) }), "{reply:?}");
 
     let mut writer = conn.try_clone().unwrap();
     let sender = std::thread::spawn(move || {
-        let frame = raw_frame(&ClientMsg::Request { id: 2, op: Op::Status });
+        let frame = raw_frame(&ClientMsg::Request { id: 3, op: Op::Status });
         let chunk = frame.repeat(4096);
         // Until the server hangs up.
         while writer.write_all(&chunk).is_ok() {}
     });
     let mut received = 0u64;
-    // The server hangs up once it holds 4 MiB unacknowledged.
+    // The server hangs up once it holds 64 MiB unacknowledged.
     while let Some(body) = try_read_raw_frame(&mut conn) {
         received += 4 + body.len() as u64;
         assert!(received < 64 << 20, "the server kept serving past its limit");
@@ -288,4 +300,16 @@ fn a_session_that_never_acknowledges_cannot_resume() {
         }
         other => panic!("welcome expected, got {other:?}"),
     }
+    // The old session's client may not have read that welcome yet.
+    rt().block_on(async {
+        let other = client(&server.addr).await;
+        let asked = std::time::Instant::now();
+        let held = other.try_lock(&spec("held", 1)).await.unwrap();
+        assert!(
+            held.is_none() || asked.elapsed() >= lease,
+            "granted to another client while the old session's client may still count on it"
+        );
+        let granted = tokio::time::timeout(3 * lease, other.lock(&spec("held", 1))).await;
+        assert!(granted.is_ok_and(|g| g.is_ok()), "the old session's lock was released when its lease ran out");
+    });
 }

@@ -181,9 +181,13 @@ enum Ended {
 /// waits for the turn of the connection that served it (stopped by the
 /// attach), then has the session's stream resent from `received`. A
 /// session whose stream cannot be resent from there (it piled up past its
-/// limit while the client did not acknowledge it) cannot resume: it ends,
-/// and the client is given a new one (its locks are lost, and it says so
-/// to its callers). `None`: a newer connection took over meanwhile.
+/// limit while the client did not acknowledge it) cannot resume: the
+/// client is given a new one, and counts the old one's locks lost once
+/// it reads the welcome. Until then it counts on them, so the old
+/// session keeps them until its lease runs out (the reaper ends it, a
+/// lease from this hello), as a client that went silent does; its
+/// replay cache goes now, before the new session fills it. `None`: a
+/// newer connection took over meanwhile.
 async fn take_over(
     inner: &Inner,
     mut session: session::Attached,
@@ -199,9 +203,14 @@ async fn take_over(
         if session.wire.attach(wr.clone(), if session.resumed { received } else { 0 }) {
             return Some((session, turn));
         }
-        tracing::warn!(%peer, session = session.sid, received, "the session's stream cannot be resent from there; ending it");
+        tracing::warn!(
+            %peer,
+            session = session.sid,
+            received,
+            "the session's stream cannot be resent from there; a new session for the client (the old one's locks are held until its lease runs out)"
+        );
         drop(turn);
-        end_session(inner, session.sid);
+        crate::meta::forget_replies(inner, session.sid);
         session = attach(inner, None, &session.secret).ok()?;
     }
 }

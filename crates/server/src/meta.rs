@@ -113,19 +113,27 @@ impl Origins {
 }
 
 /// Closes the files a session that ended held open, and lets go of its
-/// client's replay cache: a client whose session ended is told its
-/// requests are lost, and asks about none of them again.
+/// client's replay cache (see [`forget_replies`]).
 pub(crate) fn end_session(inner: &Inner, sid: u64) {
+    forget_replies(inner, sid);
     let ns = inner.store.ns();
-    if let Some(origin) = inner.origins.end(sid) {
-        ns.replies().forget(origin);
-    }
     for (ino, n) in inner.opens.end(sid) {
         for _ in 0..n {
             if let Err(e) = ns.release(&Cred::root(), ino) {
                 tracing::warn!(session = sid, ino, error = %e, "closing a file of an ended session");
             }
         }
+    }
+}
+
+/// Lets go of the replay cache of session `sid`'s client: a client whose
+/// session ended is told its requests are lost, and asks about none of
+/// them again. Once only: the client's next session, which uses the same
+/// cache, is not touched when the old one ends later (see
+/// `connection::take_over`).
+pub(crate) fn forget_replies(inner: &Inner, sid: u64) {
+    if let Some(origin) = inner.origins.end(sid) {
+        inner.store.ns().replies().forget(origin);
     }
 }
 
