@@ -365,7 +365,7 @@ async fn status_until(c: &interlock_client::Client, what: &str, done: impl Fn(&i
 #[test]
 fn a_file_unlinked_while_open_outlives_a_server_restart() {
     let data = tempfile::tempdir().unwrap();
-    let args = ["--lease-ms", "5000", "--recovery-ms", "3000"];
+    let args = ["--lease-ms", "3000", "--recovery-ms", "3000"];
     let mut server = ServerProc::start(data.path(), "127.0.0.1:0", &args);
     let addr = server.addr.clone();
     let rt = rt();

@@ -811,7 +811,7 @@ fn a_server_restart_keeps_open_files_even_unlinked_and_locks() {
         return;
     }
     let data = tempfile::tempdir().unwrap();
-    let mut server = ServerProc::start(data.path(), "127.0.0.1:0", &["--lease-ms", "5000", "--recovery-ms", "2000"]);
+    let mut server = ServerProc::start(data.path(), "127.0.0.1:0", &LEASE);
     let addr = server.addr.clone();
     let (a, b) = (Mount::new(&addr), Mount::new(&addr));
     let mut fa = rw(&a.join("f"));
@@ -832,7 +832,7 @@ fn a_server_restart_keeps_open_files_even_unlinked_and_locks() {
     unnamed.write_all(b"made with no name").unwrap();
     unnamed.sync_all().unwrap();
     server.kill9();
-    let _server = ServerProc::start(data.path(), &addr, &["--lease-ms", "5000", "--recovery-ms", "2000"]);
+    let _server = ServerProc::start(data.path(), &addr, &LEASE);
     // The open file goes on (the write waits for the reconnect).
     fa.write_all(b"after").unwrap();
     fa.sync_all().unwrap();
@@ -910,7 +910,8 @@ copy_file_range = 1
 #[test]
 fn fsx_reads_back_every_write_across_kills_of_the_server() {
     let test = "fsx_reads_back_every_write_across_kills_of_the_server";
-    let flags = ["--lease-ms", "5000"];
+    // A short window after each restart (it lasts a lease at least).
+    let flags = [LEASE[0], LEASE[1], "--recovery-ms", "0"];
     let Some((data, mut server, m)) = one_mount_with(test, &flags) else { return };
     let Some(fsx) = fsx() else { return };
     let addr = server.addr.clone();
@@ -978,7 +979,7 @@ fn fsx_reads_back_every_write_across_kills_of_the_server() {
 /// lock asked in the window failed with `EAGAIN`, as if another held it.
 #[test]
 fn a_clean_restart_of_the_server_fails_no_call_on_the_mount() {
-    restarts_fail_no_call("a_clean_restart_of_the_server_fails_no_call_on_the_mount", ServerProc::terminate, "300");
+    restarts_fail_no_call("a_clean_restart_of_the_server_fails_no_call_on_the_mount", ServerProc::terminate);
 }
 
 /// Nor does a crash of the server (SIGKILL, then a new server on the same
@@ -989,21 +990,21 @@ fn a_clean_restart_of_the_server_fails_no_call_on_the_mount() {
 /// (in 3 kills of 5, with two programs), as on NFS after a reboot.
 #[test]
 fn a_crash_of_the_server_fails_no_call_on_the_mount() {
-    restarts_fail_no_call("a_crash_of_the_server_fails_no_call_on_the_mount", ServerProc::kill9, "1000");
+    restarts_fail_no_call("a_crash_of_the_server_fails_no_call_on_the_mount", ServerProc::kill9);
 }
 
 /// Four programs create, lock, rename and remove files, and append a
 /// line to a log each, and two more only append to theirs, through a
 /// mount while the server is ended with `end_server` and started again,
 /// eight times: no call fails, every file goes, and each log holds each
-/// line once, in order. The restarted server's recovery window lasts
-/// `recovery_ms`: the mount must be back within it (a killed server's
-/// mount finds out later than one told goodbye), and the programs' locks
-/// wait for its end.
-fn restarts_fail_no_call(test: &str, end_server: fn(&mut ServerProc), recovery_ms: &str) {
+/// line once, in order. The restarted server's recovery window lasts a
+/// lease, the shortest it may (see `Config::recovery_window`): the mount
+/// must be back within it (a killed server's mount finds out later than
+/// one told goodbye), and the programs' locks wait for its end.
+fn restarts_fail_no_call(test: &str, end_server: fn(&mut ServerProc)) {
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
     const CHURNERS: usize = 4;
-    let flags = ["--lease-ms", "5000", "--recovery-ms", recovery_ms];
+    let flags = [LEASE[0], LEASE[1], "--recovery-ms", "0"];
     let Some((data, mut server, m)) = one_mount_with(test, &flags) else { return };
     let addr = server.addr.clone();
     let dir = m.join("churn");

@@ -106,7 +106,7 @@ fn lease_expiry_frees_a_killed_clients_locks() {
 #[test]
 fn server_kill_9_and_restart_replays_held_locks() {
     let data = tempfile::tempdir().unwrap();
-    let mut server = ServerProc::start(data.path(), "127.0.0.1:0", &["--recovery-ms", "1500", "--lease-ms", "3000"]);
+    let mut server = ServerProc::start(data.path(), "127.0.0.1:0", &["--recovery-ms", "3000", "--lease-ms", "3000"]);
     let addr = server.addr.clone();
     rt().block_on(async {
         let a = Client::connect(&addr, ClientOptions::default()).await.unwrap();
@@ -129,7 +129,7 @@ fn server_kill_9_and_restart_replays_held_locks() {
             a.unlock(&scratch).await.unwrap();
         }
         server.kill9();
-        let mut restarted = ServerProc::start(data.path(), &addr, &["--recovery-ms", "1500", "--lease-ms", "3000"]);
+        let mut restarted = ServerProc::start(data.path(), &addr, &["--recovery-ms", "3000", "--lease-ms", "3000"]);
         std::mem::swap(&mut server, &mut restarted);
         drop(restarted);
         // During the recovery window, in which A reclaims, a new client's
