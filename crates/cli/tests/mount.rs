@@ -103,6 +103,12 @@ impl Drop for Mount {
 /// go soon.
 const LEASE: [&str; 2] = ["--lease-ms", "2000"];
 
+/// The mount tests' server when it is restarted: that lease, and the
+/// shortest recovery window the server allows, a lease (see
+/// `Config::recovery_window`), which the locks asked after a restart wait
+/// out.
+const RESTARTED: [&str; 4] = [LEASE[0], LEASE[1], "--recovery-ms", "0"];
+
 fn server() -> (tempfile::TempDir, ServerProc) {
     let data = tempfile::tempdir().unwrap();
     let server = ServerProc::start(data.path(), "127.0.0.1:0", &LEASE);
@@ -811,7 +817,7 @@ fn a_server_restart_keeps_open_files_even_unlinked_and_locks() {
         return;
     }
     let data = tempfile::tempdir().unwrap();
-    let mut server = ServerProc::start(data.path(), "127.0.0.1:0", &LEASE);
+    let mut server = ServerProc::start(data.path(), "127.0.0.1:0", &RESTARTED);
     let addr = server.addr.clone();
     let (a, b) = (Mount::new(&addr), Mount::new(&addr));
     let mut fa = rw(&a.join("f"));
@@ -832,7 +838,7 @@ fn a_server_restart_keeps_open_files_even_unlinked_and_locks() {
     unnamed.write_all(b"made with no name").unwrap();
     unnamed.sync_all().unwrap();
     server.kill9();
-    let _server = ServerProc::start(data.path(), &addr, &LEASE);
+    let _server = ServerProc::start(data.path(), &addr, &RESTARTED);
     // The open file goes on (the write waits for the reconnect).
     fa.write_all(b"after").unwrap();
     fa.sync_all().unwrap();
@@ -910,8 +916,7 @@ copy_file_range = 1
 #[test]
 fn fsx_reads_back_every_write_across_kills_of_the_server() {
     let test = "fsx_reads_back_every_write_across_kills_of_the_server";
-    // A short window after each restart (it lasts a lease at least).
-    let flags = [LEASE[0], LEASE[1], "--recovery-ms", "0"];
+    let flags = RESTARTED;
     let Some((data, mut server, m)) = one_mount_with(test, &flags) else { return };
     let Some(fsx) = fsx() else { return };
     let addr = server.addr.clone();
@@ -997,14 +1002,13 @@ fn a_crash_of_the_server_fails_no_call_on_the_mount() {
 /// line to a log each, and two more only append to theirs, through a
 /// mount while the server is ended with `end_server` and started again,
 /// eight times: no call fails, every file goes, and each log holds each
-/// line once, in order. The restarted server's recovery window lasts a
-/// lease, the shortest it may (see `Config::recovery_window`): the mount
-/// must be back within it (a killed server's mount finds out later than
-/// one told goodbye), and the programs' locks wait for its end.
+/// line once, in order. The mount must be back within the restarted
+/// server's recovery window (a killed server's mount finds out later
+/// than one told goodbye), and the programs' locks wait for its end.
 fn restarts_fail_no_call(test: &str, end_server: fn(&mut ServerProc)) {
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
     const CHURNERS: usize = 4;
-    let flags = [LEASE[0], LEASE[1], "--recovery-ms", "0"];
+    let flags = RESTARTED;
     let Some((data, mut server, m)) = one_mount_with(test, &flags) else { return };
     let addr = server.addr.clone();
     let dir = m.join("churn");
