@@ -1886,6 +1886,24 @@ fn a_user_mounts_through_fusermount3() {
     wait_for("the background mount to end", ended);
 }
 
+/// `mount --background` on a mount point something is mounted on (a
+/// tmpfs here; a dead mount, whose process was killed, alike) fails as
+/// the foreground mount does: the same message and exit status, and
+/// nothing started. Before, it took what was mounted there for its own
+/// mount and said it had mounted.
+#[test]
+fn a_background_mount_on_a_busy_mount_point_fails() {
+    if !fuse_ready("a_background_mount_on_a_busy_mount_point_fails") {
+        return;
+    }
+    let (_data, server) = server();
+    let busy = Tmpfs::nodev();
+    let out = Command::new(BIN).args(["mount", "--background", &server.addr]).arg(busy.path()).output().unwrap();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{said}");
+    assert!(said.contains("is busy: something is mounted there already"), "{said}");
+}
+
 #[test]
 fn a_lock_cycle_across_two_mounts_is_refused_with_edeadlk() {
     let Some((_data, server, a, b)) = two_mounts("a_lock_cycle_across_two_mounts_is_refused_with_edeadlk") else {

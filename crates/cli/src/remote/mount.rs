@@ -107,6 +107,13 @@ pub fn mount(mut args: MountArgs, server_given: bool) -> ExitCode {
             return ExitCode::from(exit::USAGE);
         }
     };
+    // A bad mount point is the caller's mistake: say so before reaching
+    // for the server, or starting a process that would (`--background`
+    // then waits for a new mount there: one already there is not its).
+    if let Err(e) = interlock_fs::check(&cfg.mountpoint) {
+        eprintln!("interlock mount: {e}");
+        return ExitCode::from(exit::USAGE);
+    }
     if args.background && std::env::var_os(DETACHED).is_none() {
         return detach(&args);
     }
@@ -114,12 +121,6 @@ pub fn mount(mut args: MountArgs, server_given: bool) -> ExitCode {
         // Out of the caller's session: its terminal closing is no signal
         // to us.
         let _ = nix::unistd::setsid();
-    }
-    // A bad mount point is the caller's mistake: say so before reaching
-    // for the server.
-    if let Err(e) = interlock_fs::check(&cfg.mountpoint) {
-        eprintln!("interlock mount: {e}");
-        return ExitCode::from(exit::USAGE);
     }
     init_logging();
     // One thread: a request's cost is its wake-ups (see `interlock_fs`'s
