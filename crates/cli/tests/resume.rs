@@ -248,7 +248,7 @@ fn a_session_that_never_acknowledges_cannot_resume() {
     use std::io::Write;
     let data = tempfile::tempdir().unwrap();
     // Long enough for the flood below to end well within it.
-    let lease = Duration::from_secs(8);
+    let lease = Duration::from_secs(4);
     let lease_ms = lease.as_millis().to_string();
     let server = ServerProc::start(data.path(), "127.0.0.1:0", &["--lease-ms", &lease_ms]);
     let mut conn = std::net::TcpStream::connect(&server.addr).unwrap();
