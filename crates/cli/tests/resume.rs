@@ -240,10 +240,15 @@ fn cut_after_cut_every_request_takes_effect_exactly_once() {
 /// is given a new one, and counts the old one's locks lost once it reads
 /// the welcome. Until then it counts on them, so the old session keeps
 /// them until its lease runs out, and no one else is granted them before.
-/// An acknowledgement of bytes never sent is refused.
+/// The old session's end then leaves the client's replay cache, which
+/// its new session fills, alone, as does the end of a session it was
+/// given but never heard of. An acknowledgement of bytes never sent is
+/// refused.
 #[test]
 fn a_session_that_never_acknowledges_cannot_resume() {
     use interlock_core::{Mode, Range};
+    use interlock_meta::{Cred, FileType, ROOT};
+    use interlock_proto::meta::{Asking, MetaOp, MetaReply, Once};
     use interlock_proto::{ClientMsg, Kind, Op, Reply, ServerMsg, Target};
     use std::io::Write;
     let data = tempfile::tempdir().unwrap();
@@ -258,7 +263,7 @@ fn a_session_that_never_acknowledges_cannot_resume() {
         session,
         received,
         secret,
-        origin: 0,
+        origin: 99,
     };
     conn.write_all(&raw_frame(&hello(None, 0, [0; 16]))).unwrap();
     let ServerMsg::Welcome { session, secret, .. } = interlock_proto::decode(&read_raw_frame(&mut conn)).unwrap()
@@ -291,15 +296,55 @@ fn a_session_that_never_acknowledges_cannot_resume() {
     // is less.)
     sender.join().unwrap();
 
-    let mut again = std::net::TcpStream::connect(&server.addr).unwrap();
-    again.write_all(&raw_frame(&hello(Some(session), received, secret))).unwrap();
-    match interlock_proto::decode(&read_raw_frame(&mut again)).unwrap() {
-        ServerMsg::Welcome { session: s, resumed, secret: new, .. } => {
-            assert!(!resumed, "the session cannot be resumed");
-            assert!(s != session && new != secret, "a new session, with its own id and secret");
+    // Resuming the session gives a new one.
+    let resume = || {
+        let mut again = std::net::TcpStream::connect(&server.addr).unwrap();
+        again.write_all(&raw_frame(&hello(Some(session), received, secret))).unwrap();
+        match interlock_proto::decode(&read_raw_frame(&mut again)).unwrap() {
+            ServerMsg::Welcome { session: s, resumed, secret: new, .. } => {
+                assert!(!resumed, "the session cannot be resumed");
+                assert!(s != session && new != secret, "a new session, with its own id and secret");
+                (again, s)
+            }
+            other => panic!("welcome expected, got {other:?}"),
         }
-        other => panic!("welcome expected, got {other:?}"),
-    }
+    };
+    // Once as if its welcome were lost (the client tries again, naming
+    // the old session, which runs out its lease meanwhile), then for good.
+    let (lost, first) = resume();
+    drop(lost);
+    let (mut again, second) = resume();
+    assert_ne!(first, second);
+    // A change the new session makes, to be asked about again.
+    let create = MetaOp::Create {
+        parent: ROOT,
+        name: b"made".to_vec(),
+        kind: FileType::Regular,
+        perm: 0o644,
+        rdev: 0,
+        target: Vec::new(),
+    };
+    let ask = |s: &mut std::net::TcpStream, asking| {
+        let op = Op::Meta { cred: Cred::root(), op: create.clone(), once: Some(Once { settled: 10, asking }) };
+        s.write_all(&raw_frame(&ClientMsg::Request { id: 10, op })).unwrap();
+        loop {
+            if let ServerMsg::Reply { id: 10, reply } = interlock_proto::decode(&read_raw_frame(s)).unwrap() {
+                return reply;
+            }
+        }
+    };
+    let Reply::Meta(MetaReply::Attr(made)) = ask(&mut again, Asking::First) else { panic!("the create") };
+    // The new session renews its lease while the old one's runs out.
+    let renewing = std::sync::Arc::new(AtomicBool::new(true));
+    let renewer = {
+        let (mut s, renewing) = (again.try_clone().unwrap(), renewing.clone());
+        std::thread::spawn(move || {
+            while renewing.load(Ordering::SeqCst) {
+                s.write_all(&raw_frame(&ClientMsg::Request { id: 11, op: Op::Renew { received: 0 } })).unwrap();
+                std::thread::sleep(lease / 8);
+            }
+        })
+    };
     // The old session's client may not have read that welcome yet.
     rt().block_on(async {
         let other = client(&server.addr).await;
@@ -312,4 +357,10 @@ fn a_session_that_never_acknowledges_cannot_resume() {
         let granted = tokio::time::timeout(3 * lease, other.lock(&spec("held", 1))).await;
         assert!(granted.is_ok_and(|g| g.is_ok()), "the old session's lock was released when its lease ran out");
     });
+    renewing.store(false, Ordering::SeqCst);
+    renewer.join().unwrap();
+    match ask(&mut again, Asking::IfMade) {
+        Reply::Meta(MetaReply::Attr(a)) => assert_eq!(a.ino, made.ino, "answered as made"),
+        other => panic!("the new session's change, asked about again: {other:?}"),
+    }
 }

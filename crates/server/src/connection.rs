@@ -185,9 +185,10 @@ enum Ended {
 /// client is given a new one, and counts the old one's locks lost once
 /// it reads the welcome. Until then it counts on them, so the old
 /// session keeps them until its lease runs out (the reaper ends it, a
-/// lease from this hello), as a client that went silent does; its
-/// replay cache goes now, before the new session fills it. `None`: a
-/// newer connection took over meanwhile.
+/// lease from this hello), as a client that went silent does; its end
+/// then leaves the client's replay cache, which the new session uses,
+/// alone (see `meta::Origins`). `None`: a newer connection took over
+/// meanwhile.
 async fn take_over(
     inner: &Inner,
     mut session: session::Attached,
@@ -210,7 +211,6 @@ async fn take_over(
             "the session's stream cannot be resent from there; a new session for the client (the old one's locks are held until its lease runs out)"
         );
         drop(turn);
-        crate::meta::forget_replies(inner, session.sid);
         session = attach(inner, None, &session.secret).ok()?;
     }
 }

@@ -23,6 +23,7 @@ use interlock_proto::Reply;
 use interlock_proto::meta::{
     Asking, ChangelogOp, ChangelogRecord, ChangelogReply, ConsumerInfo, Entry, MAX_DATA, MetaOp, MetaReply, Once,
 };
+use parking_lot::Mutex;
 
 use crate::{Inner, durable};
 
@@ -84,38 +85,59 @@ impl Opens {
     }
 }
 
-/// Each session's client: session -> origin (see `Once`).
+/// Each session's client: session -> origin (see `Once`), and how many
+/// sessions each client has. A client has two for a while when its
+/// session could not resume (see `connection::take_over`): the old one
+/// keeps its locks until its lease runs out.
 #[derive(Default)]
-pub(crate) struct Origins(scc::HashMap<u64, u64, foldhash::fast::RandomState>);
+pub(crate) struct Origins {
+    of: scc::HashMap<u64, u64, foldhash::fast::RandomState>,
+    sessions: Mutex<HashMap<u64, usize>>,
+}
 
 impl Origins {
+    /// Session `sid` is client `origin`'s (again, on a resumed
+    /// session's new connection). O(1).
     pub fn set(&self, sid: u64, origin: u64) {
-        let _ = self.0.upsert_sync(sid, origin);
+        if self.of.insert_sync(sid, origin).is_ok() {
+            *self.sessions.lock().entry(origin).or_default() += 1;
+        }
     }
 
     fn of(&self, sid: u64) -> Option<u64> {
-        self.0.read_sync(&sid, |_, o| *o)
+        self.of.read_sync(&sid, |_, o| *o)
     }
 
-    fn end(&self, sid: u64) -> Option<u64> {
-        self.0.remove_sync(&sid).map(|(_, o)| o)
+    /// Session `sid` is no longer its client's: the client, and whether
+    /// it has no other session left. O(1).
+    fn end(&self, sid: u64) -> Option<(u64, bool)> {
+        let (_, origin) = self.of.remove_sync(&sid)?;
+        let mut sessions = self.sessions.lock();
+        let n = sessions.entry(origin).or_insert(1);
+        *n -= 1;
+        let last = *n == 0;
+        if last {
+            sessions.remove(&origin);
+        }
+        Some((origin, last))
     }
 
-    /// The clients with a session now. O(sessions).
+    /// The clients with a session now. O(clients).
     fn live(&self) -> HashSet<u64> {
-        let mut all = HashSet::new();
-        self.0.iter_sync(|_, o| {
-            all.insert(*o);
-            true
-        });
-        all
+        self.sessions.lock().keys().copied().collect()
     }
 }
 
 /// Closes the files a session that ended held open, and lets go of its
-/// client's replay cache (see [`forget_replies`]).
+/// client's replay cache if the client has no other session: a client
+/// whose session ended is told its requests are lost, and asks about
+/// none of them again; one given a new session meanwhile (see
+/// [`Origins`]) uses the cache there, and the new session's requests
+/// let go of the old one's as they settle them.
 pub(crate) fn end_session(inner: &Inner, sid: u64) {
-    forget_replies(inner, sid);
+    if let Some((origin, true)) = inner.origins.end(sid) {
+        inner.store.ns().replies().forget(origin);
+    }
     let ns = inner.store.ns();
     for (ino, n) in inner.opens.end(sid) {
         for _ in 0..n {
@@ -123,17 +145,6 @@ pub(crate) fn end_session(inner: &Inner, sid: u64) {
                 tracing::warn!(session = sid, ino, error = %e, "closing a file of an ended session");
             }
         }
-    }
-}
-
-/// Lets go of the replay cache of session `sid`'s client: a client whose
-/// session ended is told its requests are lost, and asks about none of
-/// them again. Once only: the client's next session, which uses the same
-/// cache, is not touched when the old one ends later (see
-/// `connection::take_over`).
-pub(crate) fn forget_replies(inner: &Inner, sid: u64) {
-    if let Some(origin) = inner.origins.end(sid) {
-        inner.store.ns().replies().forget(origin);
     }
 }
 
