@@ -88,7 +88,8 @@ impl Opens {
 /// Each session's client: session -> origin (see `Once`), and how many
 /// sessions each client has. A client has two for a while when its
 /// session could not resume (see `connection::take_over`): the old one
-/// keeps its locks until its lease runs out.
+/// keeps its locks until its lease runs out (and one more if the new
+/// one's welcome was lost, and it asked to resume the old one again).
 #[derive(Default)]
 pub(crate) struct Origins {
     of: scc::HashMap<u64, u64, foldhash::fast::RandomState>,
@@ -108,18 +109,17 @@ impl Origins {
         self.of.read_sync(&sid, |_, o| *o)
     }
 
-    /// Session `sid` is no longer its client's: the client, and whether
-    /// it has no other session left. O(1).
-    fn end(&self, sid: u64) -> Option<(u64, bool)> {
+    /// Session `sid` is no longer its client's: the client, if it has no
+    /// other session left. O(1).
+    fn end(&self, sid: u64) -> Option<u64> {
         let (_, origin) = self.of.remove_sync(&sid)?;
         let mut sessions = self.sessions.lock();
         let n = sessions.entry(origin).or_insert(1);
         *n -= 1;
-        let last = *n == 0;
-        if last {
+        (*n == 0).then(|| {
             sessions.remove(&origin);
-        }
-        Some((origin, last))
+            origin
+        })
     }
 
     /// The clients with a session now. O(clients).
@@ -135,10 +135,10 @@ impl Origins {
 /// [`Origins`]) uses the cache there, and the new session's requests
 /// let go of the old one's as they settle them.
 pub(crate) fn end_session(inner: &Inner, sid: u64) {
-    if let Some((origin, true)) = inner.origins.end(sid) {
-        inner.store.ns().replies().forget(origin);
-    }
     let ns = inner.store.ns();
+    if let Some(origin) = inner.origins.end(sid) {
+        ns.replies().forget(origin);
+    }
     for (ino, n) in inner.opens.end(sid) {
         for _ in 0..n {
             if let Err(e) = ns.release(&Cred::root(), ino) {
