@@ -830,7 +830,7 @@ fn flusher(s: &Shared) {
                     return w.file.trim(s.state.lock().segments.last().expect("a current segment"));
                 }
                 drop(w);
-                idle(s, pos);
+                idle(s, pos, 32);
             }
         }
     }
@@ -927,7 +927,7 @@ fn sync_waited(s: &Shared, end: Option<u64>) {
 /// durable it sleeps until the next append wakes it (so an idle journal
 /// costs no wake-ups). The period is [`Options::backstop`] while it finds
 /// such records, and doubles up to [`Options::backstop_max`] while it
-/// finds the callers writing and syncing them.
+/// finds the callers writing and syncing them; an idle sleep keeps it.
 fn backstop(s: &Shared) {
     // The writer's position, the ring's reserved count and the durable
     // watermark at the last look.
@@ -962,9 +962,14 @@ fn backstop(s: &Shared) {
             }
             pace.reset();
         } else if pos == reserved && !lagging && seen.is_some_and(|(_, r, _)| r == reserved) {
-            idle(s, pos);
+            // No spin: the callers write what comes next. The pace is
+            // kept: a server whose creates come one at a time, each
+            // synced by its caller before the next, would otherwise wake
+            // the flusher twice a create (the append's wake-up, then the
+            // first look a `backstop` later), which on two cores costs
+            // those creates' callers the core.
+            idle(s, pos, 0);
             seen = None;
-            pace.reset();
             continue;
         } else if seen.is_some_and(|(p, _, d)| p != pos || d != durable) {
             pace.kept_up();
@@ -1066,11 +1071,12 @@ fn retry_room(s: &Shared) {
     }
 }
 
-/// Nothing to write: yield a little, then sleep until an appender wakes
-/// us (looking for room first if the disk was full).
-fn idle(s: &Shared, pos: u64) {
+/// Nothing to write: yield `spins` times while no record comes, then
+/// sleep until an appender wakes us (looking for room first if the disk
+/// was full).
+fn idle(s: &Shared, pos: u64, spins: u32) {
     retry_room(s);
-    for _ in 0..32 {
+    for _ in 0..spins {
         if s.ring.ready(pos) {
             return;
         }
