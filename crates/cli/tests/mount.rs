@@ -873,6 +873,64 @@ fn a_server_restart_keeps_open_files_even_unlinked_and_locks() {
     });
 }
 
+/// Makes the data directory look as if the server's machine restarted
+/// since the run that wrote it: another boot id in `server.json`.
+fn another_machine_boot(data: &Path) {
+    let path = data.join("server.json");
+    let mut state: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    assert!(state["machine"].is_string(), "the server records its machine's boot id: {state}");
+    state["machine"] = "a boot of the machine before it restarted".into();
+    std::fs::write(&path, serde_json::to_vec(&state).unwrap()).unwrap();
+}
+
+/// A write is answered before the server's disk has it, as `write(2)`
+/// returns before the page cache is written back. After a crash of the
+/// server's machine (a `kill -9` and a boot id that changed), an `fsync`
+/// of a file written before fails with `EIO`, once, rather than vouch for
+/// data the crash may have lost; the mount keeps no copy to send again.
+/// A `kill -9` alone loses nothing (the kernel held the writes), and a
+/// clean stop syncs every file, so after either the `fsync` succeeds even
+/// if the machine restarted after the clean stop.
+#[test]
+fn an_fsync_after_the_servers_machine_crashed_fails_for_writes_before_it() {
+    if !fuse_ready("an_fsync_after_the_servers_machine_crashed_fails_for_writes_before_it") {
+        return;
+    }
+    let data = tempfile::tempdir().unwrap();
+    let mut server = ServerProc::start(data.path(), "127.0.0.1:0", &RESTARTED);
+    let addr = server.addr.clone();
+    let m = Mount::new(&addr);
+    let (mut crashed, mut killed, mut stopped) =
+        (rw(&m.join("crashed")), rw(&m.join("killed")), rw(&m.join("stopped")));
+    crashed.write_all(b"lost with the machine").unwrap();
+    killed.write_all(b"kept by the kernel").unwrap();
+    // A kill -9 on the same boot: the writes are in the page cache.
+    server.kill9();
+    server = ServerProc::start(data.path(), &addr, &RESTARTED);
+    killed.sync_all().unwrap();
+    stopped.write_all(b"synced by the clean stop").unwrap();
+    // A clean stop, then a restart of the machine.
+    server.terminate();
+    another_machine_boot(data.path());
+    server = ServerProc::start(data.path(), &addr, &RESTARTED);
+    stopped.sync_all().unwrap();
+    // A crash of the machine: nothing vouches for what was not synced.
+    crashed.write_all(b", and more").unwrap();
+    server.kill9();
+    another_machine_boot(data.path());
+    let _server = ServerProc::start(data.path(), &addr, &RESTARTED);
+    let e = crashed.sync_all().expect_err("an fsync vouched for writes a crash of the machine may have lost");
+    assert_eq!(e.raw_os_error(), Some(libc::EIO), "{e}");
+    crashed.sync_all().expect("the loss is reported once");
+    // Writes after the restart are the new server's: synced as ever.
+    crashed.write_all(b" after").unwrap();
+    crashed.sync_all().unwrap();
+    killed.write_all(b" and after").unwrap();
+    killed.sync_all().expect("a file synced before the crash has nothing to lose");
+    assert_eq!(std::fs::read_to_string(m.join("killed")).unwrap(), "kept by the kernel and after");
+    assert_eq!(std::fs::read_to_string(m.join("stopped")).unwrap(), "synced by the clean stop");
+}
+
 /// fsx, the file-system exerciser (its Rust port, which `scripts/test`
 /// installs), if the test command installed it.
 fn fsx() -> Option<PathBuf> {

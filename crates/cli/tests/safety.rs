@@ -512,6 +512,7 @@ fn silent_server(welcome: bool) -> (String, std::thread::JoinHandle<()>) {
                     received: 0,
                     secret: [1; 16],
                     boot: 1,
+                    verifier: 1,
                 };
                 send_raw(&mut s, &w);
             }
@@ -545,6 +546,7 @@ fn a_nowait_lock_on_its_way_at_a_crash_is_asked_again() {
                 received: 0,
                 secret: [1; 16],
                 boot,
+                verifier: 1,
             };
             send_raw(&mut s, &welcome);
             while let Some(frame) = try_read_raw_frame(&mut s) {

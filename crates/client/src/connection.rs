@@ -110,10 +110,13 @@ async fn hello(inner: &Inner, stream: TcpStream) -> Result<Welcomed, ClientError
     let mut frames = proto::reader(rd);
     let not_welcomed = || ClientError::Closed(inner.addr.clone());
     match frames.next().await.ok_or_else(not_welcomed)? {
-        Ok(ServerMsg::Welcome { session, lease_ms, resumed, received, secret, boot, recovering_ms, .. }) => {
+        Ok(ServerMsg::Welcome {
+            session, lease_ms, resumed, received, secret, boot, recovering_ms, verifier, ..
+        }) => {
             inner.session.store(session, Ordering::Relaxed);
             *inner.secret.lock() = secret;
             let before = inner.boot.swap(boot, Ordering::Relaxed);
+            inner.verifier.store(verifier, Ordering::Release);
             inner.lease_ms.store(lease_ms, Ordering::Relaxed);
             Ok(Welcomed {
                 conn: Conn { frames, wr },

@@ -398,6 +398,8 @@ struct Inner {
     secret: Mutex<Secret>,
     /// The server's start number at the last welcome.
     boot: AtomicU64,
+    /// The server's write verifier at the last welcome.
+    verifier: AtomicU64,
     /// The session's lease, as far as answered requests prove it.
     lease: Mutex<Lease>,
     /// Counts sessions: a grant answered in one session and recorded in a
@@ -560,6 +562,7 @@ impl Client {
             session: AtomicU64::new(0),
             secret: Mutex::default(),
             boot: AtomicU64::new(0),
+            verifier: AtomicU64::new(0),
             lease: Mutex::new(Lease::new(Duration::ZERO, Moment::now())),
             generation: AtomicU64::new(0),
             settled: AtomicU64::new(0),
@@ -582,6 +585,18 @@ impl Client {
     /// The session id the server gave this client.
     pub fn session(&self) -> u64 {
         self.inner.session.load(Ordering::Relaxed)
+    }
+
+    /// The write verifier of the server this client last connected to
+    /// (as NFS's: it changes only at a start after which data written and
+    /// not synced before may have been lost). Set before any answer of
+    /// that connection is delivered: read before a write is sent, it is
+    /// that of the server that took the write or an earlier one; read
+    /// after an `fsync` is answered, that of the server that synced or a
+    /// later one. So writes noted under one verifier and an `fsync` seen
+    /// under another may be lost, and equal ones were not.
+    pub fn verifier(&self) -> u64 {
+        self.inner.verifier.load(Ordering::Acquire)
     }
 
     /// Counts this client's sessions, up to the one whose lost locks are

@@ -17,6 +17,8 @@
 //! - `locks`: the kernel's lock owners → the client's owners; what
 //!   `FUSE_FLUSH` and `FUSE_RELEASE` release.
 //! - `handles`: open files.
+//! - `unsynced`: writes not yet synced, so that an `fsync` after the
+//!   server's machine restarted fails rather than vouch for them.
 //!
 //! Node ids are inode numbers (the root is 1 in both; inode numbers are
 //! never reused, so no generation is needed and `FORGET` needs no work).
@@ -45,6 +47,7 @@ mod locks;
 pub mod mountpoint;
 mod ops;
 mod session;
+mod unsynced;
 
 use std::path::PathBuf;
 use std::sync::Arc;

@@ -22,6 +22,7 @@ use crate::Config;
 use crate::abi::{self, Args, InHeader, Malformed, Ttl, fattr, op};
 use crate::handles::{Handles, Listing};
 use crate::locks::{Lost, Owners, errno};
+use crate::unsynced::Unsynced;
 
 /// A reply's body, or the errno to fail with.
 pub type Answer = Result<Vec<u8>, i32>;
@@ -44,6 +45,7 @@ pub struct Fs {
     pub(crate) handles: Handles,
     pub(crate) owners: Owners,
     pub(crate) lost: Lost,
+    unsynced: Unsynced,
     pub(crate) dev: Arc<File>,
 }
 
@@ -141,6 +143,7 @@ impl Fs {
             handles: Handles::default(),
             owners: Owners::default(),
             lost: Lost::default(),
+            unsynced: Unsynced::default(),
             dev,
         }
     }
@@ -194,10 +197,7 @@ impl Fs {
             op::FALLOCATE => self.fallocate(&cred, ino, &mut a).await,
             op::LSEEK => self.lseek(&cred, ino, &mut a).await,
             op::COPY_FILE_RANGE => self.copy_file_range(&cred, ino, &mut a).await,
-            op::FSYNC => {
-                let cred = &cred;
-                self.on_file(ino, true, |c| async move { c.fsync(cred, ino).await }).await.map(|()| Vec::new())
-            }
+            op::FSYNC => self.fsync(&cred, ino).await,
             op::SETXATTR => self.setxattr(&cred, ino, &mut a).await,
             op::GETXATTR => self.getxattr(&cred, ino, &mut a).await,
             op::LISTXATTR => self.listxattr(&cred, ino, &mut a).await,
@@ -550,6 +550,7 @@ impl Fs {
         let flags = a.u32()? as i32;
         a.skip(4)?;
         let data = a.bytes(size)?;
+        self.unsynced.wrote(ino, self.client.verifier());
         if flags & libc::O_APPEND != 0 {
             // At the server's end of the file, not at the kernel's idea of
             // it (another mount may have appended since); in order.
@@ -566,6 +567,16 @@ impl Fs {
         Ok(abi::write_out(size as u32))
     }
 
+    /// `fsync(2)`, `fdatasync(2)`, `msync(2)`: the server syncs the file's
+    /// data and every journal record so far; `EIO` if writes it should
+    /// cover went to a server whose machine restarted since (see
+    /// `unsynced`).
+    async fn fsync(&self, cred: &Cred, ino: Ino) -> Answer {
+        let mark = self.unsynced.mark();
+        self.on_file(ino, true, |c| async move { c.fsync(cred, ino).await }).await?;
+        self.unsynced.synced(ino, mark, self.client.verifier()).map(|()| Vec::new())
+    }
+
     /// `fallocate(2)`: the kernel has checked the range and that the
     /// file is open for writing, and updates its idea of the size after.
     /// Repeated after a server restart as a write is: the same range
@@ -575,6 +586,7 @@ impl Fs {
         let (fh, offset, len, mode) = (a.u64()?, a.u64()?, a.u64()?, a.u32()?);
         let how = Fallocate::from_mode(mode).map_err(|e| e.0)?;
         let who = through(&self.handles, fh, cred);
+        self.unsynced.wrote(ino, self.client.verifier());
         self.on_file(ino, true, |c| async move { c.fallocate(who, ino, how, offset, len).await })
             .await
             .map(|_| Vec::new())
@@ -592,6 +604,7 @@ impl Fs {
         let (fh_in, src_off, dst, fh_out, dst_off, len) = (a.u64()?, a.u64()?, a.u64()?, a.u64()?, a.u64()?, a.u64()?);
         let who = Caller { cred, opened: self.handles.has(fh_in) && self.handles.has(fh_out) };
         let len = len.min(u64::from(u32::MAX) & !0xfff);
+        self.unsynced.wrote(dst, self.client.verifier());
         let (bytes, _) = self
             .on_file(dst, true, |c| async move { c.copy_range(who, (src, src_off), (dst, dst_off), len).await })
             .await?;
@@ -637,6 +650,7 @@ impl Fs {
         let fh = a.u64()?;
         let Some(handle) = self.handles.remove(fh) else { return Ok(Vec::new()) };
         self.lost.clear_if(handle.ino, || !self.handles.is_open(handle.ino));
+        self.unsynced.clear_if(handle.ino, || !self.handles.is_open(handle.ino));
         let lockers: Vec<_> = handle.lockers.lock().drain().collect();
         let resource = crate::locks::resource(handle.ino);
         for (kind, owner) in lockers {

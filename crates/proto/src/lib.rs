@@ -37,7 +37,7 @@ use serde::{Deserialize, Serialize};
 pub use unacked::Unacked;
 
 /// The protocol version this build speaks.
-pub const VERSION: u32 = 16;
+pub const VERSION: u32 = 17;
 /// The largest frame either side accepts, in bytes: room for an extended
 /// attribute's largest value (64 KiB) and a page of directory entries.
 pub const MAX_FRAME: usize = 256 << 10;
@@ -384,7 +384,11 @@ pub enum ServerMsg {
     /// what resuming this session takes. `boot`: the server's start
     /// number, which grows at every start: a client that finds its session
     /// gone tells a restart (it may reclaim in the window) from the end of
-    /// its lease (its locks are lost) by it.
+    /// its lease (its locks are lost) by it. `verifier` (version 17), as
+    /// NFS's write verifier: it changes only at a start after which data
+    /// written and not yet synced may have been lost (the machine
+    /// restarted since a run that did not end with everything on disk);
+    /// an `fsync` after it changed cannot vouch for writes made before.
     Welcome {
         version: u32,
         session: u64,
@@ -394,6 +398,7 @@ pub enum ServerMsg {
         received: u64,
         secret: Secret,
         boot: u64,
+        verifier: u64,
     },
     /// The connection is refused and closes. `auth`: for a wrong or
     /// missing token (a client reports that apart from other refusals).
@@ -637,8 +642,9 @@ mod tests {
             received: 3,
             secret: [1; 16],
             boot: 2,
+            verifier: 4,
         };
-        assert_eq!(encode(&welcome)[..], [&[0u8, 3, 5, 1, 1, 0, 3][..], &[1; 16], &[2]].concat());
+        assert_eq!(encode(&welcome)[..], [&[0u8, 3, 5, 1, 1, 0, 3][..], &[1; 16], &[2, 4]].concat());
         assert_eq!(encode(&Reply::Recovering { left_ms: 5 }), [8, 5]);
         assert_eq!(encode(&Op::Renew { received: 1 }), [7, 1]);
         assert_eq!(encode(&Op::Inspect { resource: b"r".to_vec() }), [10, 1, b'r']);

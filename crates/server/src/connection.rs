@@ -114,6 +114,7 @@ pub(crate) async fn connection(
             received: *turn,
             secret: session.secret,
             boot: inner.boot,
+            verifier: inner.verifier,
         },
     );
     let serve = async {

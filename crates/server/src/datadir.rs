@@ -30,13 +30,27 @@
 //! run that loads it, and dropped at the next evict after that. Session
 //! ids listed are not given to new sessions.
 //!
+//! A write to a file's data is answered before it is synced, as
+//! `write(2)` returns before the disk has the data: a crash of the
+//! server's process loses none of it (the kernel holds it), a crash of
+//! the machine may. A mount outlives the server's machine, and an
+//! `fsync` it makes afterwards must not vouch for writes that crash
+//! lost. So each start has a write verifier, as NFS's: the previous
+//! run's, unless the machine restarted since that run began (the
+//! kernel's boot id changed) and that run did not end with everything
+//! on disk ([`Synced::mark`], at a clean stop); then this start's number.
+//! A client that wrote under one verifier and syncs under another is
+//! told the writes may be lost (`EIO`, see the mount's `unsynced`).
+//!
 //! On disk: `DIR/lock` (held with an exclusive `flock` while the server
 //! runs; a second server on the directory is refused) and
 //! `DIR/server.json` (`{"epoch": N, "fence_reserved": F, "evicted":
-//! [{"session": S, "lease_ms": L}, ...]}`, replaced atomically: written
-//! to a temporary file, synced, renamed, directory synced). A directory
-//! from before the floor (no `fence_reserved`) had tokens `epoch << 40 |
-//! fence`; its floor is `(epoch + 1) << 40`.
+//! [{"session": S, "lease_ms": L}, ...], "verifier": V, "machine": B,
+//! "synced": false}`, replaced atomically: written to a temporary file,
+//! synced, renamed, directory synced). A directory from before the floor
+//! (no `fence_reserved`) had tokens `epoch << 40 | fence`; its floor is
+//! `(epoch + 1) << 40`; one from before the verifier (none) starts a new
+//! one.
 
 use std::collections::HashSet;
 use std::fs::File;
@@ -63,6 +77,33 @@ struct Persisted {
     /// Sessions evicted whose clients may not know it yet.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     evicted: Vec<Evicted>,
+    /// The last run's write verifier (see the module docs).
+    #[serde(default)]
+    verifier: Option<u64>,
+    /// The kernel's boot id when the last run started, if it could be
+    /// read.
+    #[serde(default)]
+    machine: Option<String>,
+    /// The last run ended with every write it took on disk.
+    #[serde(default)]
+    synced: bool,
+}
+
+/// The kernel's id of this boot of the machine, if it says.
+fn machine() -> Option<String> {
+    std::fs::read_to_string("/proc/sys/kernel/random/boot_id").ok().map(|s| s.trim().to_owned())
+}
+
+/// This start's write verifier: the last run's, unless writes it answered
+/// may have been lost since (the machine restarted, by `machine`, and the
+/// run did not end synced, or either boot id is unknown); else `boot`,
+/// this start's number, which no run had before.
+fn verifier(prev: &Persisted, machine: Option<&str>, boot: u64) -> u64 {
+    let same_machine = machine.is_some() && prev.machine.as_deref() == machine;
+    match prev.verifier {
+        Some(v) if prev.synced || same_machine => v,
+        _ => boot,
+    }
 }
 
 /// An evicted session, and the lease it had.
@@ -85,6 +126,9 @@ pub(crate) struct DataDir {
 /// sessions evicted.
 pub(crate) struct Start {
     pub boot: u64,
+    /// The write verifier (see the module docs).
+    pub verifier: u64,
+    pub synced: Synced,
     /// The directory had been used before: the server restarted.
     pub restarted: bool,
     pub fences: Fences,
@@ -151,14 +195,18 @@ impl DataDir {
                 .ok_or_else(|| exhausted("the old start number leaves no fencing tokens above its own"))?,
         };
         let reserved = floor.checked_add(block).ok_or_else(|| exhausted("fencing tokens are used up"))?;
+        let machine = machine();
+        let verifier = verifier(&prev, machine.as_deref(), boot);
         // Those evicted before are known from now on.
         let evicted: Vec<_> = prev.evicted.into_iter().map(|e| (e, now)).collect();
         let ids = Mutex::new(ids_of(&evicted));
-        let file = StateFile { path: state, epoch: boot, fence_reserved: reserved, evicted };
+        let file =
+            StateFile { path: state, epoch: boot, fence_reserved: reserved, evicted, verifier, machine, synced: false };
         file.write()?;
         let file = Arc::new(Mutex::new(file));
         let fences = Fences { floor, reserved: AtomicU64::new(block), block, file: file.clone() };
-        Ok((Start { boot, restarted, fences, evictions: Evictions { file, ids } }, self))
+        let synced = Synced { dir: self.path.clone(), file: file.clone() };
+        Ok((Start { boot, verifier, synced, restarted, fences, evictions: Evictions { file, ids } }, self))
     }
 }
 
@@ -170,6 +218,9 @@ struct StateFile {
     fence_reserved: u64,
     /// The sessions evicted, each with when this run first knew of it.
     evicted: Vec<(Evicted, Instant)>,
+    verifier: u64,
+    machine: Option<String>,
+    synced: bool,
 }
 
 impl StateFile {
@@ -178,6 +229,9 @@ impl StateFile {
             epoch: self.epoch,
             fence_reserved: Some(self.fence_reserved),
             evicted: self.evicted.iter().map(|&(e, _)| e).collect(),
+            verifier: Some(self.verifier),
+            machine: self.machine.clone(),
+            synced: self.synced,
         };
         let bytes = serde_json::to_vec(&persisted).expect("serializes");
         let dir = self.path.parent().expect("in the data directory");
@@ -190,6 +244,32 @@ impl StateFile {
             File::open(dir)?.sync_all()
         })()
         .map_err(|source| ServerError::Data { path: self.path.clone(), source })
+    }
+}
+
+/// Records that a run ends with every write it took on disk, so that the
+/// next start keeps the write verifier even after the machine restarted.
+pub(crate) struct Synced {
+    dir: PathBuf,
+    file: Arc<Mutex<StateFile>>,
+}
+
+impl Synced {
+    /// Syncs the file system of the data directory (every file's data and
+    /// the journal: `syncfs(2)`), then records that on disk. Call it only
+    /// once no write can come: at the end of a clean stop. Blocks for the
+    /// sync; O(dirty data).
+    pub fn mark(&self) -> Result<(), ServerError> {
+        let err = |source| ServerError::Data { path: self.dir.clone(), source };
+        let dir = File::open(&self.dir).map_err(err)?;
+        rustix::fs::syncfs(&dir).map_err(|e| err(e.into()))?;
+        let mut file = self.file.lock();
+        file.synced = true;
+        let written = file.write();
+        if written.is_err() {
+            file.synced = false;
+        }
+        written
     }
 }
 
@@ -315,6 +395,44 @@ mod tests {
             }
             drop(held);
         }
+    }
+
+    /// The write verifier is kept across restarts of the server on one
+    /// boot of the machine, and after a run that ended synced; a restart
+    /// of the machine after a run that did not end synced gives a new
+    /// one, as does a directory from before the verifier.
+    #[test]
+    fn the_write_verifier_changes_only_where_unsynced_writes_may_be_lost() {
+        let dir = tempfile::tempdir().unwrap();
+        let (s, held) = start(dir.path(), 8);
+        let first = s.verifier;
+        drop(held);
+        let (s, held) = start(dir.path(), 8);
+        assert_eq!(s.verifier, first, "a restart on the same boot");
+        drop(held);
+        let rebooted = |d: &Path| {
+            let mut p = state(d);
+            p.machine = Some("another boot".into());
+            std::fs::write(d.join("server.json"), serde_json::to_vec(&p).unwrap()).unwrap();
+        };
+        rebooted(dir.path());
+        let (s, held) = start(dir.path(), 8);
+        assert_ne!(s.verifier, first, "a restart of the machine after a crash");
+        assert_eq!(s.verifier, s.boot);
+        let second = s.verifier;
+        s.synced.mark().unwrap();
+        assert!(state(dir.path()).synced);
+        drop(held);
+        rebooted(dir.path());
+        let (s, held) = start(dir.path(), 8);
+        assert_eq!(s.verifier, second, "a restart of the machine after a run that ended synced");
+        assert!(!state(dir.path()).synced, "a run is not synced until it says so");
+        drop(held);
+        let mut old = state(dir.path());
+        old.verifier = None;
+        std::fs::write(dir.path().join("server.json"), serde_json::to_vec(&old).unwrap()).unwrap();
+        let (s, _held) = start(dir.path(), 8);
+        assert_ne!(s.verifier, second, "a directory from before the verifier");
     }
 
     /// An evict is on disk once recorded: the next run knows it, and

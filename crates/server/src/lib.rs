@@ -84,6 +84,10 @@ pub(crate) struct Inner {
     config: Config,
     /// This start's number (grows at every start of the data directory).
     boot: u64,
+    /// The write verifier (see `datadir`).
+    verifier: u64,
+    /// Records at a clean stop that every write is on disk.
+    synced: datadir::Synced,
     fences: Fences,
     /// Sessions evicted lately, on disk: their clients may not reclaim
     /// after a restart (see `datadir`).
@@ -213,6 +217,8 @@ impl Server {
             me: me.clone(),
             config,
             boot: start.boot,
+            verifier: start.verifier,
+            synced: start.synced,
             fences: start.fences,
             evictions: start.evictions,
             started,

@@ -108,12 +108,23 @@ pub(crate) async fn stop(inner: &std::sync::Arc<Inner>) {
     // woken: no waiting connection polls the stop (a shared line) on its
     // way.
     inner.sessions.wake_all();
-    settle(until, || s.readers.load(Ordering::SeqCst) == 0 && s.offloaded.load(Ordering::SeqCst) == 0).await;
+    let quiet =
+        settle(until, || s.readers.load(Ordering::SeqCst) == 0 && s.offloaded.load(Ordering::SeqCst) == 0).await;
     let end = inner.store.changelog().journal().next_index();
     let left = until.saturating_duration_since(Instant::now());
     let me = inner.clone();
-    let synced = tokio::task::spawn_blocking(move || me.store.changelog().journal().wait_for(end, Some(left))).await;
-    if !matches!(synced, Ok(Ok(e)) if e >= end) {
+    let synced = tokio::task::spawn_blocking(move || {
+        let journal = me.store.changelog().journal().wait_for(end, Some(left)).is_ok_and(|e| e >= end);
+        // No write comes after a stop that settled: every file's data
+        // can be put on disk for good, and the next start may keep the
+        // write verifier (see `datadir`).
+        if journal && quiet && let Err(e) = me.synced.mark() {
+            tracing::warn!(error = %e, "a clean stop could not sync the files' data: the next start after a restart of this machine fails the fsyncs of writes made before it");
+        }
+        journal
+    })
+    .await;
+    if !matches!(synced, Ok(true)) {
         tracing::warn!("a clean stop could not sync the journal in time: answers still owed are not sent");
     }
     s.answered.cancel();
@@ -121,9 +132,14 @@ pub(crate) async fn stop(inner: &std::sync::Arc<Inner>) {
 }
 
 /// Waits until `done` holds or `until` passes, looking every 5 ms: a stop
-/// happens once, and a few milliseconds of it cost nothing.
-async fn settle(until: Instant, done: impl Fn() -> bool) {
-    while !done() && Instant::now() < until {
+/// happens once, and a few milliseconds of it cost nothing. Whether
+/// `done` held.
+async fn settle(until: Instant, done: impl Fn() -> bool) -> bool {
+    while !done() {
+        if Instant::now() >= until {
+            return false;
+        }
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
+    true
 }
