@@ -931,6 +931,46 @@ fn an_fsync_after_the_servers_machine_crashed_fails_for_writes_before_it() {
     assert_eq!(std::fs::read_to_string(m.join("stopped")).unwrap(), "synced by the clean stop");
 }
 
+/// A write to a file opened `O_SYNC` or `O_DSYNC`, or made with
+/// `pwritev2`'s `RWF_DSYNC`, is on the server's disk when it returns: a
+/// crash of the server's machine right after loses none of it, so the
+/// next `fsync` has nothing to report, where it fails for a plain write
+/// (see the test above). The kernel syncs nothing after a write to a
+/// file system that writes through; it passes the flags on.
+#[test]
+fn a_synchronous_write_is_durable_when_it_returns() {
+    if !fuse_ready("a_synchronous_write_is_durable_when_it_returns") {
+        return;
+    }
+    use std::os::unix::fs::OpenOptionsExt;
+    let data = tempfile::tempdir().unwrap();
+    let mut server = ServerProc::start(data.path(), "127.0.0.1:0", &RESTARTED);
+    let addr = server.addr.clone();
+    let m = Mount::new(&addr);
+    let open = |name: &str, flags: i32| {
+        OpenOptions::new().create(true).write(true).custom_flags(flags).open(m.join(name)).unwrap()
+    };
+    let (mut sync, mut dsync, plain, mut rwf) =
+        (open("sync", libc::O_SYNC), open("dsync", libc::O_DSYNC), open("plain", 0), open("rwf", 0));
+    sync.write_all(b"O_SYNC").unwrap();
+    dsync.write_all(b"O_DSYNC").unwrap();
+    nix::sys::uio::pwrite(&plain, b"plain", 0).unwrap();
+    let iov = [std::io::IoSlice::new(b"RWF_DSYNC")];
+    // SAFETY: one valid iovec of a live buffer, on an open descriptor.
+    let wrote =
+        unsafe { libc::pwritev2(std::os::fd::AsRawFd::as_raw_fd(&rwf), iov.as_ptr().cast(), 1, 0, libc::RWF_DSYNC) };
+    assert_eq!(wrote, 9, "{}", std::io::Error::last_os_error());
+    server.kill9();
+    another_machine_boot(data.path());
+    let _server = ServerProc::start(data.path(), &addr, &RESTARTED);
+    for (name, f) in [("O_SYNC", &mut sync), ("O_DSYNC", &mut dsync), ("RWF_DSYNC", &mut rwf)] {
+        f.sync_all().unwrap_or_else(|e| panic!("a write with {name} had returned before it was durable: {e}"));
+    }
+    let e = plain.sync_all().expect_err("a plain write is answered before it is durable");
+    assert_eq!(e.raw_os_error(), Some(libc::EIO), "{e}");
+    assert_eq!(std::fs::read_to_string(m.join("rwf")).unwrap(), "RWF_DSYNC");
+}
+
 /// fsx, the file-system exerciser (its Rust port, which `scripts/test`
 /// installs), if the test command installed it.
 fn fsx() -> Option<PathBuf> {
