@@ -1377,7 +1377,7 @@ fn fs_op() -> impl proptest::strategy::Strategy<Value = FsOp> {
         1 => (p(), any::<bool>()).prop_map(|(path, now)| FsOp::Utime { path, now }),
         1 => (
             p(),
-            proptest::sample::select(&["user.a", "user.b", "trusted.a"][..]),
+            proptest::sample::select(&["user.a", "user.b", "trusted.a", "user."][..]),
             proptest::sample::select(&[0, libc::XATTR_CREATE, libc::XATTR_REPLACE][..])
         )
             .prop_map(|(path, name, flags)| FsOp::Xattr { path, name, flags }),

@@ -332,8 +332,20 @@ pub(crate) fn check_name(name: &[u8]) -> Result<()> {
 /// mount's kernel nor the server would apply: stored, an ACL that denies
 /// a user would show in `getfacl` while the user still reads the file.
 /// Refused, `setfacl` says "Operation not supported", as on a file system
-/// without ACLs.
+/// without ACLs. A name that is its namespace's prefix alone (`user.`)
+/// names nothing: `EINVAL` once the caller may, as Linux's
+/// `xattr_resolve_name` answers after the permission checks (until
+/// session 41 it was stored).
 pub(crate) fn xattr_permission(cred: &Cred, i: &Inode, name: &[u8], write: bool) -> Result<()> {
+    xattr_access(cred, i, name, write)?;
+    if [b"trusted.".as_slice(), b"user.", b"security."].contains(&name) {
+        return Err(Errno::EINVAL);
+    }
+    Ok(())
+}
+
+/// Who may read or set `name`, by its namespace: see `xattr_permission`.
+fn xattr_access(cred: &Cred, i: &Inode, name: &[u8], write: bool) -> Result<()> {
     if name.len() > XATTR_NAME_MAX {
         return Err(Errno::ERANGE);
     }

@@ -77,8 +77,8 @@ fn op() -> impl Strategy<Value = Op> {
         (p.clone(), mode).prop_map(|(p, m)| Op::Chmod(p, m)),
         (p.clone(), any::<bool>(), any::<bool>()).prop_map(|(p, u, g)| Op::Chown(p, u, g)),
         (p.clone(), 0u64..5000).prop_map(|(p, s)| Op::Truncate(p, s)),
-        (p.clone(), 0u8..3, 0u8..3).prop_map(|(p, n, f)| Op::SetXattr(p, n, f)),
-        (p.clone(), 0u8..3).prop_map(|(p, n)| Op::RemoveXattr(p, n)),
+        (p.clone(), 0u8..XNAMES, 0u8..3).prop_map(|(p, n, f)| Op::SetXattr(p, n, f)),
+        (p.clone(), 0u8..XNAMES).prop_map(|(p, n)| Op::RemoveXattr(p, n)),
         (p.clone(), 0..TIMES.len()).prop_map(|(p, k)| Op::Utime(p, k)),
         (
             prop_oneof![3 => Just(PATHS.len()), 1 => p.clone()],
@@ -124,8 +124,12 @@ fn as_user<T>(user: bool, f: impl FnOnce() -> T) -> T {
     out
 }
 
+/// The xattr names the sequences use: `user.x0` and the like, and the
+/// namespace's prefix alone, which names nothing (`EINVAL`).
+const XNAMES: u8 = 4;
+
 fn xname(n: u8) -> String {
-    format!("user.x{n}")
+    if n == XNAMES - 1 { "user.".into() } else { format!("user.x{n}") }
 }
 
 impl Kernel {
@@ -369,7 +373,7 @@ fn kernel_tree(base: &Path) -> Tree {
             let m = std::fs::symlink_metadata(base.join(&path)).unwrap();
             let mut xattrs = Vec::new();
             if !m.file_type().is_symlink() {
-                for n in 0..3u8 {
+                for n in 0..XNAMES {
                     let cpath = c(&base.join(&path));
                     let cname = CString::new(xname(n)).unwrap();
                     let mut buf = [0u8; 16];
@@ -403,7 +407,7 @@ fn our_tree(ns: &Namespace) -> Tree {
             let path = if rel.is_empty() { name } else { format!("{rel}/{name}") };
             let a = ns.getattr(e.ino).unwrap();
             let mut xattrs = Vec::new();
-            for n in 0..3u8 {
+            for n in 0..XNAMES {
                 if let Ok(v) = ns.getxattr(&Cred::root(), e.ino, xname(n).as_bytes()) {
                     xattrs.push((xname(n), v));
                 }
