@@ -237,7 +237,8 @@ impl Client {
     }
 
     /// Writes `data` (at most 128 KiB a call) at `offset`; the file's
-    /// attributes after it.
+    /// attributes after it. Answered before it is durable, as `write(2)`
+    /// returns: see [`Client::fsync`].
     pub async fn write(
         &self,
         who: impl Into<Caller<'_>>,
@@ -305,6 +306,10 @@ impl Client {
     }
 
     /// Makes the file's data, and every change made so far, durable.
+    /// Writes made before the server's machine crashed may be lost all
+    /// the same, and this cannot tell: compare [`Client::verifier`]
+    /// read before those writes were sent with its value after this
+    /// returns (the mount fails its `fsync` with `EIO` when they differ).
     pub async fn fsync(&self, cred: &Cred, ino: Ino) -> Result<(), ClientError> {
         self.done(cred, MetaOp::Fsync { ino }).await
     }
