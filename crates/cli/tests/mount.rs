@@ -115,6 +115,16 @@ fn server() -> (tempfile::TempDir, ServerProc) {
     (data, server)
 }
 
+/// A server to restart (see [`RESTARTED`]), if FUSE tests can run here.
+fn restartable(test: &str) -> Option<(tempfile::TempDir, ServerProc)> {
+    if !fuse_ready(test) {
+        return None;
+    }
+    let data = tempfile::tempdir().unwrap();
+    let server = ServerProc::start(data.path(), "127.0.0.1:0", &RESTARTED);
+    Some((data, server))
+}
+
 /// A server and two mounts of it (two nodes), if FUSE tests can run
 /// here. Keep the server and its directory as long as the mounts.
 fn two_mounts(test: &str) -> Option<(tempfile::TempDir, ServerProc, Mount, Mount)> {
@@ -813,11 +823,9 @@ fn a_killed_mount_gives_its_locks_back_and_unmounts_cleanly() {
 /// lock stays its holder's.
 #[test]
 fn a_server_restart_keeps_open_files_even_unlinked_and_locks() {
-    if !fuse_ready("a_server_restart_keeps_open_files_even_unlinked_and_locks") {
+    let Some((data, mut server)) = restartable("a_server_restart_keeps_open_files_even_unlinked_and_locks") else {
         return;
-    }
-    let data = tempfile::tempdir().unwrap();
-    let mut server = ServerProc::start(data.path(), "127.0.0.1:0", &RESTARTED);
+    };
     let addr = server.addr.clone();
     let (a, b) = (Mount::new(&addr), Mount::new(&addr));
     let mut fa = rw(&a.join("f"));
@@ -893,11 +901,10 @@ fn another_machine_boot(data: &Path) {
 /// if the machine restarted after the clean stop.
 #[test]
 fn an_fsync_after_the_servers_machine_crashed_fails_for_writes_before_it() {
-    if !fuse_ready("an_fsync_after_the_servers_machine_crashed_fails_for_writes_before_it") {
+    let Some((data, mut server)) = restartable("an_fsync_after_the_servers_machine_crashed_fails_for_writes_before_it")
+    else {
         return;
-    }
-    let data = tempfile::tempdir().unwrap();
-    let mut server = ServerProc::start(data.path(), "127.0.0.1:0", &RESTARTED);
+    };
     let addr = server.addr.clone();
     let m = Mount::new(&addr);
     let (mut crashed, mut killed, mut stopped) =
@@ -939,12 +946,8 @@ fn an_fsync_after_the_servers_machine_crashed_fails_for_writes_before_it() {
 /// file system that writes through; it passes the flags on.
 #[test]
 fn a_synchronous_write_is_durable_when_it_returns() {
-    if !fuse_ready("a_synchronous_write_is_durable_when_it_returns") {
-        return;
-    }
     use std::os::unix::fs::OpenOptionsExt;
-    let data = tempfile::tempdir().unwrap();
-    let mut server = ServerProc::start(data.path(), "127.0.0.1:0", &RESTARTED);
+    let Some((data, mut server)) = restartable("a_synchronous_write_is_durable_when_it_returns") else { return };
     let addr = server.addr.clone();
     let m = Mount::new(&addr);
     let open = |name: &str, flags: i32| {
