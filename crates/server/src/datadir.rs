@@ -95,9 +95,9 @@ fn machine() -> Option<String> {
 }
 
 /// This start's write verifier: the last run's, unless writes it answered
-/// may have been lost since (the machine restarted, by `machine`, and the
-/// run did not end synced, or either boot id is unknown); else `boot`,
-/// this start's number, which no run had before.
+/// may have been lost since (the run did not end synced, and the machine
+/// restarted since it began, by `machine`, or either boot id is
+/// unknown); else `boot`, this start's number, which no run had before.
 fn verifier(prev: &Persisted, machine: Option<&str>, boot: u64) -> u64 {
     let same_machine = machine.is_some() && prev.machine.as_deref() == machine;
     match prev.verifier {
