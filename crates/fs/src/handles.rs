@@ -59,9 +59,16 @@ impl Drop for Listing {
     }
 }
 
+/// The open files: each handle, and how many each inode has.
+#[derive(Default)]
+struct Open {
+    handles: HashMap<u64, Arc<Handle>>,
+    per_ino: HashMap<Ino, usize>,
+}
+
 #[derive(Default)]
 pub struct Handles {
-    open: Mutex<HashMap<u64, Arc<Handle>>>,
+    open: Mutex<Open>,
     /// Open directories: who opened each (its listings are checked with
     /// these credentials, as a file's data calls are) and where its
     /// listing stands.
@@ -73,32 +80,43 @@ impl Handles {
     /// A new handle of `ino`. O(1).
     pub fn insert(&self, ino: Ino) -> u64 {
         let fh = self.next.fetch_add(1, Relaxed) + 1;
-        self.open.lock().insert(fh, Arc::new(Handle { ino, lockers: Mutex::default() }));
+        let mut open = self.open.lock();
+        open.handles.insert(fh, Arc::new(Handle { ino, lockers: Mutex::default() }));
+        *open.per_ino.entry(ino).or_default() += 1;
         fh
     }
 
     pub fn get(&self, fh: u64) -> Option<Arc<Handle>> {
-        self.open.lock().get(&fh).cloned()
+        self.open.lock().handles.get(&fh).cloned()
     }
 
     /// Whether file handle `fh` is open. O(1).
     pub fn has(&self, fh: u64) -> bool {
-        self.open.lock().contains_key(&fh)
+        self.open.lock().handles.contains_key(&fh)
     }
 
+    /// Closes handle `fh`. O(1).
     pub fn remove(&self, fh: u64) -> Option<Arc<Handle>> {
-        self.open.lock().remove(&fh)
+        let mut open = self.open.lock();
+        let handle = open.handles.remove(&fh)?;
+        if let Some(n) = open.per_ino.get_mut(&handle.ino) {
+            *n -= 1;
+            if *n == 0 {
+                open.per_ino.remove(&handle.ino);
+            }
+        }
+        Some(handle)
     }
 
     /// Whether an open handle of `ino` has locked as `(kind, owner)`.
     /// O(open files).
     pub fn locked_through_another(&self, ino: Ino, locker: (Kind, u64)) -> bool {
-        self.open.lock().values().any(|h| h.ino == ino && h.lockers.lock().contains(&locker))
+        self.open.lock().handles.values().any(|h| h.ino == ino && h.lockers.lock().contains(&locker))
     }
 
-    /// Whether any handle of `ino` is open. O(open files).
+    /// Whether any handle of `ino` is open. O(1).
     pub fn is_open(&self, ino: Ino) -> bool {
-        self.open.lock().values().any(|h| h.ino == ino)
+        self.open.lock().per_ino.contains_key(&ino)
     }
 
     /// A new directory handle, opened by `cred`. O(1).

@@ -81,7 +81,7 @@ impl Lost {
     }
 
     /// Forgets `ino` once `closed` says no open of it is left (asked only
-    /// of a lost inode: it scans the open files).
+    /// of a lost inode). O(1) and `closed`.
     pub fn clear_if(&self, ino: Ino, closed: impl FnOnce() -> bool) {
         let mut lost = self.inos.lock();
         if lost.contains(&ino) && closed() {

@@ -69,8 +69,8 @@ impl Unsynced {
         Ok(())
     }
 
-    /// Forgets `ino` once `closed` says no open of it is left (asked only
-    /// of a file with unsynced writes: it scans the open files).
+    /// Forgets `ino` once `closed` says no open of it is left. O(1) and
+    /// `closed`.
     pub fn clear_if(&self, ino: Ino, closed: impl FnOnce() -> bool) {
         let mut files = self.files.lock();
         if files.contains_key(&ino) && closed() {
