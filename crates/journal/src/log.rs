@@ -964,10 +964,11 @@ fn backstop(s: &Shared) {
         } else if pos == reserved && !lagging && seen.is_some_and(|(_, r, _)| r == reserved) {
             // No spin: the callers write what comes next. The pace is
             // kept: a server whose creates come one at a time, each
-            // synced by its caller before the next, would otherwise wake
-            // the flusher twice a create (the append's wake-up, then the
-            // first look a `backstop` later), which on two cores costs
-            // those creates' callers the core.
+            // synced by its caller before the next (a mount's, in one
+            // directory), would otherwise wake the flusher 3-4 times a
+            // create (the append's wake-up, the first look a `backstop`
+            // later, the yields), which on two cores takes those
+            // creates' callers the core.
             idle(s, pos, 0);
             seen = None;
             continue;

@@ -14,7 +14,10 @@
 //!    stops between requests);
 //! 2. the disk tasks handed to blocking threads finish;
 //! 3. the journal syncs everything appended: its durable hook puts the
-//!    waiting answers into their sessions' streams;
+//!    waiting answers into their sessions' streams; if phases 1 and 2
+//!    ended in time, every file's data is synced too, and that is
+//!    recorded, so that the next start keeps the write verifier even
+//!    after a restart of the machine (see `datadir`);
 //! 4. every connection writes its stream out, then its goodbye, and
 //!    closes.
 //!
