@@ -428,10 +428,10 @@ impl Fs {
     /// are dropped, so a size changed elsewhere shows after the open
     /// (close-to-open).
     async fn open(&self, cred: &Cred, ino: Ino, a: &mut Args<'_>) -> Answer {
-        let want = wanted(a.u32()?);
-        self.again(|| self.client.open(cred, ino, want)).await?;
+        let flags = a.u32()?;
+        self.again(|| self.client.open(cred, ino, wanted(flags))).await?;
         self.invalidate(ino);
-        Ok(abi::open_out(self.handles.insert(ino), abi::FOPEN_DIRECT_IO))
+        Ok(abi::open_out(self.handles.insert(ino), abi::fopen(flags)))
     }
 
     /// `FUSE_OPENDIR`. The kernel has checked the caller's read
@@ -457,7 +457,7 @@ impl Fs {
         a.skip(8)?;
         let name = a.cstr()?;
         let attr = self.create_or_open(cred, parent, name, mode & 0o7777, flags as i32).await?;
-        Ok(self.opened(&attr))
+        Ok(self.opened(&attr, flags))
     }
 
     /// `FUSE_TMPFILE`: `open(O_TMPFILE)` in directory `parent`, a file
@@ -469,13 +469,14 @@ impl Fs {
         let (flags, mode) = (a.u32()?, a.u32()?);
         let linkable = flags as i32 & libc::O_EXCL == 0;
         let attr = self.once(|| self.client.tmpfile(cred, parent, mode & 0o7777, linkable)).await?;
-        Ok(self.opened(&attr))
+        Ok(self.opened(&attr, flags))
     }
 
-    /// The answer to a create that opens: the new entry, then a handle.
-    fn opened(&self, attr: &Attr) -> Vec<u8> {
+    /// The answer to a create that opens with `flags`: the new entry,
+    /// then a handle.
+    fn opened(&self, attr: &Attr, flags: u32) -> Vec<u8> {
         let mut out = self.entry(attr);
-        out.extend_from_slice(&abi::open_out(self.handles.insert(attr.ino), abi::FOPEN_DIRECT_IO));
+        out.extend_from_slice(&abi::open_out(self.handles.insert(attr.ino), abi::fopen(flags)));
         out
     }
 

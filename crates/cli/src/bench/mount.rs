@@ -3,8 +3,10 @@
 //! passthrough) and tmpfs itself: the mdtest shape (T threads create,
 //! stat and unlink files in one shared directory), ctdb's `ping_pong` (1
 //! process; 2 processes, on two mounts for interlock), `du` over a tree
-//! of files on a cold mount, and sequential write, read and copy
-//! (`copy_file_range`, as `cp` copies) of one large file. Needs root and /dev/fuse; bindfs and ping_pong where installed
+//! of files on a cold mount, sequential write, read and copy
+//! (`copy_file_range`, as `cp` copies) of one large file, and many
+//! threads writing one file at distinct offsets with `O_DIRECT` (MPI-IO's
+//! shared file, a database's pages). Needs root and /dev/fuse; bindfs and ping_pong where installed
 //! (rows without them are left out, with a note).
 
 use std::path::{Path, PathBuf};
@@ -35,6 +37,10 @@ pub struct Args {
     /// MiB to write and read sequentially.
     #[arg(long, default_value = "1024")]
     mib: u64,
+    /// Threads writing 4 KiB blocks of one file, with `O_DIRECT`, each at
+    /// offsets of its own (32 MiB in all).
+    #[arg(long, default_value = "16", value_parser = clap::value_parser!(u64).range(1..=1024))]
+    writers: u64,
     /// Seconds each ping_pong run lasts; at least 2 (it prints its rate
     /// once a second, from the second on).
     #[arg(long, default_value = "4", value_parser = clap::value_parser!(u64).range(2..))]
@@ -254,7 +260,48 @@ fn suite(
     report.row(row(variant, "write", 1, mb / w, w));
     report.row(row(variant, "read", 1, mb / r, r));
     report.row(row(variant, "copy", 1, mb / c, c));
+    let writers = args.writers as usize;
+    let took = shared_write(&dir.join("shared"), writers)?;
+    report.row(row(variant, "sharedwrite", writers, SHARED_BLOCKS as f64 / took, took));
     Ok(mdtest)
+}
+
+/// The 4 KiB blocks `shared_write` writes.
+const SHARED_BLOCKS: u64 = 8192;
+
+/// Seconds for `writers` threads to write [`SHARED_BLOCKS`] blocks of 4
+/// KiB to one file of that size, opened `O_DIRECT`, thread `i` the blocks
+/// `i`, `i + writers`, …, then `fsync`: writes that do not extend the
+/// file, which a file system may run at once.
+fn shared_write(path: &Path, writers: usize) -> Result<f64, String> {
+    use std::os::unix::fs::{FileExt, OpenOptionsExt};
+    const BLOCK: usize = 4096;
+    let err = |e: std::io::Error| format!("{}: {e}", path.display());
+    std::fs::File::create(path).and_then(|f| f.set_len(SHARED_BLOCKS * BLOCK as u64)).map_err(err)?;
+    let file = std::fs::OpenOptions::new().write(true).custom_flags(libc::O_DIRECT).open(path).map_err(err)?;
+    // `O_DIRECT` wants the buffer aligned to the block.
+    let buf = vec![0x5au8; 2 * BLOCK];
+    let at = buf.as_ptr().align_offset(BLOCK);
+    let block = &buf[at..at + BLOCK];
+    let start = Instant::now();
+    std::thread::scope(|s| {
+        let threads: Vec<_> = (0..writers)
+            .map(|i| {
+                let file = &file;
+                s.spawn(move || {
+                    (i as u64..SHARED_BLOCKS)
+                        .step_by(writers)
+                        .try_for_each(|b| file.write_all_at(block, b * BLOCK as u64))
+                })
+            })
+            .collect();
+        threads.into_iter().try_for_each(|t| t.join().expect("a writer panicked"))
+    })
+    .map_err(err)?;
+    file.sync_all().map_err(err)?;
+    let took = start.elapsed().as_secs_f64();
+    std::fs::remove_file(path).map_err(err)?;
+    Ok(took)
 }
 
 /// Round trips to the server that one mdtest operation costs a mount
