@@ -551,7 +551,20 @@ impl Fs {
         let flags = a.u32()? as i32;
         a.skip(4)?;
         let data = a.bytes(size)?;
-        self.send_write(who, ino, offset, data, flags & libc::O_APPEND != 0).await?;
+        self.unsynced.wrote(ino, self.client.verifier());
+        if flags & libc::O_APPEND != 0 {
+            // At the server's end of the file, not at the kernel's idea of
+            // it (another mount may have appended since); in order.
+            for part in data.chunks(MAX_DATA) {
+                self.on_file(ino, false, |c| async move { c.append(who, ino, part).await }).await?;
+            }
+        } else {
+            let parts = data.chunks(MAX_DATA).enumerate().map(|(i, part)| {
+                let at = offset + (i * MAX_DATA) as u64;
+                self.on_file(ino, true, move |c| async move { c.write(who, ino, at, part).await })
+            });
+            try_join_all(parts).await?;
+        }
         // `O_SYNC`, `O_DSYNC`, or `pwritev2`'s `RWF_SYNC` and `RWF_DSYNC`
         // (the kernel sets `O_DSYNC` in the flags for each): durable
         // before the answer. The kernel syncs nothing after a direct
@@ -572,26 +585,6 @@ impl Fs {
         let mark = self.unsynced.mark();
         self.on_file(ino, true, |c| async move { c.fsync(cred, ino).await }).await?;
         self.unsynced.synced(ino, mark, self.client.verifier()).map(|()| Vec::new())
-    }
-
-    /// A write's data to the server (checked by the caller first), at
-    /// the server's end of the file if `append`.
-    async fn send_write(&self, who: Caller<'_>, ino: Ino, offset: u64, data: &[u8], append: bool) -> Result<(), i32> {
-        self.unsynced.wrote(ino, self.client.verifier());
-        if append {
-            // At the server's end of the file, not at the kernel's idea of
-            // it (another mount may have appended since); in order.
-            for part in data.chunks(MAX_DATA) {
-                self.on_file(ino, false, |c| async move { c.append(who, ino, part).await }).await?;
-            }
-        } else {
-            let parts = data.chunks(MAX_DATA).enumerate().map(|(i, part)| {
-                let at = offset + (i * MAX_DATA) as u64;
-                self.on_file(ino, true, move |c| async move { c.write(who, ino, at, part).await })
-            });
-            try_join_all(parts).await?;
-        }
-        Ok(())
     }
 
     /// `fallocate(2)`: the kernel has checked the range and that the
