@@ -326,45 +326,6 @@ fn two_mounts_appending_under_a_lock_lose_nothing() {
     assert_eq!(lines.len(), 80, "a line was overwritten");
 }
 
-/// `O_APPEND` writes from two mounts, each larger than one request to
-/// the server carries, land whole one after another, as on a local file
-/// system (tmpfs: each `write(2)` holds the file's lock throughout).
-/// Until session 42 a mount appended each 128 KiB part at the end anew,
-/// and the other mount's appends landed between them.
-#[test]
-fn appends_from_two_mounts_never_land_inside_each_other() {
-    let Some((_data, _server, a, b)) = two_mounts("appends_from_two_mounts_never_land_inside_each_other") else {
-        return;
-    };
-    // Up to what the kernel sends as one request (1 MiB, less a page for
-    // a buffer not aligned to one).
-    const SIZES: [usize; 4] = [100, 200_000, 600_000, 1_000_000];
-    let writer = |dir: PathBuf, tag: u8| {
-        std::thread::spawn(move || {
-            let mut f = OpenOptions::new().append(true).create(true).open(dir.join("log")).unwrap();
-            for i in 0..40 {
-                let len = SIZES[i % SIZES.len()];
-                let mut record = vec![tag; len];
-                record[..8].copy_from_slice(&(len as u64).to_le_bytes());
-                f.write_all(&record).unwrap();
-            }
-        })
-    };
-    let (ta, tb) = (writer(a.path().to_path_buf(), b'a'), writer(b.path().to_path_buf(), b'b'));
-    ta.join().unwrap();
-    tb.join().unwrap();
-    let log = std::fs::read(b.join("log")).unwrap();
-    let (mut at, mut records) = (0, 0);
-    while at < log.len() {
-        let len = u64::from_le_bytes(log[at..at + 8].try_into().unwrap()) as usize;
-        assert!(SIZES.contains(&len), "no record starts at {at}");
-        let body = &log[at + 8..at + len];
-        assert!(body.iter().all(|&c| c == body[0]), "the record at {at} has another's bytes inside it");
-        (at, records) = (at + len, records + 1);
-    }
-    assert_eq!(records, 80);
-}
-
 /// ctdb's ping_pong, if the test command installed it.
 fn ping_pong() -> Option<PathBuf> {
     let p = std::env::var_os("INTERLOCK_PING_PONG").map(PathBuf::from).unwrap_or("/usr/bin/ping_pong".into());

@@ -20,7 +20,6 @@ use std::time::Duration;
 pub use interlock_meta::{
     Attr, Caller, Cred, Fallocate, FileType, Ino, ROOT, RenameFlags, SeekTo, SetAttr, StatFs, TimeSet, XattrMode,
 };
-use interlock_meta::WriteAt;
 use interlock_proto::meta::{Asking, ChangelogOp, ChangelogReply, MetaOp, MetaReply, Once};
 pub use interlock_proto::meta::{ChangelogRecord, ConsumerInfo, Entry};
 use interlock_proto::{Op, Reply};
@@ -248,30 +247,14 @@ impl Client {
         data: &[u8],
     ) -> Result<Attr, ClientError> {
         let Caller { cred, opened } = who.into();
-        self.attr(cred, MetaOp::Write { ino, at: WriteAt::Offset(offset), data: data.to_vec(), opened }).await
+        self.attr(cred, MetaOp::Write { ino, offset, append: false, data: data.to_vec(), opened }).await
     }
 
     /// Writes `data` (at most 128 KiB) at the end of the file, wherever
-    /// that is when it arrives (`O_APPEND`), and grows the file by
-    /// `extent` bytes (if more than the data's length): the rest of a
-    /// larger write then goes after `data` with [`write`](Client::write),
-    /// and no other append lands inside it. Where `data` went; `None`
-    /// if a restarted server answered that it had made this append
-    /// before it stopped, which it does not say where.
-    pub async fn append(
-        &self,
-        who: impl Into<Caller<'_>>,
-        ino: Ino,
-        data: &[u8],
-        extent: u64,
-    ) -> Result<Option<u64>, ClientError> {
+    /// that is when it arrives (`O_APPEND`); the file's attributes after.
+    pub async fn append(&self, who: impl Into<Caller<'_>>, ino: Ino, data: &[u8]) -> Result<Attr, ClientError> {
         let Caller { cred, opened } = who.into();
-        let op = MetaOp::Write { ino, at: WriteAt::End { extent }, data: data.to_vec(), opened };
-        match self.meta(cred, op).await? {
-            MetaReply::Offset(at) => Ok(Some(at)),
-            MetaReply::Done => Ok(None),
-            other => Err(unexpected(other)),
-        }
+        self.attr(cred, MetaOp::Write { ino, offset: 0, append: true, data: data.to_vec(), opened }).await
     }
 
     /// `fallocate(2)` of `len` bytes at `offset`, as `how` says; the

@@ -552,31 +552,19 @@ impl Fs {
         a.skip(4)?;
         let data = a.bytes(size)?;
         self.unsynced.wrote(ino, self.client.verifier());
-        let (offset, rest) = if flags & libc::O_APPEND != 0 {
-            // At the server's end of the file, not at the kernel's idea
-            // of it (another mount may have appended since). The first
-            // part reserves room for the rest, which follows it at known
-            // offsets: no other append lands inside this one. (The
-            // kernel sends one write(2) of up to 1 MiB less a page as
-            // one request; a larger one, in several, each appended.)
-            let (first, rest) = data.split_at(data.len().min(MAX_DATA));
-            let extent = data.len() as u64;
-            let at = self.on_file(ino, false, |c| async move { c.append(who, ino, first, extent).await }).await?;
-            match at {
-                Some(at) => (at + first.len() as u64, rest),
-                // Made before a restart of the server, which does not
-                // say where: the rest cannot follow it.
-                None if !rest.is_empty() => return Err(libc::EIO),
-                None => (0, rest),
+        if flags & libc::O_APPEND != 0 {
+            // At the server's end of the file, not at the kernel's idea of
+            // it (another mount may have appended since); in order.
+            for part in data.chunks(MAX_DATA) {
+                self.on_file(ino, false, |c| async move { c.append(who, ino, part).await }).await?;
             }
         } else {
-            (offset, data)
-        };
-        let parts = rest.chunks(MAX_DATA).enumerate().map(|(i, part)| {
-            let at = offset + (i * MAX_DATA) as u64;
-            self.on_file(ino, true, move |c| async move { c.write(who, ino, at, part).await })
-        });
-        try_join_all(parts).await?;
+            let parts = data.chunks(MAX_DATA).enumerate().map(|(i, part)| {
+                let at = offset + (i * MAX_DATA) as u64;
+                self.on_file(ino, true, move |c| async move { c.write(who, ino, at, part).await })
+            });
+            try_join_all(parts).await?;
+        }
         // `O_SYNC`, `O_DSYNC`, or `pwritev2`'s `RWF_SYNC` and `RWF_DSYNC`
         // (the kernel sets `O_DSYNC` in the flags for each): durable
         // before the answer. The kernel syncs nothing after a direct

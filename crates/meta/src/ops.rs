@@ -17,7 +17,7 @@ use crate::mutation::{Gone, Mutation, Renamed};
 use crate::namespace::{Namespace, check_name, xattr_permission};
 use crate::types::{
     Attr, Caller, Cred, FILE_SIZE_MAX, Fallocate, FileType, Ino, LINK_MAX, Nanos, ROOT, RenameFlags, SYMLINK_MAX,
-    SetAttr, TimeSet, XATTR_SIZE_MAX, WriteAt, XattrMode,
+    SetAttr, TimeSet, XATTR_SIZE_MAX, XattrMode,
 };
 
 /// The most one `copy_range_with` copies: the destination's lock (a
@@ -507,8 +507,7 @@ impl Namespace {
         Ok(i.attr())
     }
 
-    /// Writes `len` bytes where `at` says (at an offset, or at the end: an
-    /// append, which may reserve more, see [`WriteAt::End`]) of
+    /// Writes `len` bytes at `offset` (`None`: at the end, an append) of
     /// regular file `ino`: checks (write
     /// permission, the owner always having it; the size limit), then
     /// `put` writes the data (and returns the blocks it then takes), then
@@ -521,11 +520,11 @@ impl Namespace {
         &self,
         who: Caller,
         ino: Ino,
-        (at, len): (WriteAt, u64),
+        (offset, len): (Option<u64>, u64),
         now: Nanos,
         put: impl FnOnce(u64) -> Result<u64>,
     ) -> Result<(Attr, Seq)> {
-        self.change_data(who, ino, (at, len), (true, false), now, put)
+        self.change_data(who, ino, (offset, len), (true, false), now, put)
     }
 
     /// `fallocate(2)` of `len` bytes at `offset` of regular file `ino`:
@@ -550,12 +549,12 @@ impl Namespace {
         }
         // A punch frees space, so a full disk does not refuse it.
         let frees = how == Fallocate::PunchHole;
-        self.change_data(who, ino, (WriteAt::Offset(offset), len), (how.grows(), frees), now, |_| put())
+        self.change_data(who, ino, (Some(offset), len), (how.grows(), frees), now, |_| put())
     }
 
     /// What a write and a `fallocate` share: `put` changes `len` bytes
-    /// of the data where `at` says, which may make the file `grow` to the
-    /// range's end (an append's extent's end), and returns the blocks
+    /// of the data at `offset` (the end of the file for `None`), which may
+    /// make the file `grow` to the range's end, and returns the blocks
     /// the data then takes. It is admitted ([`Namespace::admit`]: one
     /// that `frees` space even while the log's disk is full) before `put`,
     /// so that a refusal (`ENOSPC`) leaves the data as it was.
@@ -563,7 +562,7 @@ impl Namespace {
         &self,
         who: Caller,
         ino: Ino,
-        (at, len): (WriteAt, u64),
+        (offset, len): (Option<u64>, u64),
         (grow, frees): (bool, bool),
         now: Nanos,
         put: impl FnOnce(u64) -> Result<u64>,
@@ -574,11 +573,8 @@ impl Namespace {
         let o = may_use(who, &i, WRITE)?;
         // An append takes the size under the inode's lock: appends from
         // any number of clients never overwrite each other.
-        let offset = match at {
-            WriteAt::Offset(offset) => offset,
-            WriteAt::End { .. } => i.size.load(Relaxed),
-        };
-        let end = offset.checked_add(at.extent(len)).filter(|&e| e <= FILE_SIZE_MAX).ok_or(Errno::EFBIG)?;
+        let offset = offset.unwrap_or_else(|| i.size.load(Relaxed));
+        let end = offset.checked_add(len).filter(|&e| e <= FILE_SIZE_MAX).ok_or(Errno::EFBIG)?;
         self.admit(frees)?;
         i.blocks.store(put(offset)?, Relaxed);
         let size = (grow && end > i.size.load(Relaxed)).then_some(end);
@@ -617,7 +613,7 @@ impl Namespace {
             may_use(who, &i, WRITE)?;
             return Ok((0, i.attr(), 0));
         }
-        let (a, seq) = self.change_data(who, dst, (WriteAt::Offset(dst_off), n), (true, false), now, |_| put(n))?;
+        let (a, seq) = self.change_data(who, dst, (Some(dst_off), n), (true, false), now, |_| put(n))?;
         Ok((n, a, seq))
     }
 

@@ -39,7 +39,7 @@ use crate::mutation::{Gone, Mutation, Renamed};
 use crate::namespace::Namespace;
 use crate::record;
 use crate::replies::Tag;
-use crate::types::{Attr, Caller, Cred, Fallocate, Ino, Nanos, ReadFrom, SeekTo, SetAttr, StatFs, WriteAt};
+use crate::types::{Attr, Caller, Cred, Fallocate, Ino, Nanos, ReadFrom, SeekTo, SetAttr, StatFs};
 
 /// How a store keeps its journal and changelog.
 #[derive(Clone, Debug, Default)]
@@ -215,12 +215,11 @@ impl Store {
     /// [`Namespace::write_with`]); the data reaches the disk at
     /// [`fsync`](Store::fsync), the size and times with the record, which
     /// is in the journal's files when this returns (see `written`).
-    /// An append ([`WriteAt::End`]) goes at the end of the file as it is
-    /// under the inode's lock, and started at the size returned less its
-    /// [`extent`](WriteAt::extent).
-    pub fn write(&self, who: Caller, ino: Ino, at: WriteAt, bytes: &[u8], now: Nanos) -> Result<(Attr, Seq)> {
+    /// `offset` `None` appends: the write goes at the end of the file, as
+    /// the file is under the inode's lock.
+    pub fn write(&self, who: Caller, ino: Ino, offset: Option<u64>, bytes: &[u8], now: Nanos) -> Result<(Attr, Seq)> {
         let (a, seq) =
-            self.ns.write_with(who, ino, (at, bytes.len() as u64), now, |at| self.data.write(ino, at, bytes))?;
+            self.ns.write_with(who, ino, (offset, bytes.len() as u64), now, |at| self.data.write(ino, at, bytes))?;
         self.written(seq)?;
         Ok((a, seq))
     }

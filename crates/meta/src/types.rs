@@ -208,31 +208,6 @@ pub struct RenameFlags {
     pub whiteout: bool,
 }
 
-/// Where a write's data goes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub enum WriteAt {
-    /// At this offset.
-    Offset(u64),
-    /// At the end of the file, wherever that is when the write is made
-    /// (`O_APPEND`), under the inode's lock: appends never overlap. The
-    /// file grows by `extent` bytes, or by the data's length if that is
-    /// more: a `write(2)` larger than one request carries goes on at the
-    /// offsets after its first part, which reserved them, so no other
-    /// append lands inside it (as none does on a local file system).
-    End { extent: u64 },
-}
-
-impl WriteAt {
-    /// How far past where it goes a write of `len` bytes reaches: an
-    /// appended file's size is its start plus this, once it is made.
-    pub fn extent(self, len: u64) -> u64 {
-        match self {
-            WriteAt::Offset(_) => len,
-            WriteAt::End { extent } => extent.max(len),
-        }
-    }
-}
-
 /// `setxattr` flags.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub enum XattrMode {

@@ -20,7 +20,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use interlock_journal::changelog::{Mask, RecordType};
-use interlock_meta::{Cred, FileType, Ino, NewInode, ROOT, ReadFrom, RenameFlags, Store, StoreOptions, WriteAt};
+use interlock_meta::{Cred, FileType, Ino, NewInode, ROOT, ReadFrom, RenameFlags, Store, StoreOptions};
 
 fn file() -> NewInode {
     NewInode { kind: FileType::Regular, perm: 0o644, rdev: 0 }
@@ -76,7 +76,7 @@ fn worker() {
                     let (made, s) = ns.create(&root, a, f.as_bytes(), file(), b"", n as i64).unwrap();
                     store.wait(s).unwrap();
                     say(&out, 'C', t, n);
-                    store.write((&root).into(), made.ino, WriteAt::Offset(0), data(round, t, n).as_bytes(), 1).unwrap();
+                    store.write((&root).into(), made.ino, Some(0), data(round, t, n).as_bytes(), 1).unwrap();
                     say(&out, 'W', t, n);
                     // Every other file leaves a whiteout behind it in `a`.
                     let flags = RenameFlags { whiteout: n % 2 == 1, ..RenameFlags::default() };

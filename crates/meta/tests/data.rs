@@ -9,7 +9,7 @@
 use std::os::unix::fs::{FileExt, MetadataExt};
 
 use interlock_meta::{
-    COPY_MAX, Cred, Errno, Fallocate, FileType, Ino, NewInode, ROOT, ReadFrom, SeekTo, SetAttr, Store, StoreOptions, WriteAt,
+    COPY_MAX, Cred, Errno, Fallocate, FileType, Ino, NewInode, ROOT, ReadFrom, SeekTo, SetAttr, Store, StoreOptions,
 };
 use nix::fcntl::{FallocateFlags, copy_file_range, fallocate};
 use proptest::prelude::*;
@@ -108,7 +108,7 @@ fn reads_back_as_the_kernels_does(ops: &[Op]) -> Result<(), TestCaseError> {
         match *op {
             Op::Write(f, off, len, b) => {
                 let bytes = vec![b; len];
-                let (a, seq) = store.write((&root).into(), inos[f], WriteAt::Offset(off), &bytes, 10 + t as i64).unwrap();
+                let (a, seq) = store.write((&root).into(), inos[f], Some(off), &bytes, 10 + t as i64).unwrap();
                 store.wait(seq).unwrap();
                 kernel[f].write_all_at(&bytes, off).unwrap();
                 prop_assert_eq!(a.size, kernel[f].metadata().unwrap().len(), "size after the write");
@@ -238,32 +238,13 @@ fn data_files(dir: &std::path::Path) -> usize {
 fn a_store_on_tmpfs_answers_a_cache_read_with_eagain_and_reads_from_the_disk() {
     let (_tmp, store, [a, _]) = store_with_files_in(tempfile::tempdir_in("/dev/shm").unwrap());
     let root = Cred::root();
-    store.write((&root).into(), a, WriteAt::Offset(0), b"data", 3).unwrap();
+    store.write((&root).into(), a, Some(0), b"data", 3).unwrap();
     for _ in 0..2 {
         let cached = store.read((&root).into(), a, (0, 4), ReadFrom::Cache);
         // A kernel whose tmpfs takes RWF_NOWAIT serves it from the cache.
         assert!(cached == Err(Errno::EAGAIN) || cached == Ok(b"data".to_vec()), "{cached:?}");
         assert_eq!(read(&store, a, 0, 4), b"data");
     }
-}
-
-/// An append that reserves room for the rest of its write: the file
-/// grows by the whole extent at once (reading zeros where the rest will
-/// go), a later append goes after the extent, and the rest, written at
-/// its offsets, fills the room.
-#[test]
-fn an_append_reserves_its_extent_and_the_next_goes_after_it() {
-    let (_tmp, store, [a, _]) = store_with_files();
-    let root = Cred::root();
-    store.write((&root).into(), a, WriteAt::Offset(0), b"head", 3).unwrap();
-    let (first, _) = store.write((&root).into(), a, WriteAt::End { extent: 10 }, b"abc", 4).unwrap();
-    assert_eq!(first.size, 14);
-    assert_eq!(read(&store, a, 0, 20), b"headabc\0\0\0\0\0\0\0");
-    // An extent shorter than the data is the data's length.
-    let (next, _) = store.write((&root).into(), a, WriteAt::End { extent: 1 }, b"xyz", 5).unwrap();
-    assert_eq!(next.size, 17);
-    store.write((&root).into(), a, WriteAt::Offset(7), b"defghij", 6).unwrap();
-    assert_eq!(read(&store, a, 0, 20), b"headabcdefghijxyz");
 }
 
 /// A file's data goes once the record that frees it is durable; if the
@@ -273,7 +254,7 @@ fn a_freed_files_data_goes() {
     let (tmp, store, files) = store_with_files();
     let root = Cred::root();
     for (i, ino) in files.into_iter().enumerate() {
-        store.write((&root).into(), ino, WriteAt::Offset(1 << 30), b"far out", 3).unwrap();
+        store.write((&root).into(), ino, Some(1 << 30), b"far out", 3).unwrap();
         assert_eq!(store.ns().getattr(ino).unwrap().size, (1 << 30) + 7, "a sparse file of a GiB ({i})");
     }
     assert_eq!(data_files(tmp.path()), 2);
@@ -294,9 +275,9 @@ fn a_copy_keeps_the_sources_holes() {
     let (tmp, store, files) = store_with_files();
     let (root, [a, b]) = (Cred::root(), files);
     const FAR: u64 = 64 << 20;
-    store.write((&root).into(), a, WriteAt::Offset(0), b"head", 3).unwrap();
-    store.write((&root).into(), a, WriteAt::Offset(FAR), b"tail", 3).unwrap();
-    store.write((&root).into(), b, WriteAt::Offset(FAR / 2), &[9u8; 8192], 3).unwrap();
+    store.write((&root).into(), a, Some(0), b"head", 3).unwrap();
+    store.write((&root).into(), a, Some(FAR), b"tail", 3).unwrap();
+    store.write((&root).into(), b, Some(FAR / 2), &[9u8; 8192], 3).unwrap();
     // As `cp` does: each call copies at most COPY_MAX, and it goes on.
     let mut done = 0;
     while done < FAR + 4 {
@@ -334,7 +315,7 @@ fn a_read_from_the_cache_fails_with_eagain_until_the_data_is_in_it() {
     let new = || NewInode { kind: FileType::Regular, perm: 0o644, rdev: 0 };
     let ino = store.ns().create(&root, ROOT, b"f", new(), b"", 2).unwrap().0.ino;
     let bytes: Vec<u8> = (0..1u32 << 20).map(|i| (i % 251) as u8).collect();
-    store.write((&root).into(), ino, WriteAt::Offset(0), &bytes, 3).unwrap();
+    store.write((&root).into(), ino, Some(0), &bytes, 3).unwrap();
     store.fsync(ino).unwrap();
     let cached = || store.read((&root).into(), ino, (4096, 65536), ReadFrom::Cache);
     assert_eq!(cached().as_deref(), Ok(&bytes[4096..69632]), "just written: in the cache");

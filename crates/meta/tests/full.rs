@@ -11,7 +11,7 @@
 
 use std::path::Path;
 
-use interlock_meta::{Attr, Cred, Errno, FileType, NewInode, ROOT, ReadFrom, Store, StoreOptions, WriteAt};
+use interlock_meta::{Attr, Cred, Errno, FileType, NewInode, ROOT, ReadFrom, Store, StoreOptions};
 use nix::mount::{MntFlags, MsFlags, mount, umount2};
 
 /// A tmpfs of a given size, mounted on a fresh directory for one test and
@@ -88,7 +88,7 @@ fn a_disk_full_of_data_refuses_changes_with_enospc_until_a_removal_makes_room() 
     let chunk = vec![7u8; 256 << 10];
     let mut at = 0;
     let refused = loop {
-        match store.write((&root).into(), big, WriteAt::Offset(at), &chunk, 2) {
+        match store.write((&root).into(), big, Some(at), &chunk, 2) {
             Ok(_) => at += chunk.len() as u64,
             Err(e) => break e,
         }
@@ -101,7 +101,7 @@ fn a_disk_full_of_data_refuses_changes_with_enospc_until_a_removal_makes_room() 
     assert!(!journal.failed() && journal.space_low());
     // An overwrite needs no new block of the data's, but its record
     // needs room: refused before the data changes.
-    let over = store.write((&root).into(), big, WriteAt::Offset(0), b"changed", 3).map(|_| ());
+    let over = store.write((&root).into(), big, Some(0), b"changed", 3).map(|_| ());
     assert_eq!(over, Err(Errno::ENOSPC), "an overwrite while the journal's disk is full");
     let head = store.read((&root).into(), big, (0, 7), ReadFrom::Disk).unwrap();
     assert_eq!(head, vec![7u8; 7], "the refused overwrite left the data as it was");
@@ -193,7 +193,7 @@ fn an_orphan_closed_on_a_full_disk_is_freed_once_there_is_room() {
     let (store, _) = Store::open(&dir, StoreOptions::default(), 1).unwrap();
     let root = Cred::root();
     let held = create(&store, b"held").unwrap().ino;
-    store.wait(store.write((&root).into(), held, WriteAt::Offset(0), &[9u8; 64 << 10], 2).unwrap().1).unwrap();
+    store.wait(store.write((&root).into(), held, Some(0), &[9u8; 64 << 10], 2).unwrap().1).unwrap();
     store.ns().open(&root, held, 0).unwrap();
     store.wait(store.ns().unlink(&root, ROOT, b"held", 2).unwrap()).unwrap();
 

@@ -4,7 +4,7 @@
 mod common;
 
 use interlock_meta::{
-    COPY_MAX, Caller, Cred, Errno, Fallocate, FileType, Namespace, NewInode, ROOT, RenameFlags, SetAttr, WriteAt, XattrMode,
+    COPY_MAX, Caller, Cred, Errno, Fallocate, FileType, Namespace, NewInode, ROOT, RenameFlags, SetAttr, XattrMode,
 };
 
 fn user() -> Cred {
@@ -233,7 +233,7 @@ fn copy_range_is_checked_as_a_read_and_a_write() {
     let file = |name: &[u8], perm| ns.create(&root, ROOT, name, new(FileType::Regular, perm), b"", 1).unwrap().0.ino;
     let (src, dst, secret) = (file(b"src", 0o644), file(b"dst", 0o644), file(b"secret", 0o600));
     let (d, _) = ns.create(&root, ROOT, b"d", new(FileType::Directory, 0o777), b"", 1).unwrap();
-    ns.write_with((&root).into(), src, (WriteAt::Offset(0), 1000), 2, |_| Ok(0)).unwrap();
+    ns.write_with((&root).into(), src, (Some(0), 1000), 2, |_| Ok(0)).unwrap();
     let clock = std::cell::Cell::new(10);
     let copied = |cred: &Cred, from, to, len| {
         let (mut put, now) = (None, clock.get() + 1);
@@ -260,7 +260,7 @@ fn copy_range_is_checked_as_a_read_and_a_write() {
     assert_eq!(copied(&root, (src, 900), (dst, 50), 500), (Ok((100, 150, true)), Some(100)));
     assert_eq!(copied(&root, (src, 1000), (dst, 0), 500), (Ok((0, 150, false)), None), "nothing to copy");
     assert_eq!(copied(&user(), (src, 1000), (secret, 0), 5), refused(Errno::EACCES), "checked even then");
-    ns.write_with((&root).into(), src, (WriteAt::Offset(COPY_MAX * 3), 1), 5, |_| Ok(0)).unwrap();
+    ns.write_with((&root).into(), src, (Some(COPY_MAX * 3), 1), 5, |_| Ok(0)).unwrap();
     let most = Ok((COPY_MAX, COPY_MAX + 100, true));
     assert_eq!(copied(&root, (src, 0), (dst, 100), COPY_MAX * 2), (most, Some(COPY_MAX)), "at most COPY_MAX a call");
 }
@@ -293,12 +293,12 @@ fn an_open_is_checked_once_and_a_write_drops_privileges_by_its_writer() {
     let someone = user();
     let (through, alone) = (Caller { cred: &someone, opened: true }, Caller::checked(&someone));
     assert_eq!(ns.readable(alone, shared).map(drop), Err(Errno::EACCES), "a call with no handle is checked");
-    assert_eq!(ns.write_with(alone, shared, (WriteAt::Offset(0), 1), 3, |_| Ok(0)).map(drop), Err(Errno::EACCES));
+    assert_eq!(ns.write_with(alone, shared, (Some(0), 1), 3, |_| Ok(0)).map(drop), Err(Errno::EACCES));
     assert!(ns.readable(through, shared).is_ok(), "a handle keeps its access");
     let root_through = Caller { cred: &root, opened: true };
-    let (a, _) = ns.write_with(root_through, shared, (WriteAt::Offset(0), 1), 4, |_| Ok(0)).unwrap();
+    let (a, _) = ns.write_with(root_through, shared, (Some(0), 1), 4, |_| Ok(0)).unwrap();
     assert_eq!(a.perm, 0o4000, "root writes through the user's handle: setuid stays");
-    let (a, _) = ns.write_with(through, shared, (WriteAt::Offset(0), 1), 5, |_| Ok(0)).unwrap();
+    let (a, _) = ns.write_with(through, shared, (Some(0), 1), 5, |_| Ok(0)).unwrap();
     assert_eq!((a.perm, a.size, a.mtime), (0, 1, 5), "the user writes: setuid goes");
 
     // A listing that goes on through a directory handle, likewise.

@@ -37,7 +37,7 @@ use serde::{Deserialize, Serialize};
 pub use unacked::Unacked;
 
 /// The protocol version this build speaks.
-pub const VERSION: u32 = 18;
+pub const VERSION: u32 = 17;
 /// The largest frame either side accepts, in bytes: room for an extended
 /// attribute's largest value (64 KiB) and a page of directory entries.
 pub const MAX_FRAME: usize = 256 << 10;

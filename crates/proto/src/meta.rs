@@ -11,7 +11,7 @@
 //! And the changelog: register, deregister, list, read (with a wait:
 //! follow) and clear, as Lustre's `lfs changelog` does them.
 
-use interlock_meta::{Attr, Fallocate, FileType, Ino, Nanos, RenameFlags, SeekTo, SetAttr, StatFs, WriteAt, XattrMode};
+use interlock_meta::{Attr, Fallocate, FileType, Ino, Nanos, RenameFlags, SeekTo, SetAttr, StatFs, XattrMode};
 use serde::{Deserialize, Serialize};
 
 /// A namespace operation.
@@ -125,17 +125,15 @@ pub enum MetaOp {
         /// 11): not checked again. Otherwise checked as an open would be.
         opened: bool,
     },
-    /// Writes `data` (at most [`MAX_DATA`] bytes) where `at` says: at an
-    /// offset, [`MetaReply::Attr`] with the new size; at the end (an
-    /// append, made once: see [`Once`]), [`MetaReply::Offset`] where the
-    /// data went (version 18: an append may reserve room for the rest of
-    /// its `write(2)`, which follows at known offsets), or
-    /// [`MetaReply::Done`] when a restarted server answers that it made
-    /// the append before (where is not kept). Answered before it is
+    /// Writes `data` (at most [`MAX_DATA`] bytes) at `offset`:
+    /// [`MetaReply::Attr`] with the new size. Answered before it is
     /// durable, as `write(2)` is: [`MetaOp::Fsync`] makes it so.
     Write {
         ino: Ino,
-        at: WriteAt,
+        offset: u64,
+        /// Write at the end of the file instead of `offset` (`O_APPEND`),
+        /// atomically: appends from any number of clients never overlap.
+        append: bool,
         #[serde(with = "serde_bytes")]
         data: Vec<u8>,
         /// Through a handle this session opened for writing (version
@@ -221,7 +219,7 @@ impl MetaOp {
             | Rename { .. }
             | Setxattr { .. }
             | Removexattr { .. } => true,
-            Write { at, .. } => matches!(at, WriteAt::End { .. }),
+            Write { append, .. } => *append,
             _ => false,
         }
     }
@@ -341,8 +339,7 @@ pub enum MetaReply {
     /// `statfs` (version 9: with the server's space).
     StatFs(StatFs),
     Done,
-    /// Where a `Seek` found what it looked for; where an append's data
-    /// went.
+    /// Where a `Seek` found what it looked for.
     Offset(u64),
     /// What a `CopyRange` copied (fewer than asked at the source's end),
     /// and the destination's attributes after it.

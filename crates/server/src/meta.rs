@@ -18,7 +18,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use interlock_journal::changelog::{Consumer, Mask};
 use interlock_meta::ReadFrom::{Cache, Disk};
-use interlock_meta::{Caller, Cred, Errno, FileType, Ino, NewInode, Seq, Tag, WriteAt};
+use interlock_meta::{Caller, Cred, Errno, FileType, Ino, NewInode, Seq, Tag};
 use interlock_proto::Reply;
 use interlock_proto::meta::{
     Asking, ChangelogOp, ChangelogRecord, ChangelogReply, ConsumerInfo, Entry, MAX_DATA, MetaOp, MetaReply, Once,
@@ -230,8 +230,7 @@ fn made_before(inner: &Inner, sid: u64, op: &MetaOp, ino: Ino) -> Reply {
             inner.opens.add(sid, ino);
             MetaReply::Attr(a)
         }),
-        MetaOp::Create { .. } | MetaOp::Link { .. } => ns.stat(ino).map(MetaReply::Attr),
-        // An append included: where it went is not kept.
+        MetaOp::Create { .. } | MetaOp::Link { .. } | MetaOp::Write { .. } => ns.stat(ino).map(MetaReply::Attr),
         _ => Ok(MetaReply::Done),
     };
     made.map_or_else(|_| Reply::Errno(Errno::ESTALE.0), Reply::Meta)
@@ -319,7 +318,7 @@ fn perform(inner: &Inner, sid: u64, cred: &Cred, op: MetaOp) -> Result<(MetaRepl
             let who = caller(inner, sid, cred, opened, &[ino]);
             (MetaReply::Bytes(inner.store.read(who, ino, (offset, read_len(size)), Disk)?), 0)
         }
-        MetaOp::Write { ino, at, data, opened } => {
+        MetaOp::Write { ino, offset, append, data, opened } => {
             if data.len() > MAX_DATA {
                 return Err(Errno::EINVAL);
             }
@@ -329,12 +328,8 @@ fn perform(inner: &Inner, sid: u64, cred: &Cred, op: MetaOp) -> Result<(MetaRepl
             // durable by the next fsync (which waits for every record so
             // far), and a crash of this process loses neither.
             let who = caller(inner, sid, cred, opened, &[ino]);
-            let (a, _durable_at) = inner.store.write(who, ino, at, &data, now)?;
-            match at {
-                WriteAt::Offset(_) => (MetaReply::Attr(a), 0),
-                // The size as the append left it, under the inode's lock.
-                WriteAt::End { .. } => (MetaReply::Offset(a.size - at.extent(data.len() as u64)), 0),
-            }
+            let (a, _durable_at) = inner.store.write(who, ino, (!append).then_some(offset), &data, now)?;
+            (MetaReply::Attr(a), 0)
         }
         MetaOp::Fallocate { ino, how, offset, len, opened } => {
             // Answered as a write is (and as fallocate(2) on a local
