@@ -178,6 +178,28 @@ fn garbage_on_the_socket_leaves_the_server_serving() {
     assert_eq!(lock_cmd(&server.addr, &["alive", "--", "true"]).status().unwrap().code(), Some(0));
 }
 
+/// Before its hello, a peer may send no frame larger than a hello needs
+/// (`proto::MAX_HELLO`): one that promises more is closed at once, not
+/// read into the server's memory, though it is within the limit for the
+/// frames of a client that said hello (a write of 1 MiB).
+#[test]
+fn a_frame_larger_than_a_hello_before_the_hello_closes_the_connection() {
+    use std::io::Read;
+    let data = tempfile::tempdir().unwrap();
+    let server = ServerProc::start(data.path(), "127.0.0.1:0", &[]);
+    let mut s = std::net::TcpStream::connect(&server.addr).unwrap();
+    s.write_all(&((interlock_proto::MAX_HELLO + 1) as u32).to_be_bytes()).unwrap();
+    // Half the time the server gives a peer to say hello: the close comes
+    // at once, or only after that time if the server waits for the frame.
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let closed = s.read(&mut [0u8; 16]);
+    assert!(
+        matches!(closed, Ok(0)) || closed.as_ref().is_err_and(|e| e.kind() == std::io::ErrorKind::ConnectionReset),
+        "{closed:?}"
+    );
+    assert_eq!(lock_cmd(&server.addr, &["alive", "--", "true"]).status().unwrap().code(), Some(0));
+}
+
 /// A client of another protocol version is refused with a reason that
 /// names both versions, and the connection closes.
 #[test]

@@ -236,8 +236,8 @@ impl Client {
         self.bytes(cred, MetaOp::Read { ino, offset, size, opened }).await
     }
 
-    /// Writes `data` (at most 128 KiB a call) at `offset`; the file's
-    /// attributes after it. Answered before it is durable, as `write(2)`
+    /// Writes `data` (at most 1 MiB a call, made whole: no other write
+    /// lands inside it) at `offset`; the file's attributes after it. Answered before it is durable, as `write(2)`
     /// returns: see [`Client::fsync`].
     pub async fn write(
         &self,
@@ -250,7 +250,7 @@ impl Client {
         self.attr(cred, MetaOp::Write { ino, offset, append: false, data: data.to_vec(), opened }).await
     }
 
-    /// Writes `data` (at most 128 KiB) at the end of the file, wherever
+    /// Writes `data` (at most 1 MiB, made whole) at the end of the file, wherever
     /// that is when it arrives (`O_APPEND`); the file's attributes after.
     pub async fn append(&self, who: impl Into<Caller<'_>>, ino: Ino, data: &[u8]) -> Result<Attr, ClientError> {
         let Caller { cred, opened } = who.into();

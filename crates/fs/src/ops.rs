@@ -1,6 +1,6 @@
 //! Each kernel request as calls to the client: one round trip for most
-//! (lookup, getattr, create, unlink, …), one per 128 KiB of data, all
-//! issued at once, for reads and writes, a page of a listing per
+//! (lookup, getattr, create, unlink, …) and writes (made whole), one
+//! per 128 KiB of data, all issued at once, for reads, a page of a listing per
 //! `READDIR(PLUS)`. The server checks permissions with the caller's ids
 //! ([`creds`](crate::creds)) and answers errnos the kernel gets verbatim.
 
@@ -552,18 +552,14 @@ impl Fs {
         a.skip(4)?;
         let data = a.bytes(size)?;
         self.unsynced.wrote(ino, self.client.verifier());
+        // One call, however large (the kernel sends no more than the
+        // server takes): made whole, no other mount's write inside it.
         if flags & libc::O_APPEND != 0 {
             // At the server's end of the file, not at the kernel's idea of
-            // it (another mount may have appended since); in order.
-            for part in data.chunks(MAX_DATA) {
-                self.on_file(ino, false, |c| async move { c.append(who, ino, part).await }).await?;
-            }
+            // it (another mount may have appended since).
+            self.on_file(ino, false, |c| async move { c.append(who, ino, data).await }).await?;
         } else {
-            let parts = data.chunks(MAX_DATA).enumerate().map(|(i, part)| {
-                let at = offset + (i * MAX_DATA) as u64;
-                self.on_file(ino, true, move |c| async move { c.write(who, ino, at, part).await })
-            });
-            try_join_all(parts).await?;
+            self.on_file(ino, true, |c| async move { c.write(who, ino, offset, data).await }).await?;
         }
         // `O_SYNC`, `O_DSYNC`, or `pwritev2`'s `RWF_SYNC` and `RWF_DSYNC`
         // (the kernel sets `O_DSYNC` in the flags for each): durable

@@ -24,8 +24,9 @@ use tokio::sync::oneshot;
 use crate::abi::{self, Args, InHeader, init, op};
 use crate::ops::{Answer, Fs};
 
-/// Largest write (and read) the kernel sends in one request.
-pub const MAX_WRITE: usize = 1 << 20;
+/// Largest write (and read) the kernel sends in one request: the most
+/// one `Write` to the server carries, so each is made whole there.
+pub use interlock_proto::meta::MAX_WRITE;
 
 /// What we ask of the kernel at `FUSE_INIT`. Readdirplus always (not
 /// `READDIRPLUS_AUTO`, which lists without attributes after the first

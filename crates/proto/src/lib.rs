@@ -37,10 +37,15 @@ use serde::{Deserialize, Serialize};
 pub use unacked::Unacked;
 
 /// The protocol version this build speaks.
-pub const VERSION: u32 = 17;
-/// The largest frame either side accepts, in bytes: room for an extended
-/// attribute's largest value (64 KiB) and a page of directory entries.
-pub const MAX_FRAME: usize = 256 << 10;
+pub const VERSION: u32 = 18;
+/// The largest frame either side accepts, in bytes: room for the largest
+/// write ([`meta::MAX_WRITE`], version 18; 256 KiB before), an extended
+/// attribute's largest value (64 KiB), and a page of directory entries.
+pub const MAX_FRAME: usize = meta::MAX_WRITE + (64 << 10);
+/// The largest frame a server reads before the hello (see
+/// [`Reader::limit`]): a peer that has not yet shown its token holds no
+/// more of the server's memory than this a connection.
+pub const MAX_HELLO: usize = 64 << 10;
 
 /// Lock families, as in `interlock_core::LockKind`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -530,8 +535,8 @@ where
 pub enum ReadError {
     #[error("{0}")]
     Io(#[from] std::io::Error),
-    #[error("a frame of {0} bytes exceeds the {MAX_FRAME}-byte limit")]
-    TooLarge(usize),
+    #[error("a frame of {0} bytes exceeds the {1}-byte limit")]
+    TooLarge(usize, usize),
     #[error(transparent)]
     Undecodable(#[from] DecodeError),
 }
@@ -542,16 +547,24 @@ pub enum ReadError {
 /// [`write_frame`].
 pub struct Reader<T> {
     consumed: u64,
+    /// The largest frame taken.
+    max: usize,
     _msg: std::marker::PhantomData<fn() -> T>,
 }
 
 impl<T> Default for Reader<T> {
     fn default() -> Self {
-        Reader { consumed: 0, _msg: std::marker::PhantomData }
+        Reader { consumed: 0, max: MAX_FRAME, _msg: std::marker::PhantomData }
     }
 }
 
 impl<T> Reader<T> {
+    /// Takes frames of at most `max` bytes from now on (never more than
+    /// [`MAX_FRAME`]): a server reads the hello with [`MAX_HELLO`].
+    pub fn limit(&mut self, max: usize) {
+        self.max = max.min(MAX_FRAME);
+    }
+
     /// Bytes of the frames decoded so far: where a stream stands.
     pub fn consumed(&self) -> u64 {
         self.consumed
@@ -566,8 +579,8 @@ impl<T: serde::de::DeserializeOwned> tokio_util::codec::Decoder for Reader<T> {
     fn decode(&mut self, src: &mut BytesMut) -> Result<Option<T>, ReadError> {
         let Some(head) = src.first_chunk::<4>() else { return Ok(None) };
         let len = u32::from_be_bytes(*head) as usize;
-        if len > MAX_FRAME {
-            return Err(ReadError::TooLarge(len));
+        if len > self.max {
+            return Err(ReadError::TooLarge(len, self.max));
         }
         let Some(body) = src.get(4..4 + len) else {
             src.reserve(4 + len - src.len());
@@ -731,7 +744,10 @@ mod tests {
         use tokio_util::codec::Decoder;
         let mut reader = Reader::<ClientMsg>::default();
         let mut big = BytesMut::from(&((MAX_FRAME + 1) as u32).to_be_bytes()[..]);
-        assert!(matches!(reader.decode(&mut big), Err(ReadError::TooLarge(n)) if n == MAX_FRAME + 1));
+        assert!(matches!(reader.decode(&mut big), Err(ReadError::TooLarge(n, MAX_FRAME)) if n == MAX_FRAME + 1));
+        reader.limit(MAX_HELLO);
+        let mut hello = BytesMut::from(&((MAX_HELLO + 1) as u32).to_be_bytes()[..]);
+        assert!(matches!(reader.decode(&mut hello), Err(ReadError::TooLarge(n, MAX_HELLO)) if n == MAX_HELLO + 1));
         let mut garbage = BytesMut::from(&[0, 0, 0, 2, 0xff, 0xff][..]);
         assert!(matches!(reader.decode(&mut garbage), Err(ReadError::Undecodable(_))));
     }

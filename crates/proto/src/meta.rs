@@ -125,8 +125,10 @@ pub enum MetaOp {
         /// 11): not checked again. Otherwise checked as an open would be.
         opened: bool,
     },
-    /// Writes `data` (at most [`MAX_DATA`] bytes) at `offset`:
-    /// [`MetaReply::Attr`] with the new size. Answered before it is
+    /// Writes `data` (at most [`MAX_WRITE`] bytes) at `offset`:
+    /// [`MetaReply::Attr`] with the new size. The whole write is made at
+    /// once under the file's lock, so it is atomic with respect to every
+    /// other write, from any client. Answered before it is
     /// durable, as `write(2)` is: [`MetaOp::Fsync`] makes it so.
     Write {
         ino: Ino,
@@ -305,9 +307,18 @@ pub enum Asking {
     IfMade,
 }
 
-/// The most data one `Read` or `Write` carries: a frame with room to
-/// spare.
+/// The most data one `Read` carries: a mount reads more in parts at
+/// once, which the server's workers read in parallel.
 pub const MAX_DATA: usize = 128 << 10;
+
+/// The most data one `Write` carries (version 18; 128 KiB before): a
+/// whole request of a FUSE mount's kernel, which sends a `write(2)` of
+/// up to 1 MiB (less a page for a buffer not aligned to one) as one. So
+/// such a write is made whole, as a local file system makes it: sent in
+/// parts, one mount's parts and another's could interleave, and an
+/// `O_APPEND` record of 200 KB landed with another mount's record inside
+/// it (until session 42).
+pub const MAX_WRITE: usize = 1 << 20;
 
 /// One directory entry on the wire.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -48,6 +48,7 @@ pub(crate) async fn connection(
             },
         };
         let mut source = proto::reader::<ClientMsg, _>(rd);
+        source.decoder_mut().limit(proto::MAX_HELLO);
         match source.next().await? {
             Ok(msg) => Some((msg, source, wr, served_as)),
             Err(e) => {
@@ -85,6 +86,8 @@ pub(crate) async fn connection(
         let _ = wire::send(&wr, &ServerMsg::Refused { reason, auth: true }).await;
         return;
     }
+    // Shown its token: it may send the largest frames.
+    source.decoder_mut().limit(proto::MAX_FRAME);
     let attached = match attach(&inner, session, &secret) {
         Ok(a) => a,
         Err(session::BadResume) => {

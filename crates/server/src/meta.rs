@@ -21,7 +21,8 @@ use interlock_meta::ReadFrom::{Cache, Disk};
 use interlock_meta::{Caller, Cred, Errno, FileType, Ino, NewInode, Seq, Tag};
 use interlock_proto::Reply;
 use interlock_proto::meta::{
-    Asking, ChangelogOp, ChangelogRecord, ChangelogReply, ConsumerInfo, Entry, MAX_DATA, MetaOp, MetaReply, Once,
+    Asking, ChangelogOp, ChangelogRecord, ChangelogReply, ConsumerInfo, Entry, MAX_DATA, MAX_WRITE, MetaOp, MetaReply,
+    Once,
 };
 use parking_lot::Mutex;
 
@@ -319,7 +320,7 @@ fn perform(inner: &Inner, sid: u64, cred: &Cred, op: MetaOp) -> Result<(MetaRepl
             (MetaReply::Bytes(inner.store.read(who, ino, (offset, read_len(size)), Disk)?), 0)
         }
         MetaOp::Write { ino, offset, append, data, opened } => {
-            if data.len() > MAX_DATA {
+            if data.len() > MAX_WRITE {
                 return Err(Errno::EINVAL);
             }
             // Answered once its record is in the journal's file (the
