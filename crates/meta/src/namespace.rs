@@ -321,12 +321,19 @@ pub(crate) fn check_name(name: &[u8]) -> Result<()> {
     Ok(())
 }
 
+/// The extended attribute that holds the capabilities a file grants the
+/// programs run from it (`setcap`). A change to the file's data, size or
+/// owner takes it away, whoever makes it, as Linux's
+/// `security_inode_killpriv` does: a changed program keeps none.
+pub(crate) const CAPS: &[u8] = b"security.capability";
+
 /// Who may read (`write` false) or set an extended attribute, by its
 /// namespace, as Linux's `xattr_permission`: `user.` by the file's read or
 /// write permission, and only on regular files and directories; `trusted.`
 /// by root only; `security.` read by anyone, set or removed by root only
 /// (Linux's capability module asks `CAP_SYS_ADMIN`; until session 31 the
-/// file's owner could too); other
+/// file's owner could too; [`CAPS`] is removed by anyone who could change
+/// the file: see `Namespace::removexattr`); other
 /// prefixes are not supported, `system.` among them. That one holds POSIX
 /// ACLs (`system.posix_acl_access`, `..._default`), which neither the
 /// mount's kernel nor the server would apply: stored, an ACL that denies

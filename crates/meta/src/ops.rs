@@ -14,7 +14,7 @@ use crate::inode::Inode;
 use crate::locks::stripe;
 use crate::log::Seq;
 use crate::mutation::{Gone, Mutation, Renamed};
-use crate::namespace::{Namespace, check_name, xattr_permission};
+use crate::namespace::{CAPS, Namespace, check_name, xattr_permission};
 use crate::types::{
     Attr, Caller, Cred, FILE_SIZE_MAX, Fallocate, FileType, Ino, LINK_MAX, Nanos, ROOT, RenameFlags, SYMLINK_MAX,
     SetAttr, TimeSet, XATTR_SIZE_MAX, XattrMode,
@@ -490,6 +490,10 @@ impl Namespace {
         if let Some(t) = set.mtime {
             mtime = Some(resolve(t));
         }
+        let chowns = set.chown || set.uid.is_some() || set.gid.is_some();
+        if set.size.is_some() || (chowns && i.kind != FileType::Directory) {
+            self.kill_caps(cred, &i, now)?;
+        }
         let m =
             Mutation::SetAttr { ino, perm, uid, gid, size: set.size, atime: set.atime.map(resolve), mtime, ctime: now };
         let seq = self.commit(cred, &m)?;
@@ -515,7 +519,8 @@ impl Namespace {
     /// inode's lock, so size and data agree.
     /// A write by anyone but root clears setuid and setgid as Linux's
     /// `file_remove_privs` does (`access::dropped_by_data`, for the
-    /// writer). O(1) expected, plus `put`.
+    /// writer), and anyone's takes away the file's capabilities
+    /// (`kill_caps`). O(1) expected, plus `put`.
     pub fn write_with(
         &self,
         who: Caller,
@@ -576,11 +581,24 @@ impl Namespace {
         let offset = offset.unwrap_or_else(|| i.size.load(Relaxed));
         let end = offset.checked_add(len).filter(|&e| e <= FILE_SIZE_MAX).ok_or(Errno::EFBIG)?;
         self.admit(frees)?;
+        self.kill_caps(who.cred, &i, now)?;
         i.blocks.store(put(offset)?, Relaxed);
         let size = (grow && end > i.size.load(Relaxed)).then_some(end);
         let perm = access::dropped_by_data(who.cred, &o);
         let seq = self.commit_admitted(who.cred, &Mutation::Write { ino, size, perm, time: now }, &[])?;
         Ok((i.attr(), seq))
+    }
+
+    /// Takes away the capabilities file `i` grants ([`CAPS`]), if it has
+    /// any: the caller changes its data, size or owner. Recorded before
+    /// that change, as Linux removes them first: a crash between leaves
+    /// them gone, never the change made with them kept. Under the
+    /// inode's lock, past the change's checks. O(the file's xattrs).
+    fn kill_caps(&self, cred: &Cred, i: &Inode, now: Nanos) -> Result<()> {
+        if !i.meta.lock().xattrs().iter().any(|(n, _)| &**n == CAPS) {
+            return Ok(());
+        }
+        self.commit(cred, &Mutation::RemoveXattr { ino: i.ino, name: CAPS.to_vec(), time: now }).map(drop)
     }
 
     /// `copy_file_range(2)`: up to `len` bytes of regular file `src` from
@@ -643,11 +661,22 @@ impl Namespace {
         self.commit(cred, &m)
     }
 
-    /// Removes an extended attribute (`ENODATA` if unset).
+    /// Removes an extended attribute (`ENODATA` if unset). [`CAPS`] may
+    /// be removed by anyone who could change the file (its owner, with a
+    /// chown; a writer, with a write), which would take it away anyway: a
+    /// mount's kernel removes it so, as the caller, before it truncates,
+    /// chowns or reserves space in such a file (Linux's killpriv, made
+    /// past the checks at which it refuses such a caller's
+    /// `removexattr(2)` of it, before that call reaches a mount). Until
+    /// session 42 the server refused it, and the truncate failed with
+    /// `EPERM`.
     pub fn removexattr(&self, cred: &Cred, ino: Ino, name: &[u8], now: Nanos) -> Result<Seq> {
         let i = self.inode(ino)?;
         let _held = self.stripes.lock(&[], &[Self::ino_lock(ino)]);
-        xattr_permission(cred, &i, name, true)?;
+        let changer = |o| access::owns(cred, &o) || access::check(cred, &o, WRITE).is_ok();
+        if !(name == CAPS && changer(i.owner())) {
+            xattr_permission(cred, &i, name, true)?;
+        }
         if !i.meta.lock().xattrs().iter().any(|(n, _)| &**n == name) {
             return Err(Errno::ENODATA);
         }

@@ -4,7 +4,7 @@
 mod common;
 
 use interlock_meta::{
-    COPY_MAX, Caller, Cred, Errno, Fallocate, FileType, Namespace, NewInode, ROOT, RenameFlags, SetAttr, XattrMode,
+    COPY_MAX, Caller, Cred, Errno, Fallocate, FileType, Ino, Namespace, NewInode, ROOT, RenameFlags, SetAttr, XattrMode,
 };
 
 fn user() -> Cred {
@@ -387,4 +387,44 @@ fn security_xattrs_are_roots_to_set_and_anyones_to_read() {
     assert_eq!(ns.getxattr(&user(), f.ino, b"security.a").unwrap(), b"v");
     assert_eq!(ns.removexattr(&user(), f.ino, b"security.a", 3), Err(Errno::EPERM));
     assert!(ns.removexattr(&root, f.ino, b"security.a", 3).is_ok());
+}
+
+/// A change to a file's data, size or owner takes away the capabilities
+/// it grants (`security.capability`), whoever makes it, as Linux's
+/// killpriv does, and a chmod does not; anyone who could change the file
+/// may remove the attribute (which such a change would), no one else but
+/// root, and only root may set it. Until session 42 a write kept it.
+#[test]
+fn a_change_to_a_files_data_size_or_owner_takes_its_capabilities_away() {
+    const CAPS: &[u8] = b"security.capability";
+    let ns = Namespace::new(1, 0);
+    let root = Cred::root();
+    let capped = |name: &[u8], perm| {
+        let (f, _) = ns.create(&root, ROOT, name, new(FileType::Regular, perm), b"", 1).unwrap();
+        ns.setxattr(&root, f.ino, CAPS, b"caps", XattrMode::Any, 1).unwrap();
+        f.ino
+    };
+    let kept = |ino| ns.listxattr(&root, ino).unwrap().iter().any(|n| n == CAPS);
+    let u = user();
+    let writer: Caller = (&u).into();
+    let changes: [(&[u8], &dyn Fn(Ino) -> Result<(), Errno>); 6] = [
+        (b"write", &|ino| ns.write_with(writer, ino, (Some(0), 1), 2, |_| Ok(0)).map(drop)),
+        (b"append", &|ino| ns.write_with(writer, ino, (None, 1), 2, |_| Ok(0)).map(drop)),
+        (b"fallocate", &|ino| ns.fallocate_with(writer, ino, Fallocate::PunchHole, (0, 1), 2, || Ok(0)).map(drop)),
+        (b"truncate", &|ino| ns.setattr(&user(), ino, &SetAttr { size: Some(0), ..SetAttr::default() }, 2).map(drop)),
+        (b"chown", &|ino| ns.setattr(&root, ino, &SetAttr { chown: true, ..SetAttr::default() }, 2).map(drop)),
+        (b"removexattr", &|ino| ns.removexattr(&user(), ino, CAPS, 2).map(drop)),
+    ];
+    for (name, change) in changes {
+        let ino = capped(name, 0o666);
+        change(ino).unwrap();
+        assert!(!kept(ino), "{}", String::from_utf8_lossy(name));
+    }
+    let ino = capped(b"chmod", 0o666);
+    ns.setattr(&root, ino, &SetAttr { perm: Some(0o644), ..SetAttr::default() }, 2).unwrap();
+    assert!(kept(ino), "a chmod keeps them");
+    let ino = capped(b"private", 0o644);
+    assert_eq!(ns.removexattr(&user(), ino, CAPS, 2), Err(Errno::EPERM), "neither owner nor writer");
+    assert_eq!(ns.setxattr(&user(), ino, CAPS, b"more", XattrMode::Any, 2), Err(Errno::EPERM));
+    assert!(kept(ino));
 }
