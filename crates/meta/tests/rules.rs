@@ -407,7 +407,8 @@ fn a_change_to_a_files_data_size_or_owner_takes_its_capabilities_away() {
     let kept = |ino| ns.listxattr(&root, ino).unwrap().iter().any(|n| n == CAPS);
     let u = user();
     let writer: Caller = (&u).into();
-    let changes: [(&[u8], &dyn Fn(Ino) -> Result<(), Errno>); 6] = [
+    type Change<'a> = &'a dyn Fn(Ino) -> Result<(), Errno>;
+    let changes: [(&[u8], Change); 6] = [
         (b"write", &|ino| ns.write_with(writer, ino, (Some(0), 1), 2, |_| Ok(0)).map(drop)),
         (b"append", &|ino| ns.write_with(writer, ino, (None, 1), 2, |_| Ok(0)).map(drop)),
         (b"fallocate", &|ino| ns.fallocate_with(writer, ino, Fallocate::PunchHole, (0, 1), 2, || Ok(0)).map(drop)),
