@@ -2095,6 +2095,35 @@ fn a_background_mount_on_a_busy_mount_point_fails() {
     assert!(said.contains("is busy: something is mounted there already"), "{said}");
 }
 
+/// `mount --background` with no log file passes on what its mount
+/// process says until the mount is live: why it failed (a server not
+/// listening), or that the server squashes root. Until session 42 it
+/// dropped both, and a failure said only "the mount process ended (exit
+/// status: 69)".
+#[test]
+fn a_background_mount_tells_its_caller_what_the_mount_process_said() {
+    if !fuse_ready("a_background_mount_tells_its_caller_what_the_mount_process_said") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let background = |addr: &str| Command::new(BIN).args(["mount", "--background", addr]).arg(dir.path()).output();
+    let nobody = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().to_string();
+    let out = background(&nobody).unwrap();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(69), "{said}");
+    assert!(said.contains(&format!("cannot connect to {nobody}")), "{said}");
+    let data = tempfile::tempdir().unwrap();
+    let server = ServerProc::start(data.path(), "127.0.0.1:0", &["--root-squash"]);
+    let out = background(&server.addr).unwrap();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{said}");
+    assert!(said.contains("the server squashes root"), "{said}");
+    let pid = String::from_utf8_lossy(&out.stdout).split("(pid ").nth(1).unwrap().trim_end_matches(")\n").to_string();
+    let mount = std::fs::canonicalize(dir.path()).unwrap();
+    interlock_fs::unmount(&mount).unwrap();
+    wait_for("the mount process to end", || !Path::new("/proc").join(&pid).exists());
+}
+
 #[test]
 fn a_lock_cycle_across_two_mounts_is_refused_with_edeadlk() {
     let Some((_data, server, a, b)) = two_mounts("a_lock_cycle_across_two_mounts_is_refused_with_edeadlk") else {

@@ -6,8 +6,10 @@
 //! command detached and returns once the mount is live: a new process
 //! rather than a fork, as forking a process with threads is unsafe.
 
+use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Stdio};
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use interlock_client::Client;
@@ -36,8 +38,9 @@ pub struct MountArgs {
     /// `user_allow_other` in /etc/fuse.conf). File data is never cached.
     #[arg(short = 'o', value_name = "OPTIONS")]
     options: Vec<String>,
-    /// Detach once the mount is live (logs are dropped unless
-    /// --log-file).
+    /// Detach once the mount is live: what the mount process says until
+    /// then (why it failed) is printed here; its logs after are dropped
+    /// unless --log-file.
     #[arg(long)]
     background: bool,
     /// With --background: append the mount's log here.
@@ -122,6 +125,10 @@ pub fn mount(mut args: MountArgs, server_given: bool) -> ExitCode {
         // to us.
         let _ = nix::unistd::setsid();
     }
+    // Started by `--background` with no log file: the caller reads what
+    // we say until the mount is live (why it failed; that the server
+    // squashes root), and nobody after.
+    let caller_reads = std::env::var_os(DETACHED).is_some() && args.log_file.is_none();
     init_logging();
     // One thread: a request's cost is its wake-ups (see `interlock_fs`'s
     // session), and every hand-over between threads adds some.
@@ -142,7 +149,7 @@ pub fn mount(mut args: MountArgs, server_given: bool) -> ExitCode {
             }
         };
         let cfg = Config { root_squashed: tell_root_squash(&client).await, ..cfg };
-        run(client, &cfg).await
+        run(client, &cfg, caller_reads).await
     })
 }
 
@@ -155,11 +162,16 @@ pub fn mount(mut args: MountArgs, server_given: bool) -> ExitCode {
 /// round trip; a server that does not answer is met again by the mount.
 async fn tell_root_squash(client: &Client) -> bool {
     let Ok(StatusInfo { root_squash: Some(q), .. }) = client.status().await else { return false };
-    eprintln!("interlock mount: the server squashes root: root's requests are served as {q}");
+    // Not `eprintln!`, which panics where nobody reads any more: a
+    // `--background` caller that gave up waiting.
+    let _ = writeln!(std::io::stderr(), "interlock mount: the server squashes root: root's requests are served as {q}");
     true
 }
 
-async fn run(client: Client, cfg: &Config) -> ExitCode {
+/// Mounts and serves until unmounted. `caller_reads`: this process's
+/// standard error goes to the caller that started it (see `detach`),
+/// which stops reading once the mount is live: it then goes nowhere.
+async fn run(client: Client, cfg: &Config, caller_reads: bool) -> ExitCode {
     let mounted = match interlock_fs::mount(client, cfg) {
         Ok(m) => m,
         Err(e) => {
@@ -171,6 +183,9 @@ async fn run(client: Client, cfg: &Config) -> ExitCode {
             });
         }
     };
+    if caller_reads && let Ok(null) = std::fs::OpenOptions::new().write(true).open("/dev/null") {
+        let _ = nix::unistd::dup2_stderr(null);
+    }
     let path = std::fs::canonicalize(&cfg.mountpoint).unwrap_or_else(|_| cfg.mountpoint.clone());
     tracing::info!(mountpoint = %path.display(), "mounted");
     let (Ok(mut int), Ok(mut term)) = (signal(SignalKind::interrupt()), signal(SignalKind::terminate())) else {
@@ -225,7 +240,7 @@ fn detach(args: &MountArgs) -> ExitCode {
                 return ExitCode::from(exit::USAGE);
             }
         },
-        None => Stdio::null(),
+        None => Stdio::piped(),
     };
     let argv: Vec<_> = std::env::args_os().skip(1).collect();
     let mut child = match Command::new(me)
@@ -242,15 +257,26 @@ fn detach(args: &MountArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let said = child.stderr.take().map(pass_on);
+    // Until the mount process lets go of its standard error (once live,
+    // or ended): what it said before is then all passed on.
+    let heard = || {
+        if let Some(s) = &said {
+            let _ = s.recv_timeout(Duration::from_secs(1));
+        }
+    };
     let path = std::fs::canonicalize(args.mountpoint()).unwrap_or_else(|_| args.mountpoint().to_path_buf());
     let until = Instant::now() + Duration::from_secs_f64(args.server.connect_timeout + 10.0);
     loop {
         if interlock_fs::is_mounted(&path) {
+            heard();
             println!("interlock: mounted at {} (pid {})", path.display(), child.id());
             return ExitCode::SUCCESS;
         }
         if let Ok(Some(status)) = child.try_wait() {
-            eprintln!("interlock mount: the mount process ended ({status}) before the mount was live; see --log-file");
+            heard();
+            let log = if said.is_some() { "" } else { "; see --log-file" };
+            eprintln!("interlock mount: the mount process ended ({status}) before the mount was live{log}");
             return ExitCode::from(status.code().map_or(1, |c| c as u8));
         }
         if Instant::now() > until {
@@ -262,6 +288,20 @@ fn detach(args: &MountArgs) -> ExitCode {
         }
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// Passes on what the mount process writes to its standard error, a line
+/// at a time, to ours, until it lets go of it; then says so on the
+/// channel returned.
+fn pass_on(err: std::process::ChildStderr) -> mpsc::Receiver<()> {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(err).lines().map_while(Result::ok) {
+            eprintln!("{line}");
+        }
+        let _ = tx.send(());
+    });
+    rx
 }
 
 #[cfg(test)]
