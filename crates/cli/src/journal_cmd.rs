@@ -97,11 +97,9 @@ fn dump(dir: &std::path::Path, from: u64, types: Mask) -> Result<(), String> {
         }
     })
     .map_err(|e| e.to_string())?;
-    match err.map_or_else(|| std::io::Write::flush(&mut out), Err) {
-        // The reader went away (`| head`): done, quietly, as `cat` is.
-        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
-        r => r.map_err(|e| e.to_string()),
-    }
+    // A reader that went away (`| head`) ends the process by `SIGPIPE`
+    // before an error reaches here (see `main`'s `die_of_closed_pipes`).
+    err.map_or_else(|| std::io::Write::flush(&mut out), Err).map_err(|e| e.to_string())
 }
 
 /// `INDEX NNTYPE TIME DATE FLAGS t=TARGET p=PARENT NAME [s=… sp=… SOURCE] u=UID:GID [j=JOB]`

@@ -577,6 +577,19 @@ fn changelog_commands_and_status() {
     assert!(indices.windows(2).all(|w| w[1] == w[0] + 1), "{indices:?}");
     let (_, text, _) = cli(&addr, &["changelog", "read", "cl1"]);
     assert!(text.lines().next().unwrap().contains("02MKDIR"), "Lustre's format: {text}");
+    // `--server` after the subcommand too (refused there until session 42).
+    let out = Command::new(BIN).args(["changelog", "read", "cl1", "--server", &addr]).output().unwrap();
+    assert_eq!(String::from_utf8(out.stdout).unwrap(), text);
+    // Into a pipe nobody reads (`| head`): it ends by SIGPIPE, silently,
+    // as other tools do; it panicked in `println!` until session 42.
+    let (unread, pipe) = std::io::pipe().unwrap();
+    drop(unread);
+    let mut reader = Command::new(BIN);
+    reader.args(["changelog", "read", "cl1"]).env("INTERLOCK_SERVER", &addr).stdout(pipe).stderr(Stdio::piped());
+    let out = reader.spawn().unwrap().wait_with_output().unwrap();
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(out.status.signal(), Some(libc::SIGPIPE), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(out.stderr.is_empty(), "{}", String::from_utf8_lossy(&out.stderr));
 
     let (code, _, _) = cli(&addr, &["changelog", "clear", "audit", "0"]);
     assert_eq!(code, 0);

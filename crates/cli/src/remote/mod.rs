@@ -21,17 +21,17 @@ use crate::{args, exit};
 #[derive(clap::Args, Clone, Debug)]
 pub struct ServerArgs {
     /// Server address, HOST:PORT.
-    #[arg(long, env = "INTERLOCK_SERVER", default_value = "127.0.0.1:7420", value_parser = args::server)]
+    #[arg(long, global = true, env = "INTERLOCK_SERVER", default_value = "127.0.0.1:7420", value_parser = args::server)]
     pub server: String,
     /// File holding the shared-secret token (or set INTERLOCK_TOKEN).
-    #[arg(long, env = "INTERLOCK_TOKEN_FILE")]
+    #[arg(long, global = true, env = "INTERLOCK_TOKEN_FILE")]
     pub token_file: Option<PathBuf>,
     /// Seconds that connecting and the handshake may take, each time.
-    #[arg(long, default_value = "10", value_parser = args::positive_seconds, value_name = "SECS")]
+    #[arg(long, global = true, default_value = "10", value_parser = args::positive_seconds, value_name = "SECS")]
     pub connect_timeout: f64,
     /// Speak TLS to the server, trusting the CA certificates in this PEM
     /// file; the server's certificate must name the host of --server.
-    #[arg(long, env = "INTERLOCK_TLS_CA", value_name = "FILE")]
+    #[arg(long, global = true, env = "INTERLOCK_TLS_CA", value_name = "FILE")]
     pub tls_ca: Option<PathBuf>,
 }
 
