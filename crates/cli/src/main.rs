@@ -130,7 +130,7 @@ enum DebugCommand {
 fn main() -> ExitCode {
     let matches = Cli::command().get_matches();
     let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
-    if !matches!(cli.command, Command::Serve(_) | Command::Mount(_)) {
+    if !matches!(cli.command, Command::Serve(_) | Command::Mount(_) | Command::Bench(_)) {
         die_of_closed_pipes();
     }
     match cli.command {
@@ -184,9 +184,9 @@ fn main() -> ExitCode {
 /// (`interlock changelog read cl1 | head`) ends as other Unix tools do, by
 /// `SIGPIPE`, silently: Rust's runtime ignores the signal, and `println!`
 /// then panicked ("failed printing to stdout: Broken pipe", until session
-/// 42). Not the server nor the mount: their writes to a peer gone (a
-/// socket; a `--background` caller that stopped reading) are errors they
-/// handle.
+/// 42). Not the server nor the mount, nor `bench`, which runs both in
+/// its own process: their writes to a peer gone (a socket; a
+/// `--background` caller that stopped reading) are errors they handle.
 fn die_of_closed_pipes() {
     // SAFETY: `signal` with `SIG_DFL` installs no handler of ours; it
     // runs before any thread but this one exists.
