@@ -2363,6 +2363,21 @@ fn a_change_to_a_file_takes_its_capabilities_away_as_on_tmpfs() {
     same_lines(&kernel, &mount, 28);
 }
 
+/// `listxattr(2)` lists up to 64 KiB of names and answers `E2BIG` past
+/// that, as on tmpfs (`tests/scripts/xattr_list.py`: the last list that
+/// fits, the first that does not, and one larger than a frame). Until
+/// session 42 the server sent any list whole (the kernel answered
+/// `E2BIG` for it), and one larger than a frame never went: the call
+/// waited forever.
+#[test]
+fn a_list_of_extended_attributes_past_64_kib_is_e2big_as_on_tmpfs() {
+    let Some((_data, _server, m)) = one_mount("a_list_of_extended_attributes_past_64_kib_is_e2big_as_on_tmpfs") else {
+        return;
+    };
+    let Some((kernel, mount)) = script_on_both("xattr_list.py", m.path()) else { return };
+    same_lines(&kernel, &mount, 5);
+}
+
 /// A script's `n` lines on tmpfs (`kernel`) and on the mount are the
 /// same, the first that differs named.
 fn same_lines(kernel: &str, mount: &str, n: usize) {

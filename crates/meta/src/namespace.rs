@@ -25,7 +25,8 @@ use crate::log::Log;
 use crate::replies::Replies;
 use crate::spread;
 use crate::types::{
-    Attr, Caller, Cred, DirEntry, FileType, Ino, NAME_MAX, Nanos, ROOT, STATFS_BLOCK, StatFs, XATTR_NAME_MAX,
+    Attr, Caller, Cred, DirEntry, FileType, Ino, NAME_MAX, Nanos, ROOT, STATFS_BLOCK, StatFs, XATTR_LIST_MAX,
+    XATTR_NAME_MAX,
 };
 
 /// Inode numbers a thread's block takes at once (see
@@ -276,15 +277,24 @@ impl Namespace {
         m.xattrs().iter().find(|(n, _)| &**n == name).map(|(_, v)| v.to_vec()).ok_or(Errno::ENODATA)
     }
 
-    /// The names of the extended attributes the caller may see.
+    /// The names of the extended attributes the caller may see; `E2BIG`
+    /// if they take more than [`XATTR_LIST_MAX`] bytes listed, as Linux
+    /// answers (until session 42 such a list went out whole, and one
+    /// larger than a frame was never answered: a mount's `listxattr` of
+    /// a file with 20,000 long names waited forever). O(xattrs).
     pub fn listxattr(&self, cred: &Cred, ino: Ino) -> Result<Vec<Vec<u8>>> {
         let i = self.inode(ino)?;
         let m = i.meta.lock();
-        Ok(m.xattrs()
+        let names: Vec<Vec<u8>> = m
+            .xattrs()
             .iter()
             .filter(|(n, _)| !n.starts_with(b"trusted.") || cred.is_root())
             .map(|(n, _)| n.to_vec())
-            .collect())
+            .collect();
+        if names.iter().map(|n| n.len() + 1).sum::<usize>() > XATTR_LIST_MAX {
+            return Err(Errno::E2BIG);
+        }
+        Ok(names)
     }
 
     /// The counts; no space (a [`Store`](crate::Store) adds its disk's).

@@ -21,6 +21,9 @@ pub const SYMLINK_MAX: usize = 4095;
 /// Longest extended attribute name and value, in bytes.
 pub const XATTR_NAME_MAX: usize = 255;
 pub const XATTR_SIZE_MAX: usize = 65_536;
+/// Longest list of extended attribute names (each with its NUL), in
+/// bytes: Linux's `listxattr(2)` answers `E2BIG` past it.
+pub const XATTR_LIST_MAX: usize = 65_536;
 /// Largest file size (as ext4 with 4 KiB blocks: 16 TiB).
 pub const FILE_SIZE_MAX: u64 = 16 << 40;
 /// The block size `statfs` reports, and counts space in.

@@ -429,3 +429,21 @@ fn a_change_to_a_files_data_size_or_owner_takes_its_capabilities_away() {
     assert_eq!(ns.setxattr(&user(), ino, CAPS, b"more", XattrMode::Any, 2), Err(Errno::EPERM));
     assert!(kept(ino));
 }
+
+/// A list of extended attribute names past `XATTR_LIST_MAX` (64 KiB,
+/// each name with its NUL) is `E2BIG`, as Linux's `listxattr(2)`
+/// answers; one that fits is listed.
+#[test]
+fn a_list_of_xattr_names_past_64_kib_is_e2big() {
+    let ns = Namespace::new(1, 0);
+    let root = Cred::root();
+    let (f, _) = ns.create(&root, ROOT, b"f", new(FileType::Regular, 0o644), b"", 1).unwrap();
+    // 251 bytes listed a name: 261 fit in 65,536, 262 do not.
+    let name = |i: usize| format!("user.{}", format!("{i:05}").repeat(49)).into_bytes();
+    for i in 0..261 {
+        ns.setxattr(&root, f.ino, &name(i), b"", XattrMode::Any, 2).unwrap();
+    }
+    assert_eq!(ns.listxattr(&root, f.ino).unwrap().len(), 261);
+    ns.setxattr(&root, f.ino, &name(261), b"", XattrMode::Any, 2).unwrap();
+    assert_eq!(ns.listxattr(&root, f.ino), Err(Errno::E2BIG));
+}

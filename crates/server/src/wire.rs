@@ -32,7 +32,7 @@ use std::borrow::Borrow;
 use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
-use interlock_proto::{self as proto, ServerMsg, Unacked};
+use interlock_proto::{self as proto, Reply, ServerMsg, Unacked};
 use parking_lot::Mutex;
 use tokio::sync::Notify;
 
@@ -262,10 +262,16 @@ pub(crate) async fn send(wr: &Writer, msg: &ServerMsg) -> std::io::Result<()> {
 
 /// Appends a message's frame. Every server message is far below the frame
 /// limit (names, values and error texts are bounded), so one over it is a
-/// bug; it is logged and left out rather than sent.
+/// bug; it is logged and left out, and a reply's request is answered with
+/// an error instead, so that its caller does not wait forever (as a
+/// mount's `listxattr` did until session 42, its list unbounded).
 pub(crate) fn put(out: &mut BytesMut, msg: &ServerMsg) {
     if let Err(e) = proto::write_frame(msg, out) {
         tracing::error!(error = %e, "server message not sent");
+        if let &ServerMsg::Reply { id, .. } = msg {
+            let failed = ServerMsg::Reply { id, reply: Reply::Error(format!("the answer was not sent: {e}")) };
+            let _ = proto::write_frame(&failed, out);
+        }
     }
 }
 
@@ -273,7 +279,23 @@ pub(crate) fn put(out: &mut BytesMut, msg: &ServerMsg) {
 mod tests {
     use super::*;
     use futures::StreamExt;
-    use interlock_proto::{GrantInfo, Reply};
+    use interlock_proto::GrantInfo;
+
+    /// A reply too large for a frame goes out as an error for its
+    /// request, which would otherwise never be answered.
+    #[test]
+    fn a_reply_over_the_frame_limit_goes_out_as_an_error() {
+        use tokio_util::codec::Decoder;
+        let huge = Reply::Error("x".repeat(proto::MAX_FRAME));
+        let mut out = BytesMut::new();
+        put(&mut out, &ServerMsg::Reply { id: 7, reply: huge });
+        let sent = proto::Reader::<ServerMsg>::default().decode(&mut out).unwrap().unwrap();
+        assert!(
+            matches!(&sent, ServerMsg::Reply { id: 7, reply: Reply::Error(e) } if e.contains("not sent")),
+            "{sent:?}"
+        );
+        assert!(out.is_empty());
+    }
 
     fn granted(id: u64) -> ServerMsg {
         ServerMsg::Granted { id, grant: GrantInfo { fence: id, lvb: None, handle: None } }
