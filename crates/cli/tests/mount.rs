@@ -2337,12 +2337,7 @@ fn a_write_truncate_or_chgrp_drops_setuid_and_setgid_as_tmpfs_does() {
 /// privileges by the opener's ids.
 #[test]
 fn a_handle_keeps_its_access_and_a_write_drops_privileges_by_its_writer() {
-    let Some((_data, _server, m)) = one_mount("a_handle_keeps_its_access_and_a_write_drops_privileges_by_its_writer")
-    else {
-        return;
-    };
-    let Some((kernel, mount)) = script_on_both("handles.py", m.path()) else { return };
-    same_lines(&kernel, &mount, 12);
+    as_on_tmpfs("a_handle_keeps_its_access_and_a_write_drops_privileges_by_its_writer", "handles.py", 12);
 }
 
 /// A change to a file's data, size or owner takes away the capabilities
@@ -2356,11 +2351,7 @@ fn a_handle_keeps_its_access_and_a_write_drops_privileges_by_its_writer() {
 /// and the server refused the caller).
 #[test]
 fn a_change_to_a_file_takes_its_capabilities_away_as_on_tmpfs() {
-    let Some((_data, _server, m)) = one_mount("a_change_to_a_file_takes_its_capabilities_away_as_on_tmpfs") else {
-        return;
-    };
-    let Some((kernel, mount)) = script_on_both("caps.py", m.path()) else { return };
-    same_lines(&kernel, &mount, 28);
+    as_on_tmpfs("a_change_to_a_file_takes_its_capabilities_away_as_on_tmpfs", "caps.py", 28);
 }
 
 /// `listxattr(2)` lists up to 64 KiB of names and answers `E2BIG` past
@@ -2371,16 +2362,14 @@ fn a_change_to_a_file_takes_its_capabilities_away_as_on_tmpfs() {
 /// waited forever.
 #[test]
 fn a_list_of_extended_attributes_past_64_kib_is_e2big_as_on_tmpfs() {
-    let Some((_data, _server, m)) = one_mount("a_list_of_extended_attributes_past_64_kib_is_e2big_as_on_tmpfs") else {
-        return;
-    };
-    let Some((kernel, mount)) = script_on_both("xattr_list.py", m.path()) else { return };
-    same_lines(&kernel, &mount, 5);
+    as_on_tmpfs("a_list_of_extended_attributes_past_64_kib_is_e2big_as_on_tmpfs", "xattr_list.py", 5);
 }
 
-/// A script's `n` lines on tmpfs (`kernel`) and on the mount are the
-/// same, the first that differs named.
-fn same_lines(kernel: &str, mount: &str, n: usize) {
+/// Test `test`: script `name` (see `script_on_both`) prints its `n`
+/// lines on a mount as on tmpfs, the first that differs named.
+fn as_on_tmpfs(test: &str, name: &str, n: usize) {
+    let Some((_data, _server, m)) = one_mount(test) else { return };
+    let Some((kernel, mount)) = script_on_both(name, m.path()) else { return };
     assert_eq!(kernel.lines().count(), n, "{kernel}");
     for (k, ours) in kernel.lines().zip(mount.lines()) {
         assert_eq!(ours, k);

@@ -661,7 +661,7 @@ impl Namespace {
         self.commit(cred, &m)
     }
 
-    /// Removes an extended attribute (`ENODATA` if unset). [`CAPS`] may
+    /// Removes an extended attribute (`ENODATA` if unset). `security.capability` may
     /// be removed by anyone who could change the file (its owner, with a
     /// chown; a writer, with a write), which would take it away anyway: a
     /// mount's kernel removes it so, as the caller, before it truncates,
