@@ -237,8 +237,9 @@ impl Client {
     }
 
     /// Writes `data` (at most 1 MiB a call, made whole: no other write
-    /// lands inside it) at `offset`; the file's attributes after it. Answered before it is durable, as `write(2)`
-    /// returns: see [`Client::fsync`].
+    /// lands inside it) at `offset`; the file's attributes after it.
+    /// Answered before it is durable, as `write(2)` returns: see
+    /// [`Client::fsync`].
     pub async fn write(
         &self,
         who: impl Into<Caller<'_>>,
@@ -250,8 +251,9 @@ impl Client {
         self.attr(cred, MetaOp::Write { ino, offset, append: false, data: data.to_vec(), opened }).await
     }
 
-    /// Writes `data` (at most 1 MiB, made whole) at the end of the file, wherever
-    /// that is when it arrives (`O_APPEND`); the file's attributes after.
+    /// Writes `data` (at most 1 MiB, made whole) at the end of the file,
+    /// wherever that is when it arrives (`O_APPEND`); the file's
+    /// attributes after.
     pub async fn append(&self, who: impl Into<Caller<'_>>, ino: Ino, data: &[u8]) -> Result<Attr, ClientError> {
         let Caller { cred, opened } = who.into();
         self.attr(cred, MetaOp::Write { ino, offset: 0, append: true, data: data.to_vec(), opened }).await

@@ -1,7 +1,7 @@
 //! Each kernel request as calls to the client: one round trip for most
 //! (lookup, getattr, create, unlink, …) and writes (made whole), one
-//! per 128 KiB of data, all issued at once, for reads, a page of a listing per
-//! `READDIR(PLUS)`. The server checks permissions with the caller's ids
+//! per 128 KiB of data, all issued at once, for reads, a page of a
+//! listing per `READDIR(PLUS)`. The server checks permissions with the caller's ids
 //! ([`creds`](crate::creds)) and answers errnos the kernel gets verbatim.
 
 use std::fs::File;

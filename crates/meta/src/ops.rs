@@ -417,7 +417,8 @@ impl Namespace {
         let o = i.owner();
         let mut perm = None;
         let (mut uid, mut gid) = (None, None);
-        if set.chown || set.uid.is_some() || set.gid.is_some() {
+        let chowns = set.chown || set.uid.is_some() || set.gid.is_some();
+        if chowns {
             // Linux's chown_ok and chgrp_ok, each only for an id given.
             let owner = cred.uid == o.uid;
             let uid_ok = set.uid.is_none_or(|u| owner && u == o.uid);
@@ -490,7 +491,6 @@ impl Namespace {
         if let Some(t) = set.mtime {
             mtime = Some(resolve(t));
         }
-        let chowns = set.chown || set.uid.is_some() || set.gid.is_some();
         if set.size.is_some() || (chowns && i.kind != FileType::Directory) {
             self.kill_caps(cred, &i, now)?;
         }
@@ -661,15 +661,15 @@ impl Namespace {
         self.commit(cred, &m)
     }
 
-    /// Removes an extended attribute (`ENODATA` if unset). `security.capability` may
-    /// be removed by anyone who could change the file (its owner, with a
-    /// chown; a writer, with a write), which would take it away anyway: a
-    /// mount's kernel removes it so, as the caller, before it truncates,
-    /// chowns or reserves space in such a file (Linux's killpriv, made
-    /// past the checks at which it refuses such a caller's
-    /// `removexattr(2)` of it, before that call reaches a mount). Until
-    /// session 42 the server refused it, and the truncate failed with
-    /// `EPERM`.
+    /// Removes an extended attribute (`ENODATA` if unset).
+    /// `security.capability` may be removed by anyone who could change
+    /// the file (its owner, with a chown; a writer, with a write), which
+    /// would take it away anyway: a mount's kernel removes it so, as the
+    /// caller, before it truncates, chowns or reserves space in such a
+    /// file (Linux's killpriv, made past the checks at which it refuses
+    /// such a caller's `removexattr(2)` of it, before that call reaches a
+    /// mount). Until session 42 the server refused it, and the truncate
+    /// failed with `EPERM`.
     pub fn removexattr(&self, cred: &Cred, ino: Ino, name: &[u8], now: Nanos) -> Result<Seq> {
         let i = self.inode(ino)?;
         let _held = self.stripes.lock(&[], &[Self::ino_lock(ino)]);
