@@ -35,8 +35,13 @@ fn store_dir(dir: &Path) -> PathBuf {
 /// Exit statuses (as e2fsck's): 0 clean; 1 damage found (repaired with
 /// `--repair`); 4 the store cannot be read (a damaged checkpoint or
 /// journal, which fsck does not repair); 8 a running server has it open;
-/// 2 usage.
+/// 2 usage (`DIR` missing or not a directory).
 pub fn fsck(args: FsckArgs) -> ExitCode {
+    if !args.dir.is_dir() {
+        let what = if args.dir.exists() { "is not a directory" } else { "does not exist" };
+        eprintln!("interlock fsck: {} {what}: DIR names a server's --data directory", args.dir.display());
+        return ExitCode::from(exit::USAGE);
+    }
     let dir = store_dir(&args.dir);
     match interlock_journal::in_use(&dir) {
         Ok(false) => {}

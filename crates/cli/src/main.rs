@@ -99,7 +99,7 @@ enum Command {
     /// root, no inode is leaked. Changes nothing unless --repair. Exit
     /// status 0 clean, 1 damage found (repaired with --repair), 4 the
     /// checkpoint or journal cannot be read, 8 a running server has the
-    /// store open (stop it first).
+    /// store open (stop it first), 2 DIR is missing or not a directory.
     Fsck(fsck_cmd::FsckArgs),
     /// Benchmarks: the seed scenarios, with the kernel's own locks beside
     /// ours where it finishes in reasonable time.

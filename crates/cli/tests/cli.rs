@@ -377,4 +377,13 @@ fn fsck_exit_statuses_and_repair() {
     let (code, _, err) = interlock(&["fsck", empty.path().to_str().unwrap()], "");
     assert_eq!(code, 4);
     assert!(err.contains("no namespace checkpoint"), "{err}");
+    // Not a directory at all: a usage error that says so (until session
+    // 42, "FILE/lock: Not a directory" and 4).
+    let file = empty.path().join("file");
+    std::fs::write(&file, b"").unwrap();
+    for (path, said) in [(file, "is not a directory"), (empty.path().join("none"), "does not exist")] {
+        let (code, _, err) = interlock(&["fsck", path.to_str().unwrap()], "");
+        assert_eq!(code, 2, "{err}");
+        assert!(err.contains(said), "{err}");
+    }
 }
