@@ -6,10 +6,10 @@
 //!
 //! Size matters at 10M files: what few inodes have (extended attributes,
 //! a symlink's target, a device number, the directory part) is boxed
-//! apart, so a plain file's inode is 96 bytes (112 with its `Arc`, in
-//! the allocator's 128-byte class as 120 was).
+//! apart, so a plain file's inode is 96 bytes (112 with its `Arc`, a
+//! size class of mimalloc's: 8 bytes more would take 128).
 
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU8, AtomicU32, AtomicU64, Ordering::Relaxed};
 
 use parking_lot::Mutex;
 
@@ -51,6 +51,11 @@ pub(crate) struct Inode {
     /// `O_EXCL` (Linux's `I_LINKABLE`); any other orphan's link is
     /// `ENOENT`.
     pub linkable: AtomicBool,
+    /// The period it was last looked up in (0: not since it was made or
+    /// loaded), and whether its last name is going: whether it is held
+    /// for an open when its last name goes (see `held`). In what was
+    /// padding.
+    pub looked: AtomicU8,
     pub dir: Option<Box<Dir>>,
 }
 
@@ -141,12 +146,20 @@ impl Inode {
             opens: AtomicU32::new(0),
             orphan: AtomicBool::new(false),
             linkable: AtomicBool::new(false),
+            looked: AtomicU8::new(0),
             dir,
         }
     }
 
     pub fn is_dir(&self) -> bool {
         self.dir.is_some()
+    }
+
+    /// An orphan that nobody holds open: one whose holders have yet to
+    /// open it again after a restart, or a file held for the open that
+    /// found it (see `held`). To any other request it is gone. O(1).
+    pub fn unheld(&self) -> bool {
+        self.orphan.load(Relaxed) && self.opens.load(Relaxed) == 0
     }
 
     /// The directory part (callers check [`Inode::is_dir`] first).

@@ -37,6 +37,7 @@ mod entries;
 mod errno;
 mod freed;
 pub mod fsck;
+mod held;
 mod inode;
 mod locks;
 mod log;
