@@ -9,7 +9,7 @@
 //! apart, so a plain file's inode is 96 bytes (112 with its `Arc`, a
 //! size class of mimalloc's: 8 bytes more would take 128).
 
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU8, AtomicU32, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, Ordering::Relaxed};
 
 use parking_lot::Mutex;
 
@@ -51,11 +51,6 @@ pub(crate) struct Inode {
     /// `O_EXCL` (Linux's `I_LINKABLE`); any other orphan's link is
     /// `ENOENT`.
     pub linkable: AtomicBool,
-    /// The period it was last looked up in (0: not since it was made or
-    /// loaded), and whether its last name is going: whether it is held
-    /// for an open when its last name goes (see `held`). In what was
-    /// padding.
-    pub looked: AtomicU8,
     pub dir: Option<Box<Dir>>,
 }
 
@@ -146,20 +141,12 @@ impl Inode {
             opens: AtomicU32::new(0),
             orphan: AtomicBool::new(false),
             linkable: AtomicBool::new(false),
-            looked: AtomicU8::new(0),
             dir,
         }
     }
 
     pub fn is_dir(&self) -> bool {
         self.dir.is_some()
-    }
-
-    /// An orphan that nobody holds open: one whose holders have yet to
-    /// open it again after a restart, or a file held for the open that
-    /// found it (see `held`). To any other request it is gone. O(1).
-    pub fn unheld(&self) -> bool {
-        self.orphan.load(Relaxed) && self.opens.load(Relaxed) == 0
     }
 
     /// The directory part (callers check [`Inode::is_dir`] first).

@@ -37,7 +37,6 @@ mod entries;
 mod errno;
 mod freed;
 pub mod fsck;
-mod held;
 mod inode;
 mod locks;
 mod log;

@@ -19,7 +19,6 @@ use crate::access::{self, EXEC, Owner, READ};
 use crate::entries::{Entries, Key, Name};
 use crate::errno::{Errno, Result};
 use crate::freed::FreedDirs;
-use crate::held::Held;
 use crate::inode::{Inode, Meta};
 use crate::locks::Stripes;
 use crate::log::Log;
@@ -66,9 +65,6 @@ pub struct Namespace {
     /// record their end (`ENOSPC`): kept, data and all, until
     /// [`retry_forgets`](Namespace::retry_forgets) finds room.
     pub(crate) unforgotten: Mutex<Vec<Ino>>,
-    /// Files kept a moment after their last name went, for the opens
-    /// that found them (see `held`).
-    pub(crate) held: Held,
     /// The changes clients may ask about again (see `replies`).
     pub(crate) replies: Replies,
     /// Names hash with this seed, chosen when the namespace is made and
@@ -101,7 +97,6 @@ impl Namespace {
             freed_dirs: Mutex::default(),
             log: None,
             unforgotten: Mutex::default(),
-            held: Held::new(),
             replies: Replies::default(),
             seed,
         }
@@ -182,15 +177,11 @@ impl Namespace {
         self.freed_dirs.lock().contains(ino)
     }
 
-    /// `getattr` as a client asks it: an inode's attributes, or for a
-    /// directory freed recently its last attributes (no links), as
-    /// Linux's `fstat` of a removed directory answers while a descriptor
-    /// or a working directory holds it. A file held for an open (see
-    /// `held`) answers only a caller that `found` it by the look-up just
-    /// before (a kernel asks for the attributes of what its walk found).
-    /// O(1) expected.
-    pub fn stat(&self, ino: Ino, found: bool) -> Result<Attr> {
-        self.attr(ino, found).or_else(|e| self.freed_dirs.lock().get(ino).ok_or(e))
+    /// `getattr`, or for a directory freed recently its last attributes
+    /// (no links), as Linux's `fstat` of a removed directory answers
+    /// while a descriptor or a working directory holds it. O(1) expected.
+    pub fn stat(&self, ino: Ino) -> Result<Attr> {
+        self.getattr(ino).or_else(|e| self.freed_dirs.lock().get(ino).ok_or(e))
     }
 
     /// What `name` in `parent` names, without checks.
@@ -199,43 +190,21 @@ impl Namespace {
     }
 
     /// `lookup`: needs search permission on `parent`. `.` and `..` name
-    /// the directory and its parent. A file found is held a moment for
-    /// the open that may follow, should its last name go meanwhile (see
-    /// `held`).
+    /// the directory and its parent.
     pub fn lookup(&self, cred: &Cred, parent: Ino, name: &[u8]) -> Result<Attr> {
         check_name(name)?;
         let guard = scc::Guard::new();
         let dir = self.searchable(cred, parent, &guard)?;
-        loop {
-            let ino = match name {
-                b"." => parent,
-                b".." => dir.dir().parent.load(Relaxed),
-                _ => self.child(parent, name).ok_or(Errno::ENOENT)?,
-            };
-            let i = self.inode_in(ino, &guard)?;
-            if self.held.looked_up(i) {
-                return Ok(i.attr());
-            }
-            // Its last name is going: what the removal leaves, once done.
-            std::thread::yield_now();
-        }
+        let ino = match name {
+            b"." => parent,
+            b".." => dir.dir().parent.load(Relaxed),
+            _ => self.child(parent, name).ok_or(Errno::ENOENT)?,
+        };
+        Ok(self.inode(ino)?.attr())
     }
 
-    /// An inode's attributes; gone (`ESTALE`) for a file held for an open
-    /// (see `held`), as a freed one is.
     pub fn getattr(&self, ino: Ino) -> Result<Attr> {
-        self.attr(ino, false)
-    }
-
-    /// An inode's attributes; a file held for an open only if `found`
-    /// (else `ESTALE`, as a server answers for a freed file, said here: a
-    /// holder may open it meanwhile).
-    fn attr(&self, ino: Ino, found: bool) -> Result<Attr> {
-        let i = self.inode(ino)?;
-        if i.unheld() && !found {
-            return Err(Errno::ESTALE);
-        }
-        Ok(i.attr())
+        Ok(self.inode(ino)?.attr())
     }
 
     /// A symlink's target.

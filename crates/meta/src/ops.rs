@@ -234,9 +234,9 @@ impl Namespace {
             if dir_wanted && victim.dir().intent.entries() != 0 {
                 return Err(Errno::ENOTEMPTY);
             }
-            let gone = self.gone(&victim);
-            let m = Mutation::Remove { parent, name: name.to_vec(), ino, dir: dir_wanted, gone, time: now };
-            return self.removed(&victim, gone, self.commit_held(cred, &m, &[dir, &victim]));
+            let m =
+                Mutation::Remove { parent, name: name.to_vec(), ino, dir: dir_wanted, gone: gone(&victim), time: now };
+            return self.commit_held(cred, &m, &[dir, &victim]);
         }
     }
 
@@ -341,10 +341,6 @@ impl Namespace {
             if parent != new_parent && moved.is_dir() && victim.is_none() && np.nlink.load(Relaxed) >= LINK_MAX {
                 return Err(Errno::EMLINK);
             }
-            let gone = match &victim {
-                Some(v) if !flags.exchange => self.gone(v),
-                _ => Gone::Linked,
-            };
             let rename = Renamed {
                 parent,
                 name: name.to_vec(),
@@ -352,7 +348,10 @@ impl Namespace {
                 new_parent,
                 new_name: new_name.to_vec(),
                 victim: victim.as_ref().map(|v| v.ino),
-                gone,
+                gone: match &victim {
+                    Some(v) if !flags.exchange => gone(v),
+                    _ => Gone::Linked,
+                },
                 exchange: flags.exchange,
                 time: now,
             };
@@ -362,11 +361,7 @@ impl Namespace {
             } else {
                 Mutation::Rename(rename)
             };
-            let done = self.commit(cred, &m);
-            return match &victim {
-                Some(v) => self.removed(v, gone, done),
-                None => done,
-            };
+            return self.commit(cred, &m);
         }
     }
 
@@ -695,20 +690,12 @@ impl Namespace {
     /// the handle are not checked again (see [`Caller`]). It lives while
     /// any is open, names or not. Open handles are not journaled (they
     /// are a session's, like its locks); an orphan outlives a restart
-    /// because its removal said so. An orphan nobody holds open is gone
-    /// (`ESTALE`, as a freed file is to a server, said here: a holder may
-    /// open it meanwhile) to an open unless the caller `found` it by name
-    /// just before (its session's look-up, which held it should its last
-    /// name go, see `held`), or opens it again in a new session (no
-    /// `want`). O(1) expected.
-    pub fn open(&self, cred: &Cred, ino: Ino, want: u32, found: bool) -> Result<Attr> {
+    /// because its removal said so. O(1) expected.
+    pub fn open(&self, cred: &Cred, ino: Ino, want: u32) -> Result<Attr> {
         let i = self.inode(ino)?;
         let _held = self.stripes.lock(&[], &[Self::ino_lock(ino)]);
         // Freed between the look-up and the lock.
         self.inode(ino)?;
-        if want != 0 && !found && i.unheld() {
-            return Err(Errno::ESTALE);
-        }
         if want != 0 {
             access::check(cred, &i.owner(), want)?;
         }
@@ -717,8 +704,7 @@ impl Namespace {
     }
 
     /// Closes a handle; an orphan whose last handle this was goes (the
-    /// record that says so is logged: [`Seq`] 0 if nothing went), or, if
-    /// it was looked up lately, is held for an open (see `held`).
+    /// record that says so is logged: [`Seq`] 0 if nothing went).
     pub fn release(&self, cred: &Cred, ino: Ino) -> Result<Seq> {
         let i = self.inode(ino)?;
         let _held = self.stripes.lock(&[], &[Self::ino_lock(ino)]);
@@ -728,12 +714,6 @@ impl Namespace {
         }
         i.opens.store(was - 1, Relaxed);
         if was == 1 && i.nlink.load(Relaxed) == 0 {
-            // Another may have just found it by the name it had: held for
-            // that open, as at its removal (see `held`).
-            if self.held.going(&i) {
-                self.held.hold(ino);
-                return Ok(0);
-            }
             return self.forget(cred, ino);
         }
         Ok(0)
@@ -741,52 +721,13 @@ impl Namespace {
 }
 
 impl Namespace {
-    /// What taking a name from `victim` does to it (the caller holds its
-    /// inode lock): its last name, or not; open, or held for an open
-    /// (see `held`), or not. A file nobody holds open is marked as going:
-    /// the caller commits the removal, then calls
-    /// [`removed`](Self::removed).
-    fn gone(&self, victim: &Inode) -> Gone {
-        if !victim.is_dir() && victim.nlink.load(Relaxed) > 1 {
-            Gone::Linked
-        } else if victim.opens.load(Relaxed) > 0 || self.held.going(victim) {
-            Gone::Orphaned
-        } else {
-            Gone::Freed
-        }
-    }
-
-    /// After a removal that took `victim`'s name as `gone` said, made
-    /// (`done`) or not (the caller still holds its inode lock): an orphan
-    /// nobody holds open is held for the open that found it; a file whose
-    /// removal failed keeps its name. O(1).
-    fn removed<T>(&self, victim: &Inode, gone: Gone, done: Result<T>) -> Result<T> {
-        match &done {
-            Ok(_) if gone == Gone::Orphaned && victim.opens.load(Relaxed) == 0 => self.held.hold(victim.ino),
-            Err(_) => self.held.stays(victim),
-            Ok(_) => {}
-        }
-        done
-    }
-
-    /// Ends a period of the files held for opens (see `held`): those held
-    /// since before it began that nobody opened go. What a server runs
-    /// every half second. Returns the last record's [`Seq`] (0 if none
-    /// went). O(those held).
-    pub fn end_period(&self, cred: &Cred) -> Result<Seq> {
-        let files = self.held.end_period();
-        self.forget_idle(cred, files)
-    }
-
     /// After a restart, once the sessions that held files open have had
     /// their window to reopen them: the orphans nobody holds open go.
     /// Returns the last record's [`Seq`] (0 if none went). O(inodes).
     pub fn forget_orphans(&self, cred: &Cred) -> Result<Seq> {
-        // Files held for opens since the restart go with their periods.
-        let held = self.held.all();
         let mut orphans = Vec::new();
         self.inodes.iter_sync(|&ino, i| {
-            if i.orphan.load(Relaxed) && !held.contains(&ino) {
+            if i.orphan.load(Relaxed) {
                 orphans.push(ino);
             }
             true
@@ -879,6 +820,18 @@ fn regular(i: &Inode) -> Result<()> {
         FileType::Regular => Ok(()),
         FileType::Directory => Err(Errno::EISDIR),
         _ => Err(Errno::EINVAL),
+    }
+}
+
+/// What taking a name from `victim` does to it (the caller holds its
+/// inode lock): its last name, or not; open, or not.
+fn gone(victim: &Inode) -> Gone {
+    if !victim.is_dir() && victim.nlink.load(Relaxed) > 1 {
+        Gone::Linked
+    } else if victim.opens.load(Relaxed) > 0 {
+        Gone::Orphaned
+    } else {
+        Gone::Freed
     }
 }
 

@@ -62,7 +62,7 @@ fn bad_input_gets_its_errno_and_changes_nothing() {
     let (gone, _) = ns.create(&root, ROOT, b"gone", new(FileType::Regular, 0o644), b"", 3).unwrap();
     ns.unlink(&root, ROOT, b"gone", 4).unwrap();
     let (dead, _) = ns.create(&root, ROOT, b"dead", new(FileType::Directory, 0o755), b"", 5).unwrap();
-    ns.open(&Cred::root(), dead.ino, 0, false).unwrap();
+    ns.open(&Cred::root(), dead.ino, 0).unwrap();
     ns.rmdir(&root, ROOT, b"dead", 6).unwrap();
     let long = vec![b'x'; 256];
     let flags = RenameFlags::default();
@@ -165,11 +165,7 @@ fn create_open_creates_a_file_held_open() {
     ns.unlink(&root, ROOT, b"a", 3).unwrap();
     assert_eq!(ns.getattr(a.ino).unwrap().nlink, 0, "open, so an orphan, not freed");
     ns.release(&root, a.ino).unwrap();
-    assert_eq!(ns.getattr(a.ino).map(drop), Err(Errno::ESTALE), "gone at its only release");
-    // Looked up lately, it is held a moment for an open (see `held`).
-    ns.end_period(&root).unwrap();
-    ns.end_period(&root).unwrap();
-    assert_eq!(ns.getattr(a.ino).map(drop), Err(Errno::ENOENT), "freed");
+    assert_eq!(ns.getattr(a.ino).map(drop), Err(Errno::ENOENT), "freed at its only release");
     assert_eq!(ns.release(&root, a.ino).map(drop), Err(Errno::ENOENT));
     let (ro, _) = ns.create(&root, ROOT, b"ro", new(FileType::Directory, 0o755), b"", 4).unwrap();
     assert_eq!(ns.create_open(&user(), ro.ino, b"x", 0o644, 5).map(drop), Err(Errno::EACCES));
@@ -285,14 +281,14 @@ fn an_open_is_checked_once_and_a_write_drops_privileges_by_its_writer() {
     let file = |name: &[u8], perm| ns.create(&root, ROOT, name, new(FileType::Regular, perm), b"", 1).unwrap().0.ino;
     let (private, program, shared) = (file(b"private", 0o600), file(b"program", 0o711), file(b"shared", 0o6777));
     let (r, w, x) = (libc::R_OK as u32, libc::W_OK as u32, libc::X_OK as u32);
-    assert_eq!(ns.open(&user(), private, r, false).map(drop), Err(Errno::EACCES));
-    assert_eq!(ns.open(&user(), private, w, false).map(drop), Err(Errno::EACCES));
-    assert!(ns.open(&root, private, r | w, false).is_ok(), "root may");
-    assert!(ns.open(&user(), private, 0, false).is_ok(), "a handle opened again asks for nothing");
-    assert!(ns.open(&user(), program, x, false).is_ok(), "run");
-    assert_eq!(ns.open(&user(), program, r, false).map(drop), Err(Errno::EACCES), "not read");
+    assert_eq!(ns.open(&user(), private, r).map(drop), Err(Errno::EACCES));
+    assert_eq!(ns.open(&user(), private, w).map(drop), Err(Errno::EACCES));
+    assert!(ns.open(&root, private, r | w).is_ok(), "root may");
+    assert!(ns.open(&user(), private, 0).is_ok(), "a handle opened again asks for nothing");
+    assert!(ns.open(&user(), program, x).is_ok(), "run");
+    assert_eq!(ns.open(&user(), program, r).map(drop), Err(Errno::EACCES), "not read");
 
-    ns.open(&user(), shared, r | w, false).unwrap();
+    ns.open(&user(), shared, r | w).unwrap();
     ns.setattr(&root, shared, &SetAttr { perm: Some(0o4000), ..SetAttr::default() }, 2).unwrap();
     let someone = user();
     let (through, alone) = (Caller { cred: &someone, opened: true }, Caller::checked(&someone));
@@ -339,7 +335,7 @@ fn an_o_tmpfile_has_no_name_until_linked_and_goes_at_its_last_close() {
     assert_eq!((excl.uid, excl.gid), (1000, 1000));
     assert_eq!(ns.link(&user(), excl.ino, shared.ino, b"x", 6).map(drop), Err(Errno::ENOENT), "O_EXCL");
     let (f, _) = ns.create(&root, shared.ino, b"f", new(FileType::Regular, 0o644), b"", 7).unwrap();
-    ns.open(&root, f.ino, 0, false).unwrap();
+    ns.open(&root, f.ino, 0).unwrap();
     ns.unlink(&root, shared.ino, b"f", 8).unwrap();
     assert_eq!(ns.link(&root, f.ino, shared.ino, b"back", 9).map(drop), Err(Errno::ENOENT), "an unlinked file");
 
@@ -450,68 +446,4 @@ fn a_list_of_xattr_names_past_64_kib_is_e2big() {
     assert_eq!(ns.listxattr(&root, f.ino).unwrap().len(), 261);
     ns.setxattr(&root, f.ino, &name(261), b"", XattrMode::Any, 2).unwrap();
     assert_eq!(ns.listxattr(&root, f.ino), Err(Errno::E2BIG));
-}
-
-/// A file found by a look-up whose last name then goes (renamed over,
-/// or removed) is held for the open that found it: that open succeeds,
-/// on the old file, as an open whose walk found it before the rename
-/// does on one machine; every other request finds it gone, as a freed
-/// file; and a file not looked up lately is freed at once. Before
-/// session 43 every such file was freed at once, and an open on a mount
-/// racing another mount's rename failed with `ESTALE`.
-#[test]
-fn a_file_found_by_a_look_up_is_held_for_its_open_when_its_name_goes() {
-    let ns = Namespace::new(1, 0);
-    let root = Cred::root();
-    let file = || new(FileType::Regular, 0o644);
-    let (old, _) = ns.create(&root, ROOT, b"config", file(), b"", 1).unwrap();
-    ns.create(&root, ROOT, b"config.new", file(), b"", 2).unwrap();
-    let (quiet, _) = ns.create(&root, ROOT, b"quiet", file(), b"", 3).unwrap();
-    let count = ns.inode_count();
-    let found = ns.lookup(&user(), ROOT, b"config").unwrap();
-    assert_eq!(found.ino, old.ino);
-    ns.rename(&root, (ROOT, b"config.new"), (ROOT, b"config"), RenameFlags::default(), 4).unwrap();
-    ns.unlink(&root, ROOT, b"quiet", 5).unwrap();
-    assert_eq!(ns.inode_count(), count - 1, "the replaced file is held; the other is freed");
-    assert_eq!(ns.open(&user(), quiet.ino, libc::R_OK as u32, true).map(drop), Err(Errno::ENOENT));
-
-    assert_eq!(ns.getattr(old.ino).map(drop), Err(Errno::ESTALE), "gone to others");
-    assert_eq!(ns.stat(old.ino, false).map(drop), Err(Errno::ESTALE));
-    assert_eq!(ns.stat(old.ino, true).map(|a| a.nlink), Ok(0), "to the walk that found it");
-    let r = libc::R_OK as u32;
-    assert_eq!(ns.open(&user(), old.ino, r, false).map(drop), Err(Errno::ESTALE), "an open that did not find it");
-    let opened = ns.open(&user(), old.ino, r, true).unwrap();
-    assert_eq!((opened.ino, opened.nlink), (old.ino, 0), "the open that found it");
-    assert!(ns.getattr(old.ino).is_ok(), "open, it is an orphan like any other");
-
-    // Periods end: open, it stays; closed, it goes at its last close.
-    ns.end_period(&root).unwrap();
-    ns.end_period(&root).unwrap();
-    assert!(ns.getattr(old.ino).is_ok());
-    ns.release(&root, old.ino).unwrap();
-    assert_eq!(ns.inode_count(), count - 2);
-
-    // Renamed over while a third party had it open, and closed by it
-    // after: held at that last close for the open that found it.
-    let (shared, _) = ns.create(&root, ROOT, b"shared", file(), b"", 6).unwrap();
-    ns.create(&root, ROOT, b"shared.new", file(), b"", 6).unwrap();
-    ns.open(&root, shared.ino, r, false).unwrap();
-    ns.lookup(&user(), ROOT, b"shared").unwrap();
-    ns.rename(&root, (ROOT, b"shared.new"), (ROOT, b"shared"), RenameFlags::default(), 7).unwrap();
-    let with_shared = ns.inode_count();
-    ns.release(&root, shared.ino).unwrap();
-    assert_eq!(ns.inode_count(), with_shared, "held at its last close");
-    assert!(ns.open(&user(), shared.ino, r, true).is_ok(), "the open that found it");
-
-    // Held and never opened: it goes at the end of the period after.
-    let count = ns.inode_count();
-    let (again, _) = ns.create(&root, ROOT, b"again", file(), b"", 6).unwrap();
-    ns.lookup(&user(), ROOT, b"again").unwrap();
-    ns.unlink(&root, ROOT, b"again", 7).unwrap();
-    assert_eq!(ns.inode_count(), count + 1);
-    ns.end_period(&root).unwrap();
-    assert_eq!(ns.inode_count(), count + 1, "held into the next period");
-    ns.end_period(&root).unwrap();
-    assert_eq!(ns.inode_count(), count, "then let go");
-    assert_eq!(ns.open(&user(), again.ino, r, true).map(drop), Err(Errno::ENOENT));
 }

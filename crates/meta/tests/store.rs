@@ -41,8 +41,6 @@ enum Op {
     /// A link of the `k`th inode held open to a name (a linkable
     /// `O_TMPFILE` is named; any other orphan's link fails).
     LinkOpen(u8, u8, u8),
-    /// The end of a period: files held for opens since before it go.
-    EndPeriod,
     Checkpoint,
 }
 
@@ -70,7 +68,6 @@ fn op() -> impl Strategy<Value = Op> {
         (0u8..4).prop_map(Op::Close),
         (d.clone(), any::<bool>()).prop_map(|(d, l)| Op::Tmpfile(d, l)),
         (0u8..4, d.clone(), n.clone()).prop_map(|(k, d, n)| Op::LinkOpen(k, d, n)),
-        Just(Op::EndPeriod),
         Just(Op::Checkpoint),
     ]
 }
@@ -153,7 +150,7 @@ fn run(store: &Store, op: &Op, t: i64, open: &mut Vec<Ino>, linkable: &mut HashS
         }
         Op::Open(d, n) => {
             if let Some(i) = ino(ns, d, n)
-                && ns.open(&root, i, 0, false).is_ok()
+                && ns.open(&root, i, 0).is_ok()
             {
                 open.push(i);
             }
@@ -186,7 +183,6 @@ fn run(store: &Store, op: &Op, t: i64, open: &mut Vec<Ino>, linkable: &mut HashS
             }
             _ => None,
         },
-        Op::EndPeriod => Some(ns.end_period(&root).unwrap()).filter(|&seq| seq > 0),
         Op::Checkpoint => {
             store.checkpoint().unwrap();
             None
@@ -226,11 +222,6 @@ proptest! {
         drop(store);
         let (again, opened) = Store::open(tmp.path(), StoreOptions::default(), 99_999).unwrap();
         prop_assert!(opened.dangling.is_empty(), "dangling entries {:?}", opened.dangling);
-        // The files held open are opened again, as their clients do in
-        // the recovery window (an orphan nobody holds is gone to clients).
-        for &i in &open {
-            again.ns().open(&Cred::root(), i, 0, false).unwrap();
-        }
         prop_assert_eq!(dump(again.ns(), &open), before);
         prop_assert_eq!(again.ns().inode_count(), inodes, "inodes (orphans included)");
         prop_assert_eq!(cached(&again), replies, "the replay cache");

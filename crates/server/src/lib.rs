@@ -40,7 +40,6 @@ mod connection;
 mod datadir;
 mod dispatch;
 mod durable;
-mod found;
 mod meta;
 mod metrics;
 mod peer;
@@ -77,8 +76,6 @@ pub(crate) struct Inner {
     pub acker: Arc<durable::Acker>,
     /// Files each session holds open.
     pub opens: meta::Opens,
-    /// Files each session has just looked up (see `found`).
-    pub found: found::Found,
     /// Each session's client, as its hello named it (for the replay
     /// cache: see `meta`).
     pub origins: meta::Origins,
@@ -216,7 +213,6 @@ impl Server {
             store,
             acker: Arc::default(),
             opens: meta::Opens::default(),
-            found: found::Found::default(),
             origins: meta::Origins::default(),
             me: me.clone(),
             config,

@@ -140,7 +140,6 @@ pub(crate) fn end_session(inner: &Inner, sid: u64) {
     if let Some(origin) = inner.origins.end(sid) {
         ns.replies().forget(origin);
     }
-    inner.found.end(sid);
     for (ino, n) in inner.opens.end(sid) {
         for _ in 0..n {
             if let Err(e) = ns.release(&Cred::root(), ino) {
@@ -228,11 +227,11 @@ pub(crate) fn request(inner: &Inner, sid: u64, id: u64, cred: &Cred, op: MetaOp,
 fn made_before(inner: &Inner, sid: u64, op: &MetaOp, ino: Ino) -> Reply {
     let ns = inner.store.ns();
     let made = match op {
-        MetaOp::CreateOpen { .. } | MetaOp::Tmpfile { .. } => ns.open(&Cred::root(), ino, 0, false).map(|a| {
+        MetaOp::CreateOpen { .. } | MetaOp::Tmpfile { .. } => ns.open(&Cred::root(), ino, 0).map(|a| {
             inner.opens.add(sid, ino);
             MetaReply::Attr(a)
         }),
-        MetaOp::Create { .. } | MetaOp::Link { .. } | MetaOp::Write { .. } => ns.stat(ino, false).map(MetaReply::Attr),
+        MetaOp::Create { .. } | MetaOp::Link { .. } | MetaOp::Write { .. } => ns.stat(ino).map(MetaReply::Attr),
         _ => Ok(MetaReply::Done),
     };
     made.map_or_else(|_| Reply::Errno(Errno::ESTALE.0), Reply::Meta)
@@ -265,14 +264,8 @@ fn perform(inner: &Inner, sid: u64, cred: &Cred, op: MetaOp) -> Result<(MetaRepl
     let attr = |(a, s)| (MetaReply::Attr(a), s);
     let done = |s| (MetaReply::Done, s);
     Ok(match op {
-        MetaOp::Lookup { parent, name } => {
-            let a = ns.lookup(cred, parent, &name)?;
-            if a.kind == FileType::Regular {
-                inner.found.note(sid, a.ino);
-            }
-            (MetaReply::Attr(a), 0)
-        }
-        MetaOp::Getattr { ino } => (MetaReply::Attr(ns.stat(ino, inner.found.has(sid, ino))?), 0),
+        MetaOp::Lookup { parent, name } => (MetaReply::Attr(ns.lookup(cred, parent, &name)?), 0),
+        MetaOp::Getattr { ino } => (MetaReply::Attr(ns.stat(ino)?), 0),
         MetaOp::Setattr { ino, set } => attr(inner.store.setattr(cred, ino, &set, now)?),
         MetaOp::Create { parent, name, kind, perm, rdev, target } => {
             if kind == FileType::Symlink && target.is_empty() {
@@ -312,7 +305,7 @@ fn perform(inner: &Inner, sid: u64, cred: &Cred, op: MetaOp) -> Result<(MetaRepl
         MetaOp::Removexattr { ino, name } => done(ns.removexattr(cred, ino, &name, now)?),
         MetaOp::Statfs => (MetaReply::StatFs(inner.store.statfs()?), 0),
         MetaOp::Open { ino, want } => {
-            let a = ns.open(cred, ino, want, inner.found.take(sid, ino))?;
+            let a = ns.open(cred, ino, want)?;
             inner.opens.add(sid, ino);
             (MetaReply::Attr(a), 0)
         }
@@ -498,9 +491,6 @@ pub(crate) fn checkpointer(inner: std::sync::Weak<Inner>) {
         }
         if let Err(e) = store.ns().retry_forgets(&Cred::root()) {
             tracing::error!(error = %e, "freeing orphans closed while the disk was full");
-        }
-        if let Err(e) = store.ns().end_period(&Cred::root()) {
-            tracing::error!(error = %e, "freeing files held for opens");
         }
         store.collect_freed();
         // Not while the journal's disk is full: an image needs more room
