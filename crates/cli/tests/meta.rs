@@ -556,6 +556,9 @@ fn changelog_commands_and_status() {
     let (code, _, err) = cli(&addr, &["changelog", "register", "--name", "audit"]);
     assert_eq!(code, 1, "a second consumer with the same name is refused");
     assert!(err.contains("already registered"), "{err}");
+    let (code, _, err) = cli(&addr, &["changelog", "register", "--name", "cl2"]);
+    assert_eq!(code, 2, "a name of an id's form is a usage error: {err}");
+    assert!(err.contains("has the form of a consumer id"), "{err}");
     rt().block_on(async {
         let c = client(&addr).await;
         let d = c.create(&root(), ROOT, b"dir", FileType::Directory, 0o755, b"").await.unwrap();

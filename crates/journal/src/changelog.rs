@@ -291,7 +291,14 @@ impl Changelog {
 
     /// Registers a consumer; it starts at the current end of the log (it
     /// sees records appended from now on). Durable before it returns.
+    ///
+    /// A name must pass [`check_name`]: every command that takes a
+    /// consumer takes its id or its name, so a name that could be an id
+    /// would one day mean two consumers.
     pub fn register(&self, name: Option<&str>, mask: Mask, now_ns: u64) -> Result<Consumer, Error> {
+        if let Some(n) = name {
+            check_name(n)?;
+        }
         let mut p = self.state.lock();
         let id = format!("cl{}", p.next_id.max(1));
         if let Some(n) = name
@@ -460,13 +467,42 @@ impl Changelog {
 }
 
 /// The id of the consumer named or numbered `who`.
-fn find(p: &Persisted, who: &str) -> Result<String, Error> {
-    if p.consumers.contains_key(who) {
-        return Ok(who.to_string());
+/// The longest consumer name, in bytes.
+pub const NAME_MAX: usize = 64;
+
+/// Whether `name` may name a consumer: 1 to [`NAME_MAX`] bytes of letters,
+/// digits, `-`, `_` and `.`, and not of an id's form (`cl` and digits),
+/// which the next register could hand out: `read cl5` would then read
+/// one consumer and `clear cl5` move another's cursor, letting the
+/// journal be purged under records it never read. The characters are
+/// those a name can be printed with and typed back (`changelog list`
+/// separates its fields with spaces). O(name).
+pub fn check_name(name: &str) -> Result<(), Error> {
+    let allowed = |c: char| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.');
+    let id_like = name.strip_prefix("cl").is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()));
+    if name.is_empty() || name.len() > NAME_MAX || !name.chars().all(allowed) {
+        Err(Error::Invalid(format!("consumer name {name:?}: 1 to {NAME_MAX} letters, digits, '-', '_' or '.'")))
+    } else if id_like {
+        Err(Error::Invalid(format!("consumer name {name:?} has the form of a consumer id (cl1, cl2, ...)")))
+    } else {
+        Ok(())
     }
-    p.consumers
-        .values()
-        .find(|c| c.name.as_deref() == Some(who))
-        .map(|c| c.id.clone())
-        .ok_or_else(|| Error::Invalid(format!("no changelog consumer {who:?}")))
+}
+
+/// The id of the consumer `who` names, by id or name. O(consumers).
+///
+/// A name of an id's form can only come from a `consumers.json` written
+/// before [`check_name`] refused such names; where it is also another
+/// consumer's id, `who` is refused rather than taken for either.
+fn find(p: &Persisted, who: &str) -> Result<String, Error> {
+    let named = p.consumers.values().find(|c| c.name.as_deref() == Some(who));
+    match (p.consumers.contains_key(who), named) {
+        (true, Some(c)) if c.id != who => Err(Error::Invalid(format!(
+            "{who:?} is the id of one consumer and the name of another ({}): name them by id",
+            c.id
+        ))),
+        (true, _) => Ok(who.to_string()),
+        (false, Some(c)) => Ok(c.id.clone()),
+        (false, None) => Err(Error::Invalid(format!("no changelog consumer {who:?}"))),
+    }
 }

@@ -7,8 +7,8 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use interlock_journal::Options;
-use interlock_journal::changelog::{Changelog, ChangelogOptions, Mask, Record, RecordType};
+use interlock_journal::changelog::{Changelog, ChangelogOptions, Mask, NAME_MAX, Record, RecordType, check_name};
+use interlock_journal::{Error, Options};
 use proptest::prelude::*;
 
 fn record(n: u64, rtype: RecordType) -> Record {
@@ -208,6 +208,51 @@ fn follow_wakes_on_a_new_record() {
     // Names must be unique; unknown consumers are refused.
     assert!(cl.register(Some("watcher"), Mask::ALL, 0).is_err());
     assert!(cl.read("cl99", None, 1, None).is_err());
+}
+
+/// A name that could be an id, or that `changelog list` could not print
+/// back, is refused and uses up no id; with `cl5` allowed as a name, the
+/// fifth register made it ambiguous and `clear cl5` moved the other
+/// consumer's cursor.
+#[test]
+fn a_name_of_an_ids_form_or_unprintable_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let cl = open(dir.path());
+    let long = "n".repeat(NAME_MAX + 1);
+    for bad in ["", "cl5", "cl0", "a b", "tab\t", "new\nline", "sl/ash", "é", long.as_str()] {
+        assert!(check_name(bad).is_err(), "{bad:?}");
+        assert!(matches!(cl.register(Some(bad), Mask::ALL, 0), Err(Error::Invalid(_))), "{bad:?}");
+    }
+    for good in ["cl", "cl5a", "clx", "audit-2.log_x", &"n".repeat(NAME_MAX)] {
+        check_name(good).unwrap();
+    }
+    assert!(cl.consumers().is_empty(), "nothing was registered");
+    let c = cl.register(Some("cl5a"), Mask::ALL, 0).unwrap();
+    assert_eq!(c.id, "cl1", "the refusals took no id");
+}
+
+/// State written before such names were refused: a name that is another
+/// consumer's id names neither (until session 44 it named the id's
+/// consumer, whose cursor a `clear` by the other's name then moved).
+#[test]
+fn a_name_that_is_another_consumers_id_names_neither() {
+    let dir = tempfile::tempdir().unwrap();
+    let cl = open(dir.path());
+    cl.register(Some("old"), Mask::ALL, 0).unwrap();
+    cl.register(None, Mask::ALL, 0).unwrap();
+    drop(cl);
+    let path = dir.path().join("consumers.json");
+    let state = std::fs::read_to_string(&path).unwrap();
+    assert!(state.contains(r#""name": "old""#), "{state}");
+    std::fs::write(&path, state.replace(r#""name": "old""#, r#""name": "cl2""#)).unwrap();
+    let cl = open(dir.path());
+    let ambiguous = |r: Result<(), Error>| matches!(r, Err(Error::Invalid(m)) if m.contains("id of one consumer"));
+    assert!(ambiguous(cl.clear("cl2", 0, 0)));
+    assert!(ambiguous(cl.read("cl2", None, 1, None).map(drop)));
+    assert!(ambiguous(cl.deregister("cl2")));
+    cl.deregister("cl1").unwrap();
+    cl.clear("cl2", 0, 0).unwrap();
+    assert_eq!(cl.consumers().len(), 1);
 }
 
 #[test]

@@ -9,7 +9,7 @@ use std::time::Duration;
 use clap::Subcommand;
 use interlock_client::meta::{ChangelogRecord, ConsumerInfo};
 use interlock_client::{Client, ClientError};
-use interlock_journal::changelog::{Mask, Record, RecordType, RenameSource};
+use interlock_journal::changelog::{Mask, Record, RecordType, RenameSource, check_name};
 use serde_json::json;
 
 use super::{ServerArgs, failed, runtime};
@@ -33,8 +33,9 @@ enum ChangelogCommand {
         /// default is every type but OPEN and ATIME, as Lustre's.
         #[arg(long, value_parser = Mask::parse)]
         mask: Option<Mask>,
-        /// A name to use instead of the id in the other commands.
-        #[arg(long)]
+        /// A name to use instead of the id in the other commands: 1 to 64
+        /// letters, digits, '-', '_' or '.', not of an id's form (cl7).
+        #[arg(long, value_parser = consumer_name)]
         name: Option<String>,
     },
     /// Remove a consumer (by id or name): the journal may be purged past it.
@@ -151,6 +152,12 @@ pub fn consumer_line(c: &ConsumerInfo, json: bool) -> String {
         return json!({ "id": c.id, "name": c.name, "cleared": c.cleared, "mask": c.mask }).to_string();
     }
     format!("{} name={} cleared={} mask={:#x}", c.id, c.name.as_deref().unwrap_or("-"), c.cleared, c.mask)
+}
+
+/// `--name`, checked here as the server checks it, so that a bad name is
+/// a usage error before any connection.
+fn consumer_name(name: &str) -> Result<String, interlock_journal::Error> {
+    check_name(name).map(|()| name.to_string())
 }
 
 fn rtype(n: u8) -> Option<RecordType> {
