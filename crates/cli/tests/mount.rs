@@ -880,9 +880,14 @@ fn an_open_file_keeps_its_openers_access_after_a_privilege_drop() {
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "['a']");
 }
 
+/// A mount killed with `kill -9`: its locks go back to the server within
+/// the lease, and a new mount on its mount point takes the dead one's
+/// place (until session 44 the mount point stayed busy until someone
+/// unmounted it by hand, so a supervisor that restarted the mount failed
+/// for ever).
 #[test]
-fn a_killed_mount_gives_its_locks_back_and_unmounts_cleanly() {
-    if !fuse_ready("a_killed_mount_gives_its_locks_back_and_unmounts_cleanly") {
+fn a_killed_mount_gives_its_locks_back_and_a_new_mount_takes_its_place() {
+    if !fuse_ready("a_killed_mount_gives_its_locks_back_and_a_new_mount_takes_its_place") {
         return;
     }
     let (_data, server) = server();
@@ -897,14 +902,18 @@ fn a_killed_mount_gives_its_locks_back_and_unmounts_cleanly() {
     let started = Instant::now();
     flock(&fb, FlockArg::LockExclusive).unwrap();
     assert!(started.elapsed() < Duration::from_secs(15), "{:?}", started.elapsed());
+    // The dead mount fails every call, held files included.
+    assert_eq!(std::fs::metadata(a.path()).map_err(|e| e.raw_os_error()).err(), Some(Some(libc::ENOTCONN)));
+    assert!(fa.metadata().is_err());
+    let out = Command::new(BIN).args(["mount", "--background", &server.addr]).arg(a.path()).output().unwrap();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{said}");
+    assert!(said.contains("unmounted what an interlock mount process that ended left"), "{said}");
+    assert!(std::fs::metadata(a.join("f")).unwrap().is_file(), "the new mount serves the tree");
     drop(fa);
-    // The dead mount point fails until unmounted, then is a directory again.
-    assert!(std::fs::metadata(a.path()).is_err());
-    let status = Command::new("fusermount3").arg("-u").arg(a.path()).status();
-    if status.is_err() {
-        interlock_fs::unmount(a.path()).unwrap();
-    }
-    assert!(std::fs::metadata(a.path()).unwrap().is_dir());
+    let path = std::fs::canonicalize(a.path()).unwrap();
+    interlock_fs::unmount(&path).unwrap();
+    assert!(!interlock_fs::is_mounted(&path), "one mount, the dead one gone");
 }
 
 /// A `kill -9` of the server and a restart: open files go on, one
@@ -2068,17 +2077,32 @@ fn a_user_mounts_through_fusermount3() {
     assert!(interlock_fs::is_mounted(&dir), "live once `mount --background` returns");
     let seen = as_user(Path::new("cat")).arg(dir.join("home/f")).output().unwrap();
     assert_eq!(seen.stdout, b"hi\n");
-    let text = String::from_utf8_lossy(&out.stdout);
-    let pid: i32 = text.split("(pid ").nth(1).and_then(|t| t.split(')').next()).and_then(|p| p.parse().ok()).unwrap();
+    let pid_of = |out: &std::process::Output| -> i32 {
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        text.split("(pid ").nth(1).and_then(|t| t.split(')').next()).and_then(|p| p.parse().ok()).unwrap()
+    };
+    // Killed, it leaves a dead mount that the user's next mount there
+    // unmounts (through fusermount3) and replaces.
+    let killed = pid_of(&out);
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(killed), nix::sys::signal::Signal::SIGKILL).unwrap();
+    let gone =
+        |pid: i32| move || std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |s| s.contains(") Z "));
+    wait_for("the killed mount to end", gone(killed));
+    let out = as_user(&bin).args(["mount", "--background", &server.addr]).arg(&dir).output().unwrap();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && said.contains("that ended left"), "{said}");
+    let seen = as_user(Path::new("cat")).arg(dir.join("home/f")).output().unwrap();
+    assert_eq!(seen.stdout, b"hi\n");
+    let pid = pid_of(&out);
     let unmounted = as_user(Path::new("fusermount3")).arg("-u").arg(&dir).status().unwrap();
     assert!(unmounted.success());
     // Gone, or a zombie its new parent has yet to reap.
-    let ended = || std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |s| s.contains(") Z "));
-    wait_for("the background mount to end", ended);
+    wait_for("the background mount to end", gone(pid));
+    assert!(!interlock_fs::is_mounted(&dir), "one mount, the dead one gone");
 }
 
 /// `mount --background` on a mount point something is mounted on (a
-/// tmpfs here; a dead mount, whose process was killed, alike) fails as
+/// tmpfs here; anything but a dead interlock mount alike) fails as
 /// the foreground mount does: the same message and exit status, and
 /// nothing started. Before, it took what was mounted there for its own
 /// mount and said it had mounted.

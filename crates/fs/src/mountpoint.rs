@@ -41,6 +41,10 @@ pub enum MountError {
         "mount point {0} is busy: something is mounted there already (unmount it with `fusermount3 -u {0}` or `umount {0}`)"
     )]
     Busy(PathBuf),
+    #[error(
+        "mount point {0} is left by an interlock mount process that ended, and unmounting it failed ({1}): unmount it with `fusermount3 -u {0}` or `umount -l {0}`"
+    )]
+    Dead(PathBuf, Errno),
     #[error("mount(2) of {0} failed: {1}")]
     Mount(PathBuf, Errno),
 }
@@ -158,9 +162,49 @@ pub fn check(path: &Path) -> Result<PathBuf, MountError> {
 /// Whether something is mounted at `path` (absolute), per the kernel's
 /// mount table.
 pub fn is_mounted(path: &Path) -> bool {
-    let Ok(table) = std::fs::read_to_string("/proc/self/mounts") else { return false };
+    top_mount(path).is_some()
+}
+
+/// The source and type of what is mounted at `path` (absolute) on top
+/// of anything else there, per the kernel's mount table. O(mounts).
+fn top_mount(path: &Path) -> Option<(String, String)> {
+    let table = std::fs::read_to_string("/proc/self/mounts").ok()?;
     let want = path.to_string_lossy().replace(' ', "\\040");
-    table.lines().any(|l| l.split(' ').nth(1) == Some(want.as_str()))
+    table.lines().rev().find_map(|l| {
+        let mut fields = l.split(' ');
+        let (source, at, kind) = (fields.next()?, fields.next()?, fields.next()?);
+        (at == want).then(|| (source.to_string(), kind.to_string()))
+    })
+}
+
+/// Takes away the mount at `path` of an interlock mount process that
+/// ended (killed, or crashed), which fails every call on it with
+/// `ENOTCONN` until it is unmounted: a mount restarted by its supervisor
+/// would otherwise find its mount point busy for ever. Whether it took
+/// one away; nothing else mounted there is touched.
+///
+/// `ENOTCONN` on a FUSE mount means the kernel's connection to its
+/// process is gone for good: nobody can use that mount again, and its
+/// locks are the server's to end with its lease, as for any client that
+/// stopped answering.
+pub fn clear_dead(path: &Path) -> Result<bool, MountError> {
+    let dead = matches!(std::fs::metadata(path), Err(e) if e.raw_os_error() == Some(libc::ENOTCONN));
+    // The dead mount point cannot be resolved itself; its parent can.
+    let abs = match (dead, path.parent(), path.file_name()) {
+        (true, Some(parent), Some(name)) => {
+            let parent = if parent.as_os_str().is_empty() { Path::new(".") } else { parent };
+            std::fs::canonicalize(parent).map(|p| p.join(name)).ok()
+        }
+        _ => None,
+    };
+    let Some(abs) = abs else { return Ok(false) };
+    match top_mount(&abs) {
+        Some((source, kind)) if source == "interlock" && kind.starts_with("fuse") => {
+            unmount(&abs).map_err(|e| MountError::Dead(abs.clone(), e))?;
+            Ok(true)
+        }
+        _ => Ok(false),
+    }
 }
 
 /// Unmounts `path`; lazily (detached now, gone when the last user leaves)

@@ -113,6 +113,17 @@ pub fn mount(mut args: MountArgs, server_given: bool) -> ExitCode {
     // A bad mount point is the caller's mistake: say so before reaching
     // for the server, or starting a process that would (`--background`
     // then waits for a new mount there: one already there is not its).
+    match interlock_fs::clear_dead(&cfg.mountpoint) {
+        Ok(true) => eprintln!(
+            "interlock mount: unmounted what an interlock mount process that ended left at {}",
+            cfg.mountpoint.display()
+        ),
+        Ok(false) => {}
+        Err(e) => {
+            eprintln!("interlock mount: {e}");
+            return ExitCode::from(exit::USAGE);
+        }
+    }
     if let Err(e) = interlock_fs::check(&cfg.mountpoint) {
         eprintln!("interlock mount: {e}");
         return ExitCode::from(exit::USAGE);
