@@ -26,8 +26,10 @@ const DETACHED: &str = "INTERLOCK_MOUNT_DETACHED";
 #[derive(clap::Args)]
 pub struct MountArgs {
     /// The server, HOST:PORT (else --server), then where to mount: an
-    /// existing directory nothing is mounted on. The server comes first,
-    /// as mount(8) names a remote file system before the mount point.
+    /// existing directory nothing is mounted on (but the dead mount a
+    /// killed mount process left, which is unmounted first). The server
+    /// comes first, as mount(8) names a remote file system before the
+    /// mount point.
     #[arg(required = true, num_args = 1..=2, value_name = "[SERVER] MOUNTPOINT")]
     operands: Vec<PathBuf>,
     /// Mount options, comma-separated: `ro` (read-only), `rw` (the
