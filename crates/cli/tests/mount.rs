@@ -880,6 +880,44 @@ fn an_open_file_keeps_its_openers_access_after_a_privilege_drop() {
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "['a']");
 }
 
+/// A server that comes back at the same address with another data
+/// directory (a fresh one, or another server's) serves another
+/// namespace, where the mount's inode numbers name other files. Until
+/// session 44 the mount went on: a file it held open was written into
+/// whatever file had the same number there. Now it stops (exit 69),
+/// leaving a dead mount that fails every call, and the new namespace's
+/// files are untouched; a new mount replaces the dead one.
+#[test]
+fn a_mount_whose_server_comes_back_with_another_namespace_stops() {
+    let Some((data, mut server)) = restartable("a_mount_whose_server_comes_back_with_another_namespace_stops") else {
+        return;
+    };
+    let mut a = Mount::new(&server.addr);
+    let mut held = rw(&a.join("mine"));
+    held.write_all(b"mine").unwrap();
+    let mine = held.metadata().unwrap().ino();
+    let addr = server.addr.clone();
+    server.kill9();
+    drop(data);
+    let other = tempfile::tempdir().unwrap();
+    let _server = ServerProc::start(other.path(), &addr, &RESTARTED);
+    let b = Mount::new(&addr);
+    std::fs::write(b.join("theirs"), b"theirs").unwrap();
+    let theirs = std::fs::metadata(b.join("theirs")).unwrap().ino();
+    assert_eq!(mine, theirs, "the same number names another file in the new namespace");
+    let wrote = held.write_all(b"stale");
+    assert!(wrote.is_err(), "a write through a handle of the old namespace");
+    let status = a.child.wait().unwrap();
+    assert_eq!(status.code(), Some(69), "the mount stops");
+    assert_eq!(std::fs::read(b.join("theirs")).unwrap(), b"theirs", "the new namespace's file is untouched");
+    drop(held);
+    assert_eq!(std::fs::metadata(a.path()).map_err(|e| e.raw_os_error()).err(), Some(Some(libc::ENOTCONN)));
+    let out = Command::new(BIN).args(["mount", "--background", &addr]).arg(a.path()).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(std::fs::read(a.join("theirs")).unwrap(), b"theirs", "a new mount serves the new namespace");
+    interlock_fs::unmount(&std::fs::canonicalize(a.path()).unwrap()).unwrap();
+}
+
 /// A mount killed with `kill -9`: its locks go back to the server within
 /// the lease, and a new mount on its mount point takes the dead one's
 /// place (until session 44 the mount point stayed busy until someone

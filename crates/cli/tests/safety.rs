@@ -513,6 +513,7 @@ fn silent_server(welcome: bool) -> (String, std::thread::JoinHandle<()>) {
                     secret: [1; 16],
                     boot: 1,
                     verifier: 1,
+                    namespace: 1,
                 };
                 send_raw(&mut s, &w);
             }
@@ -547,6 +548,7 @@ fn a_nowait_lock_on_its_way_at_a_crash_is_asked_again() {
                 secret: [1; 16],
                 boot,
                 verifier: 1,
+                namespace: 1,
             };
             send_raw(&mut s, &welcome);
             while let Some(frame) = try_read_raw_frame(&mut s) {

@@ -111,8 +111,27 @@ async fn hello(inner: &Inner, stream: TcpStream) -> Result<Welcomed, ClientError
     let not_welcomed = || ClientError::Closed(inner.addr.clone());
     match frames.next().await.ok_or_else(not_welcomed)? {
         Ok(ServerMsg::Welcome {
-            session, lease_ms, resumed, received, secret, boot, recovering_ms, verifier, ..
+            session,
+            lease_ms,
+            resumed,
+            received,
+            secret,
+            boot,
+            recovering_ms,
+            verifier,
+            namespace,
+            ..
         }) => {
+            // Inode numbers, handles and locks are the first namespace's:
+            // in another one (a fresh or other data directory at the same
+            // address) the same numbers name other files, and a write
+            // through an open file would land in one of them.
+            match inner.namespace.compare_exchange(0, namespace, Ordering::Relaxed, Ordering::Relaxed) {
+                Err(known) if known != namespace => {
+                    return Err(ClientError::OtherNamespace { addr: inner.addr.clone(), known, now: namespace });
+                }
+                _ => {}
+            }
             inner.session.store(session, Ordering::Relaxed);
             *inner.secret.lock() = secret;
             let before = inner.boot.swap(boot, Ordering::Relaxed);
@@ -151,8 +170,9 @@ pub(crate) async fn reconnect(inner: &Arc<Inner>) -> Option<Welcomed> {
         };
         match attempt {
             Ok(c) => return Some(c),
-            Err(e @ (ClientError::Refused(_) | ClientError::Auth(_))) => {
+            Err(e @ (ClientError::Refused(_) | ClientError::Auth(_) | ClientError::OtherNamespace { .. })) => {
                 tracing::error!(error = %e, "server refused the reconnect");
+                inner.refused.send_replace(Some(e.to_string()));
                 return None;
             }
             Err(e) => tracing::debug!(error = %e, "reconnect failed; retrying"),

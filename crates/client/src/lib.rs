@@ -109,6 +109,14 @@ pub enum ClientError {
     Connect { addr: String, source: std::io::Error },
     #[error("server refused: {0}")]
     Refused(String),
+    /// After a reconnect, the server serves another namespace than the
+    /// one this client began with (another data directory at the same
+    /// address): the client stops for good, since its inode numbers,
+    /// open files and locks name nothing there, or other files.
+    #[error(
+        "{addr} now serves another namespace (id {now:016x}; this client began with {known:016x}): its files and locks are not there, so it stops; start it again to use the new one"
+    )]
+    OtherNamespace { addr: String, known: u64, now: u64 },
     /// The TLS handshake failed: the server's certificate is not trusted
     /// or does not name its address, or the server does not speak TLS.
     #[error("TLS with {addr}: {reason}")]
@@ -400,6 +408,9 @@ struct Inner {
     boot: AtomicU64,
     /// The server's write verifier at the last welcome.
     verifier: AtomicU64,
+    /// The identity of the namespace the first welcome named (0 before
+    /// it): every later welcome must name the same one (see `hello`).
+    namespace: AtomicU64,
     /// The session's lease, as far as answered requests prove it.
     lease: Mutex<Lease>,
     /// Counts sessions: a grant answered in one session and recorded in a
@@ -420,6 +431,9 @@ struct Inner {
     blocking: Mutex<Option<mpsc::UnboundedSender<Blocking>>>,
     /// Every handle is gone: the session is ended and nothing reconnects.
     closed: AtomicBool,
+    /// Why the server refused this client for good, once it has (see
+    /// [`Client::refused`]).
+    refused: watch::Sender<Option<String>>,
 }
 
 impl Inner {
@@ -563,6 +577,7 @@ impl Client {
             secret: Mutex::default(),
             boot: AtomicU64::new(0),
             verifier: AtomicU64::new(0),
+            namespace: AtomicU64::new(0),
             lease: Mutex::new(Lease::new(Duration::ZERO, Moment::now())),
             generation: AtomicU64::new(0),
             settled: AtomicU64::new(0),
@@ -574,12 +589,29 @@ impl Client {
             local: LockSpace::default(),
             blocking: Mutex::new(None),
             closed: AtomicBool::new(false),
+            refused: watch::Sender::new(None),
         });
         let welcomed = connection::handshake(&inner).await?;
         *inner.lease.lock() = Lease::new(welcomed.lease, welcomed.sent);
         let client = Client { inner: inner.clone(), _last: Arc::new(LastHandle(inner)), fence: None };
         client.start(welcomed.conn);
         Ok(client)
+    }
+
+    /// Completes, with the reason, once the server has refused this
+    /// client for good: a reconnect was refused (the token, say), or found
+    /// another namespace ([`ClientError::OtherNamespace`]). Every request
+    /// fails from then on. Never completes otherwise.
+    pub fn refused(&self) -> impl std::future::Future<Output = String> + Send + 'static {
+        let mut refused = self.inner.refused.subscribe();
+        async move {
+            let why = refused.wait_for(Option::is_some).await.map(|why| why.clone().unwrap_or_default());
+            match why {
+                Ok(why) => why,
+                // The client's state, and the sender with it, went.
+                Err(_) => std::future::pending().await,
+            }
+        }
     }
 
     /// The session id the server gave this client.

@@ -14,10 +14,10 @@
 //! describe, and [`Namespace::rebuild_counts`] recounts the links.
 //!
 //! The file (`meta.ckpt`) is a sequence of frames, each a little-endian
-//! `u32` length and a postcard [`Item`]: a header, the inodes, the
-//! entries, the replay cache's clients (version 2: see `replies`), an
-//! end that counts the inodes and entries; then the CRC-32C of every
-//! byte before it. It is written to a temporary file, synced, renamed over the
+//! `u32` length and a postcard [`Item`]: a header, the namespace's
+//! identity (version 3), the inodes, the entries, the replay cache's
+//! clients (version 2: see `replies`), an end that counts the inodes and
+//! entries; then the CRC-32C of every byte before it. It is written to a temporary file, synced, renamed over the
 //! old one and the directory synced, so a crash leaves the old checkpoint
 //! or the new one, never a mix. Costs: O(n) to write, O(n log n) to load
 //! (the entries' listing order is built from their keys sorted), for n
@@ -43,8 +43,10 @@ use crate::types::{FileType, Ino, Nanos};
 pub const FILE: &str = "meta.ckpt";
 const MAGIC: &[u8; 8] = b"ILNSCKP1";
 /// Version 2 (session 36) added the replay cache's items; version 1
-/// images, which have none, are read as they are.
-const VERSION: u32 = 2;
+/// images, which have none, are read as they are. Version 3 (session 44)
+/// added the identity; an older image has none, and is given one
+/// ([`Store::open`](crate::Store::open) checkpoints it at once).
+const VERSION: u32 = 3;
 /// Items handed from the reading thread to the inserting one at a time.
 const BATCH: usize = 4096;
 
@@ -71,6 +73,11 @@ enum Item {
     Replies {
         origin: u64,
         recent: Recent,
+    },
+    /// The namespace's identity (see [`Store::id`](crate::Store::id)),
+    /// right after the header.
+    Identity {
+        id: u64,
     },
 }
 
@@ -180,13 +187,14 @@ impl<W: Write> Summing<W> {
 /// all of it).
 pub fn write(
     ns: &Namespace,
+    id: u64,
     start: u64,
     dir: &Path,
     durable: impl FnOnce() -> Result<(), Error>,
 ) -> Result<Written, Error> {
     let path = dir.join(FILE);
     let tmp = dir.join(format!("{FILE}.tmp"));
-    let written = image(ns, start, &tmp).and_then(|w| {
+    let written = image(ns, id, start, &tmp).and_then(|w| {
         durable()?;
         std::fs::rename(&tmp, &path).map_err(|e| io_error(&path, e))?;
         Ok(w)
@@ -200,7 +208,7 @@ pub fn write(
 }
 
 /// Writes and syncs `ns`'s image to `tmp`.
-fn image(ns: &Namespace, start: u64, tmp: &Path) -> Result<Written, Error> {
+fn image(ns: &Namespace, id: u64, start: u64, tmp: &Path) -> Result<Written, Error> {
     let io = |e| io_error(tmp, e);
     let file = File::create(tmp).map_err(io)?;
     let mut out = Summing { inner: BufWriter::with_capacity(1 << 20, file), crc: 0, bytes: 0 };
@@ -208,6 +216,7 @@ fn image(ns: &Namespace, start: u64, tmp: &Path) -> Result<Written, Error> {
     out.put(MAGIC).map_err(io)?;
     let header = Item::Header { version: VERSION, seed: ns.seed(), start, next_ino: ns.next_ino.load(Relaxed) };
     out.frame(&header, &mut buf).map_err(io)?;
+    out.frame(&Item::Identity { id }, &mut buf).map_err(io)?;
     let (mut inodes, mut entries) = (0u64, 0u64);
     let mut failed = None;
     ns.inodes.iter_sync(|_, i| {
@@ -247,11 +256,13 @@ fn sync_dir(dir: &Path) -> Result<(), Error> {
     File::open(dir).and_then(|d| d.sync_all()).map_err(|e| io_error(dir, e))
 }
 
-/// A loaded checkpoint: the namespace as imaged (counts not yet rebuilt)
-/// and where replay starts.
+/// A loaded checkpoint: the namespace as imaged (counts not yet rebuilt),
+/// where replay starts, and the namespace's identity (`None` in an image
+/// older than version 3).
 pub struct Loaded {
     pub ns: Namespace,
     pub start: u64,
+    pub id: Option<u64>,
 }
 
 /// Loads the checkpoint in `dir`, or `None` if there is none. Damage
@@ -279,6 +290,7 @@ pub fn load(dir: &Path) -> Result<Option<Loaded>, Error> {
     }
     let ns = Namespace::empty(seed);
     ns.next_ino.store(next_ino, Relaxed);
+    let mut id = None;
     // This thread reads and decodes; another inserts, in batches.
     let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<Item>>(8);
     std::thread::scope(|s| {
@@ -300,7 +312,7 @@ pub fn load(dir: &Path) -> Result<Option<Loaded>, Error> {
                         entries.add(ns.key(parent, &name), ino);
                     }
                     Item::Replies { origin, recent } => ns.replies.load(origin, recent),
-                    Item::Header { .. } | Item::End { .. } => {}
+                    Item::Header { .. } | Item::End { .. } | Item::Identity { .. } => {}
                 }
             }
             entries.finish();
@@ -310,6 +322,11 @@ pub fn load(dir: &Path) -> Result<Option<Loaded>, Error> {
         loop {
             let item = r.item(&mut buf)?;
             match &item {
+                Item::Identity { id: i } if id.is_none() && (inodes, entries) == (0, 0) => {
+                    id = Some(*i);
+                    continue;
+                }
+                Item::Identity { .. } => return Err(r.corrupt("an identity not after the header")),
                 Item::Inode(_) => inodes += 1,
                 Item::Entry { .. } => entries += 1,
                 Item::End { inodes: i, entries: e } if (*i, *e) != (inodes, entries) => {
@@ -329,13 +346,16 @@ pub fn load(dir: &Path) -> Result<Option<Loaded>, Error> {
         drop(tx);
         Ok(())
     })?;
+    if version >= 3 && id.is_none() {
+        return Err(r.corrupt("no identity"));
+    }
     let want = r.crc;
     let mut crc = [0u8; 4];
     r.inner.read_exact(&mut crc).map_err(|e| io_error(&path, e))?;
     if u32::from_le_bytes(crc) != want {
         return Err(r.corrupt("checksum mismatch"));
     }
-    Ok(Some(Loaded { ns, start }))
+    Ok(Some(Loaded { ns, start, id }))
 }
 
 struct Reader {

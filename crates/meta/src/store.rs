@@ -83,6 +83,8 @@ pub struct Store {
     checkpointing: Mutex<()>,
     /// Where the last checkpoint's replay starts.
     checkpoint_start: std::sync::atomic::AtomicU64,
+    /// See [`Store::id`].
+    id: u64,
 }
 
 /// The journal, as the namespace's [`Log`].
@@ -137,10 +139,11 @@ impl Store {
         let (changelog, recovery) = Changelog::open_with(dir, options.journal, options.changelog, record::project)?;
         let loaded = checkpoint::load(dir)?;
         let created = loaded.is_none();
-        let (mut ns, start) = match loaded {
-            Some(l) => (l.ns, l.start),
-            None => (Namespace::new(random_seed(), now), 1),
+        let (mut ns, start, id) = match loaded {
+            Some(l) => (l.ns, l.start, l.id),
+            None => (Namespace::new(random(), now), 1, None),
         };
+        let identified = id.is_some();
         if start < recovery.first {
             return Err(Error::Corrupt {
                 path: dir.join(checkpoint::FILE),
@@ -164,14 +167,26 @@ impl Store {
             dir: dir.to_path_buf(),
             checkpointing: Mutex::new(()),
             checkpoint_start: std::sync::atomic::AtomicU64::new(start),
+            id: id.unwrap_or_else(random),
         };
-        if created {
-            // The seed and the root reach the disk before any record.
+        if !identified {
+            // The seed, the root and the identity reach the disk before
+            // any record (or, for an image from before identities, before
+            // any client is told the identity).
             store.checkpoint()?;
         }
         let opened =
             Opened { created, start, replayed, torn_bytes: recovery.torn_bytes, dangling, data_removed, data_cut };
         Ok((store, opened))
+    }
+
+    /// The namespace's identity: a random number chosen when it was made
+    /// and kept with it for its life. Inode numbers mean something only
+    /// within one namespace, so a client that knew one must not take the
+    /// same numbers in another (a fresh data directory served at the same
+    /// address) for the same files. O(1).
+    pub fn id(&self) -> u64 {
+        self.id
     }
 
     /// The namespace: its operations return the [`Seq`] to
@@ -315,8 +330,9 @@ impl Store {
         let paused = std::time::Instant::now();
         let start = self.ns.stripes.quiesce(|| journal.next_index());
         let pause = paused.elapsed();
-        let mut written =
-            checkpoint::write(&self.ns, start, &self.dir, || journal.wait_for(journal.next_index(), None).map(drop))?;
+        let mut written = checkpoint::write(&self.ns, self.id, start, &self.dir, || {
+            journal.wait_for(journal.next_index(), None).map(drop)
+        })?;
         written.pause = pause;
         self.changelog.set_checkpoint(start - 1)?;
         self.checkpoint_start.store(start, std::sync::atomic::Ordering::Relaxed);
@@ -367,8 +383,8 @@ impl Store {
     }
 }
 
-/// A fresh namespace's hash seed.
-fn random_seed() -> u64 {
+/// A fresh namespace's hash seed, or its identity.
+fn random() -> u64 {
     let mut s = [0u8; 8];
     getrandom::fill(&mut s).expect("the operating system's random source");
     u64::from_le_bytes(s)

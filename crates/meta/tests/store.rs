@@ -399,3 +399,49 @@ fn a_tagged_change_is_found_after_a_restart_until_its_client_settles_it() {
     store.ns().replies().forget(5);
     assert_eq!(found(&store), [None; 3]);
 }
+
+/// A namespace keeps its identity for its life (across restarts, with
+/// or without a checkpoint between), a new one has another, and an image
+/// from before identities (version 2: no identity frame) is read and
+/// given one that a crash right after the opening does not change.
+#[test]
+fn a_namespace_keeps_its_identity_and_an_older_image_is_given_one() {
+    let (one, other) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let open = |dir: &std::path::Path| Store::open(dir, StoreOptions::default(), 1).unwrap().0;
+    let store = open(one.path());
+    let id = store.id();
+    let (_, seq) = store.ns().create(&Cred::root(), ROOT, b"a", new(FileType::Regular, 0o644), b"", 2).unwrap();
+    store.wait(seq).unwrap();
+    drop(store);
+    assert_eq!(open(one.path()).id(), id, "replayed");
+    open(one.path()).checkpoint().unwrap();
+    assert_eq!(open(one.path()).id(), id, "from the checkpoint");
+    assert_ne!(open(other.path()).id(), id, "another namespace");
+
+    // The image as version 2 wrote it: the header saying 2, no identity.
+    let path = one.path().join("meta.ckpt");
+    let image = std::fs::read(&path).unwrap();
+    let body = &image[8..image.len() - 4];
+    let mut frames = Vec::new();
+    let mut at = 0;
+    while at < body.len() {
+        let len = u32::from_le_bytes(body[at..at + 4].try_into().unwrap()) as usize;
+        frames.push(&body[at..at + 4 + len]);
+        at += 4 + len;
+    }
+    let mut header = frames[0].to_vec();
+    assert_eq!(header[4..6], [0, 3], "the header item, version 3");
+    header[5] = 2;
+    let mut old = image[..8].to_vec();
+    old.extend_from_slice(&header);
+    frames[2..].iter().for_each(|f| old.extend_from_slice(f));
+    let crc = crc32c::crc32c(&old);
+    old.extend_from_slice(&crc.to_le_bytes());
+    std::fs::write(&path, &old).unwrap();
+    let store = open(one.path());
+    let given = store.id();
+    assert!(store.ns().lookup(&Cred::root(), ROOT, b"a").is_ok(), "the older image is read");
+    drop(store);
+    assert_ne!(std::fs::read(&path).unwrap(), old, "checkpointed at the opening");
+    assert_eq!(open(one.path()).id(), given, "the identity given is kept");
+}

@@ -37,7 +37,7 @@ use serde::{Deserialize, Serialize};
 pub use unacked::Unacked;
 
 /// The protocol version this build speaks.
-pub const VERSION: u32 = 18;
+pub const VERSION: u32 = 19;
 /// The largest frame either side accepts, in bytes: room for the largest
 /// write ([`meta::MAX_WRITE`], version 18; 256 KiB before), an extended
 /// attribute's largest value (64 KiB), and a page of directory entries.
@@ -394,6 +394,10 @@ pub enum ServerMsg {
     /// written and not yet synced may have been lost (the machine
     /// restarted since a run that did not end with everything on disk);
     /// an `fsync` after it changed cannot vouch for writes made before.
+    /// `namespace` (version 19): the identity of the namespace served,
+    /// for its life; a client that finds another one after a reconnect is
+    /// talking to another data directory, where its inode numbers name
+    /// other files (or none), and must not go on.
     Welcome {
         version: u32,
         session: u64,
@@ -404,6 +408,7 @@ pub enum ServerMsg {
         secret: Secret,
         boot: u64,
         verifier: u64,
+        namespace: u64,
     },
     /// The connection is refused and closes. `auth`: for a wrong or
     /// missing token (a client reports that apart from other refusals).
@@ -656,8 +661,9 @@ mod tests {
             secret: [1; 16],
             boot: 2,
             verifier: 4,
+            namespace: 5,
         };
-        assert_eq!(encode(&welcome)[..], [&[0u8, 3, 5, 1, 1, 0, 3][..], &[1; 16], &[2, 4]].concat());
+        assert_eq!(encode(&welcome)[..], [&[0u8, 3, 5, 1, 1, 0, 3][..], &[1; 16], &[2, 4, 5]].concat());
         assert_eq!(encode(&Reply::Recovering { left_ms: 5 }), [8, 5]);
         assert_eq!(encode(&Op::Renew { received: 1 }), [7, 1]);
         assert_eq!(encode(&Op::Inspect { resource: b"r".to_vec() }), [10, 1, b'r']);

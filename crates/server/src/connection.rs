@@ -118,6 +118,7 @@ pub(crate) async fn connection(
             secret: session.secret,
             boot: inner.boot,
             verifier: inner.verifier,
+            namespace: inner.store.id(),
         },
     );
     let serve = async {

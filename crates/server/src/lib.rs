@@ -156,6 +156,7 @@ impl Server {
         let (store, opened) =
             interlock_meta::Store::open(&config.data.join("meta"), store_options(&config), meta::now())?;
         tracing::info!(
+            id = format!("{:016x}", store.id()),
             inodes = store.ns().inode_count(),
             replayed = opened.replayed,
             created = opened.created,

@@ -185,6 +185,7 @@ async fn tell_root_squash(client: &Client) -> bool {
 /// standard error goes to the caller that started it (see `detach`),
 /// which stops reading once the mount is live: it then goes nowhere.
 async fn run(client: Client, cfg: &Config, caller_reads: bool) -> ExitCode {
+    let refused = client.refused();
     let mounted = match interlock_fs::mount(client, cfg) {
         Ok(m) => m,
         Err(e) => {
@@ -212,6 +213,19 @@ async fn run(client: Client, cfg: &Config, caller_reads: bool) -> ExitCode {
         r = &mut serving => r,
         _ = int.recv() => unmount_then(&path, serving).await,
         _ = term.recv() => unmount_then(&path, serving).await,
+        why = refused => {
+            // Every call would fail from now on. The mount is left to die
+            // with this process rather than unmounted: calls on it then
+            // fail (ENOTCONN) instead of reaching the directory beneath,
+            // and the next mount there replaces it (a supervisor's
+            // restart, with a new token, say).
+            tracing::error!(
+                mountpoint = %path.display(),
+                "the server refused this mount for good ({why}); the mount process ends, and the mount point fails \
+                 every call until a new mount replaces it"
+            );
+            return ExitCode::from(exit::UNAVAILABLE);
+        }
     };
     match done {
         Ok(()) => {
