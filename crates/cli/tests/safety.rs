@@ -380,6 +380,61 @@ fn a_restarted_server_grants_no_lock_its_old_holder_may_still_count_on() {
     drop(server);
 }
 
+/// A client refused for good as it reconnects (its server came back with
+/// another token, or serving another namespace) reports its locks lost
+/// before it says why, and fails every later request with the refusal.
+/// Until session 44 it never reported them, and `interlock lock` ran its
+/// command on while the restarted server gave the lock to others: at the
+/// end of its recovery window (the token), at once (a fresh data
+/// directory); and `status --watch` said "connection lost; still
+/// watching" for ever.
+#[test]
+fn a_client_refused_for_good_reports_its_locks_lost() {
+    for other_namespace in [false, true] {
+        let data = tempfile::tempdir().unwrap();
+        let token = data.path().join("token");
+        std::fs::write(&token, "one").unwrap();
+        let args = ["--token-file", token.to_str().unwrap()];
+        let mut server = ServerProc::start(data.path(), "127.0.0.1:0", &args);
+        let addr = server.addr.clone();
+        let other = tempfile::tempdir().unwrap();
+        let mut watch = Command::new(BIN)
+            .args(["status", "--watch", "0.1", "--server", &addr])
+            .env("INTERLOCK_TOKEN", "one")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        // Its header comes after its first answer: it is connected.
+        // (Its output is read until it ends: a closed pipe would end it.)
+        let mut out = std::io::BufReader::new(watch.stdout.take().unwrap());
+        let mut header = String::new();
+        std::io::BufRead::read_line(&mut out, &mut header).unwrap();
+        assert!(header.contains("sessions"), "{header}");
+        rt().block_on(async {
+            let options = interlock_client::ClientOptions { token: Some("one".into()), ..Default::default() };
+            let a = interlock_client::Client::connect(&addr, options).await.unwrap();
+            a.lock(&spec("l", 1)).await.unwrap();
+            server.kill9();
+            let dir = if other_namespace { other.path() } else { data.path() };
+            if !other_namespace {
+                std::fs::write(&token, "two").unwrap();
+            }
+            server = ServerProc::start(dir, &addr, &args);
+            let why = tokio::time::timeout(Duration::from_secs(30), a.refused()).await.expect("refused for good");
+            assert!(why.contains(if other_namespace { "another namespace" } else { "token" }), "{why}");
+            assert_eq!(a.lost_since(0).len(), 1, "the lock is reported lost ({why})");
+            let e = a.lock(&spec("m", 1)).await.unwrap_err();
+            assert!(e.is_refusal(), "later requests fail with the refusal: {e}");
+        });
+        let status = exits_within(&mut watch, Duration::from_secs(30)).expect("status --watch stops");
+        let mut said = String::new();
+        std::io::Read::read_to_string(watch.stderr.as_mut().unwrap(), &mut said).unwrap();
+        assert_eq!(status.code(), Some(if other_namespace { 69 } else { 77 }), "{said}");
+        drop(out);
+    }
+}
+
 /// Item 3: the holder's session id is disclosed by a conflict; naming it
 /// in a hello without the session's secret is refused, and the victim
 /// keeps its session and its lock.

@@ -156,11 +156,12 @@ async fn hello(inner: &Inner, stream: TcpStream) -> Result<Welcomed, ClientError
 }
 
 /// Reconnects with exponential backoff (50 ms to 2 s). Gives up when the
-/// server refuses the client or the client is dropped. While it has a
-/// session, no attempt or pause outlasts the point its lease is trusted
-/// until: there the session is given up ([`give_up`]), and the attempts
-/// go on for a new one.
-pub(crate) async fn reconnect(inner: &Arc<Inner>) -> Option<Welcomed> {
+/// server refuses the client (`Err` with the refusal: see [`refused`]) or
+/// the client is dropped (`Err(None)`). While it has a session, no
+/// attempt or pause outlasts the point its lease is trusted until: there
+/// the session is given up ([`give_up`]), and the attempts go on for a
+/// new one.
+pub(crate) async fn reconnect(inner: &Arc<Inner>) -> Result<Welcomed, Option<ClientError>> {
     let mut delay = Duration::from_millis(50);
     while !inner.closed() {
         let until = (inner.session.load(Ordering::Relaxed) != 0).then(|| inner.lease.lock().trusted_until());
@@ -169,11 +170,10 @@ pub(crate) async fn reconnect(inner: &Arc<Inner>) -> Option<Welcomed> {
             continue;
         };
         match attempt {
-            Ok(c) => return Some(c),
-            Err(e @ (ClientError::Refused(_) | ClientError::Auth(_) | ClientError::OtherNamespace { .. })) => {
+            Ok(c) => return Ok(c),
+            Err(e) if e.is_refusal() => {
                 tracing::error!(error = %e, "server refused the reconnect");
-                inner.refused.send_replace(Some(e.to_string()));
-                return None;
+                return Err(Some(e));
             }
             Err(e) => tracing::debug!(error = %e, "reconnect failed; retrying"),
         }
@@ -182,7 +182,19 @@ pub(crate) async fn reconnect(inner: &Arc<Inner>) -> Option<Welcomed> {
         }
         delay = (delay * 2).min(Duration::from_secs(2));
     }
-    None
+    Err(None)
+}
+
+/// Ends the client for good on the server's refusal `e` (the driver has
+/// stopped and failed what was in flight): no later session will hold
+/// the locks, and the server may give them away (a new token's server at
+/// the end of its recovery window, another namespace's at once), so they
+/// are lost now, before anyone is told why; then every later request
+/// fails with `e`. Until session 44 the locks were never reported lost:
+/// `interlock lock` ran its command on.
+pub(crate) fn refused(inner: &Inner, e: ClientError) {
+    lose_all(inner);
+    inner.refused.send_replace(Some(Arc::new(e)));
 }
 
 /// `f`, unless the boot clock passes `until` first (`Err`).

@@ -171,6 +171,28 @@ pub enum ClientError {
     Errno(i32),
 }
 
+impl ClientError {
+    /// Whether the server refused this client for good: the token, the
+    /// protocol version, or another namespace after a reconnect. Every
+    /// later request of the client fails the same way, so a caller that
+    /// waits out lost connections stops on it.
+    pub fn is_refusal(&self) -> bool {
+        self.refusal().is_some()
+    }
+
+    /// A copy of a refusal for good (see [`is_refusal`](Self::is_refusal)).
+    fn refusal(&self) -> Option<ClientError> {
+        match self {
+            ClientError::Refused(r) => Some(ClientError::Refused(r.clone())),
+            ClientError::Auth(r) => Some(ClientError::Auth(r.clone())),
+            ClientError::OtherNamespace { addr, known, now } => {
+                Some(ClientError::OtherNamespace { addr: addr.clone(), known: *known, now: *now })
+            }
+            _ => None,
+        }
+    }
+}
+
 /// Connection settings.
 #[derive(Clone, Debug, Default)]
 pub struct ClientOptions {
@@ -432,13 +454,20 @@ struct Inner {
     /// Every handle is gone: the session is ended and nothing reconnects.
     closed: AtomicBool,
     /// Why the server refused this client for good, once it has (see
-    /// [`Client::refused`]).
-    refused: watch::Sender<Option<String>>,
+    /// [`Client::refused`]): every later request fails with it.
+    refused: watch::Sender<Option<Arc<ClientError>>>,
 }
 
 impl Inner {
     fn closed(&self) -> bool {
         self.closed.load(Ordering::Relaxed)
+    }
+
+    /// The refusal that ended this client, if one did, for a request that
+    /// finds it ended: a caller that retries lost connections (`changelog
+    /// read --follow`, `status --watch`) learns it must stop.
+    fn refusal(&self) -> Option<ClientError> {
+        self.refused.borrow().as_deref().and_then(ClientError::refusal)
     }
 
     /// Sends request `id`, first recording where its reply goes (and, for
@@ -492,7 +521,7 @@ impl Inner {
 
     /// Sends request `id` and lists it in `t`, the tables, locked.
     fn submit_listed(&self, t: &mut Tables, id: u64, op: Op, wait: bool) -> Result<Submitted, ClientError> {
-        let reply_rx = t.send(&self.outbox, id, &op)?;
+        let reply_rx = t.send(&self.outbox, id, &op).map_err(|e| self.refusal().unwrap_or(e))?;
         if let Op::Meta { op: interlock_proto::meta::MetaOp::Release { ino }, .. } = &op {
             t.opens.take(*ino);
         }
@@ -605,7 +634,8 @@ impl Client {
     pub fn refused(&self) -> impl std::future::Future<Output = String> + Send + 'static {
         let mut refused = self.inner.refused.subscribe();
         async move {
-            let why = refused.wait_for(Option::is_some).await.map(|why| why.clone().unwrap_or_default());
+            let why = refused.wait_for(Option::is_some).await.map(|why| why.as_ref().map(|e| e.to_string()));
+            let why = why.map(Option::unwrap_or_default);
             match why {
                 Ok(why) => why,
                 // The client's state, and the sender with it, went.
@@ -692,11 +722,12 @@ impl Client {
             // new, not lost), so it counts as resumed.
             let mut conn = Some((conn, connection::Settled::Resumed));
             let mut goodbye = None;
+            let mut refusal = None;
             while !inner.closed() {
                 let (c, settled) = match conn.take() {
                     Some(c) => c,
                     None => match connection::reconnect(&inner).await {
-                        Some(w) => match connection::settle(&inner, &w, Moment::now(), goodbye.take()) {
+                        Ok(w) => match connection::settle(&inner, &w, Moment::now(), goodbye.take()) {
                             Some(settled) => (w.conn, settled),
                             // Cannot happen with a sound server; not in a hot loop.
                             None => {
@@ -704,7 +735,10 @@ impl Client {
                                 continue;
                             }
                         },
-                        None => break,
+                        Err(e) => {
+                            refusal = e;
+                            break;
+                        }
                     },
                 };
                 goodbye = connection::run(inner.clone(), c, settled).await;
@@ -712,9 +746,14 @@ impl Client {
             // For good: what is in flight or sent later will not be
             // answered, and blocking requests will not be granted.
             inner.outbox.close();
-            let mut t = inner.tables.lock();
-            t.session_lost(false);
-            t.waits.clear();
+            {
+                let mut t = inner.tables.lock();
+                t.session_lost(false);
+                t.waits.clear();
+            }
+            if let Some(e) = refusal {
+                connection::refused(&inner, e);
+            }
         });
         let weak = Arc::downgrade(&self.inner);
         tokio::spawn(async move {

@@ -241,7 +241,7 @@ async fn run_command(
             }
             Ok(()) = lost.changed() => {
                 eprintln!(
-                    "interlock lock: the lock was lost (no answer from the server for most of the lease, or the lease ran out); stopping the command: SIGTERM, then SIGKILL after {} ms",
+                    "interlock lock: the lock was lost (no answer from the server for most of the lease, the lease ran out, or the server refused this client as it reconnected: another token, another namespace); stopping the command: SIGTERM, then SIGKILL after {} ms",
                     grace.as_millis()
                 );
                 if let Some(pid) = pid {

@@ -210,7 +210,7 @@ async fn watch(client: &Client, every: Duration, json: bool) -> Result<(), Clien
         tokio::time::sleep(every).await;
         let now = match client.status().await {
             Ok(s) => s,
-            Err(e @ ClientError::Auth(_)) => return Err(e),
+            Err(e) if e.is_refusal() => return Err(e),
             Err(e) => {
                 eprintln!("interlock status: {e}; still watching");
                 continue;
