@@ -435,6 +435,63 @@ fn a_client_refused_for_good_reports_its_locks_lost() {
     }
 }
 
+/// A server at its connection limit refuses a reconnect for the moment
+/// (`busy`): the client tries again, as after a failed connection, and
+/// goes on. Until session 44 it took the refusal for good and ended
+/// (every mount of a restarted server past `max-connections` died). A
+/// scripted server welcomes, drops the connection, refuses the next one
+/// as busy, and welcomes the one after.
+#[test]
+fn a_reconnect_refused_by_a_busy_server_is_tried_again() {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap().to_string();
+    let server = std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for turn in 0..3 {
+            let mut s = l.incoming().next().unwrap().unwrap();
+            let _hello = read_raw_frame(&mut s);
+            if turn == 1 {
+                let reason = "server busy: 1 connections open, the limit (max-connections)".to_string();
+                send_raw(&mut s, &ServerMsg::Refused { reason, auth: false, busy: true });
+                continue;
+            }
+            let welcome = ServerMsg::Welcome {
+                version: interlock_proto::VERSION,
+                session: 1,
+                lease_ms: 60_000,
+                resumed: turn == 2,
+                recovering_ms: 0,
+                received: 0,
+                secret: [1; 16],
+                boot: 1,
+                verifier: 1,
+                namespace: 1,
+            };
+            send_raw(&mut s, &welcome);
+            if turn == 2 {
+                held.push(s); // the third connection stays
+            }
+        }
+        held
+    });
+    rt().block_on(async {
+        let c = client(&addr).await;
+        let refused = c.refused();
+        tokio::pin!(refused);
+        // The third connection is made only if the busy refusal was not
+        // taken for good.
+        let until = Instant::now() + Duration::from_secs(30);
+        while !server.is_finished() {
+            assert!(Instant::now() < until, "no third connection");
+            tokio::select! {
+                why = &mut refused => panic!("taken for good: {why}"),
+                () = tokio::time::sleep(Duration::from_millis(10)) => {}
+            }
+        }
+    });
+    assert_eq!(server.join().unwrap().len(), 1, "welcomed again");
+}
+
 /// Item 3: the holder's session id is disclosed by a conflict; naming it
 /// in a hello without the session's secret is refused, and the victim
 /// keeps its session and its lock.

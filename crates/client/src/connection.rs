@@ -148,7 +148,8 @@ async fn hello(inner: &Inner, stream: TcpStream) -> Result<Welcomed, ClientError
                 lease: Duration::from_millis(lease_ms),
             })
         }
-        Ok(ServerMsg::Refused { reason, auth: true }) => Err(ClientError::Auth(reason)),
+        Ok(ServerMsg::Refused { reason, auth: true, .. }) => Err(ClientError::Auth(reason)),
+        Ok(ServerMsg::Refused { reason, busy: true, .. }) => Err(ClientError::Busy(reason)),
         Ok(ServerMsg::Refused { reason, .. }) => Err(ClientError::Refused(reason)),
         Ok(_) => Err(ClientError::Server("unexpected answer to hello".into())),
         Err(_) => Err(not_welcomed()),

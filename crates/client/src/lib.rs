@@ -109,6 +109,11 @@ pub enum ClientError {
     Connect { addr: String, source: std::io::Error },
     #[error("server refused: {0}")]
     Refused(String),
+    /// The server was at its connection limit (`max-connections`): a
+    /// refusal of the moment. A reconnect tries again after it, as after
+    /// a connection that failed, with the lease running meanwhile.
+    #[error("server refused: {0}")]
+    Busy(String),
     /// After a reconnect, the server serves another namespace than the
     /// one this client began with (another data directory at the same
     /// address): the client stops for good, since its inode numbers,

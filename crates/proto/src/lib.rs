@@ -412,9 +412,14 @@ pub enum ServerMsg {
     },
     /// The connection is refused and closes. `auth`: for a wrong or
     /// missing token (a client reports that apart from other refusals).
+    /// `busy` (version 19): the server is at its connection limit, a
+    /// refusal of the moment that a client reconnecting tries again after;
+    /// every other refusal is for good. (A client of an older version
+    /// decodes the fields before it: postcard leaves trailing bytes.)
     Refused {
         reason: String,
         auth: bool,
+        busy: bool,
     },
     Reply {
         id: u64,

@@ -68,7 +68,7 @@ pub(crate) async fn connection(
         },
     };
     greeted();
-    let refuse = |reason: String| ServerMsg::Refused { reason, auth: false };
+    let refuse = |reason: String| ServerMsg::Refused { reason, auth: false, busy: false };
     let ClientMsg::Hello { version, token, session, received, secret, origin } = hello else {
         let _ = wire::send(&wr, &refuse("the first message must be Hello".into())).await;
         return;
@@ -83,7 +83,7 @@ pub(crate) async fn connection(
     {
         tracing::warn!(%peer, "refused: wrong or missing token");
         let reason = "authentication failed: wrong or missing token".into();
-        let _ = wire::send(&wr, &ServerMsg::Refused { reason, auth: true }).await;
+        let _ = wire::send(&wr, &ServerMsg::Refused { reason, auth: true, busy: false }).await;
         return;
     }
     // Shown its token: it may send the largest frames.

@@ -313,7 +313,7 @@ fn admit(inner: &Arc<Inner>, stream: TcpStream, peer: SocketAddr) {
         tracing::warn!(%peer, max, "refused a connection: at max-connections");
         let mut out = bytes::BytesMut::new();
         let reason = format!("server busy: {max} connections open, the limit (max-connections)");
-        wire::put(&mut out, &ServerMsg::Refused { reason, auth: false });
+        wire::put(&mut out, &ServerMsg::Refused { reason, auth: false, busy: true });
         // Best effort, without waiting: the socket's buffer takes it. (A
         // TLS client cannot read it before a handshake: it sees the close.)
         if inner.tls.is_none() {

@@ -341,7 +341,7 @@ mod tests {
         assert!(wire.attach(wr.clone(), 0));
         // Held until opened: a kick writes nothing, the welcome goes first.
         wire.kick();
-        let welcome = ServerMsg::Refused { reason: "first".into(), auth: false };
+        let welcome = ServerMsg::Refused { reason: "first".into(), auth: false, busy: false };
         write_all(&wr, &frame(&welcome)).await.unwrap();
         wire.open();
         wire.flush().await.unwrap();
