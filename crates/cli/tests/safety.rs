@@ -455,19 +455,7 @@ fn a_reconnect_refused_by_a_busy_server_is_tried_again() {
                 send_raw(&mut s, &ServerMsg::Refused { reason, auth: false, busy: true });
                 continue;
             }
-            let welcome = ServerMsg::Welcome {
-                version: interlock_proto::VERSION,
-                session: 1,
-                lease_ms: 60_000,
-                resumed: turn == 2,
-                recovering_ms: 0,
-                received: 0,
-                secret: [1; 16],
-                boot: 1,
-                verifier: 1,
-                namespace: 1,
-            };
-            send_raw(&mut s, &welcome);
+            send_raw(&mut s, &scripted_welcome(1, 1, turn == 2));
             if turn == 2 {
                 held.push(s); // the third connection stays
             }
@@ -615,19 +603,7 @@ fn silent_server(welcome: bool) -> (String, std::thread::JoinHandle<()>) {
             let mut s = s.unwrap();
             if welcome {
                 let _ = read_raw_frame(&mut s);
-                let w = ServerMsg::Welcome {
-                    version: interlock_proto::VERSION,
-                    session: 1,
-                    lease_ms: 60_000,
-                    resumed: false,
-                    recovering_ms: 0,
-                    received: 0,
-                    secret: [1; 16],
-                    boot: 1,
-                    verifier: 1,
-                    namespace: 1,
-                };
-                send_raw(&mut s, &w);
+                send_raw(&mut s, &scripted_welcome(1, 1, false));
             }
             held.push(s);
         }
@@ -650,19 +626,7 @@ fn a_nowait_lock_on_its_way_at_a_crash_is_asked_again() {
         for boot in [1, 2] {
             let mut s = l.incoming().next().unwrap().unwrap();
             let _hello = read_raw_frame(&mut s);
-            let welcome = ServerMsg::Welcome {
-                version: interlock_proto::VERSION,
-                session: boot,
-                lease_ms: 60_000,
-                resumed: false,
-                recovering_ms: 0,
-                received: 0,
-                secret: [1; 16],
-                boot,
-                verifier: 1,
-                namespace: 1,
-            };
-            send_raw(&mut s, &welcome);
+            send_raw(&mut s, &scripted_welcome(boot, boot, false));
             while let Some(frame) = try_read_raw_frame(&mut s) {
                 let ClientMsg::Request { id, op } = interlock_proto::decode::<ClientMsg>(&frame).unwrap() else {
                     continue;
@@ -693,6 +657,23 @@ fn a_nowait_lock_on_its_way_at_a_crash_is_asked_again() {
         .unwrap();
     assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(server.join().unwrap(), 2, "asked once of each server");
+}
+
+/// A scripted server's welcome: a minute's lease, no recovery window,
+/// nothing received, one namespace.
+fn scripted_welcome(session: u64, boot: u64, resumed: bool) -> ServerMsg {
+    ServerMsg::Welcome {
+        version: interlock_proto::VERSION,
+        session,
+        lease_ms: 60_000,
+        resumed,
+        recovering_ms: 0,
+        received: 0,
+        secret: [1; 16],
+        boot,
+        verifier: 1,
+        namespace: 1,
+    }
 }
 
 fn send_raw(s: &mut std::net::TcpStream, msg: &ServerMsg) {
