@@ -639,8 +639,12 @@ impl Client {
     pub fn refused(&self) -> impl std::future::Future<Output = String> + Send + 'static {
         let mut refused = self.inner.refused.subscribe();
         async move {
-            let why = refused.wait_for(Option::is_some).await.map(|why| why.as_ref().map(|e| e.to_string()));
-            let why = why.map(Option::unwrap_or_default);
+            // The reason, as a `String`: the watch's guard may not be
+            // held across an await.
+            let why = refused
+                .wait_for(Option::is_some)
+                .await
+                .map(|why| why.as_ref().map_or_else(String::new, |e| e.to_string()));
             match why {
                 Ok(why) => why,
                 // The client's state, and the sender with it, went.
