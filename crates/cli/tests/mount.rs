@@ -920,9 +920,9 @@ fn a_mount_whose_server_comes_back_with_another_namespace_stops() {
 
 /// A mount killed with `kill -9`: its locks go back to the server within
 /// the lease, and a new mount on its mount point takes the dead one's
-/// place (until session 44 the mount point stayed busy until someone
-/// unmounted it by hand, so a supervisor that restarted the mount failed
-/// for ever).
+/// place once it reaches its server (until session 44 the mount point
+/// stayed busy until someone unmounted it by hand, so a supervisor that
+/// restarted the mount failed for ever).
 #[test]
 fn a_killed_mount_gives_its_locks_back_and_a_new_mount_takes_its_place() {
     if !fuse_ready("a_killed_mount_gives_its_locks_back_and_a_new_mount_takes_its_place") {
@@ -943,6 +943,12 @@ fn a_killed_mount_gives_its_locks_back_and_a_new_mount_takes_its_place() {
     // The dead mount fails every call, held files included.
     assert_eq!(std::fs::metadata(a.path()).map_err(|e| e.raw_os_error()).err(), Some(Some(libc::ENOTCONN)));
     assert!(fa.metadata().is_err());
+    // With no server to reach, a new mount fails and leaves the dead one
+    // failing calls: unmounted, its directory would take programs' writes.
+    let nobody = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().to_string();
+    let out = Command::new(BIN).args(["mount", "--background", &nobody]).arg(a.path()).output().unwrap();
+    assert_eq!(out.status.code(), Some(69), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(std::fs::metadata(a.path()).map_err(|e| e.raw_os_error()).err(), Some(Some(libc::ENOTCONN)));
     let out = Command::new(BIN).args(["mount", "--background", &server.addr]).arg(a.path()).output().unwrap();
     let said = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{said}");

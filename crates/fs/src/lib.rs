@@ -53,7 +53,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-pub use mountpoint::{MountError, MountOptions, check, clear_dead, is_mounted, unmount};
+pub use mountpoint::{MountError, MountOptions, check, clear_dead, dead, is_mounted, unmount};
 
 /// A mount's settings.
 #[derive(Clone, Debug)]

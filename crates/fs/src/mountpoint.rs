@@ -177,18 +177,19 @@ fn top_mount(path: &Path) -> Option<(String, String)> {
     })
 }
 
-/// Takes away the mount at `path` of an interlock mount process that
-/// ended (killed, or crashed), which fails every call on it with
-/// `ENOTCONN` until it is unmounted: a mount restarted by its supervisor
-/// would otherwise find its mount point busy for ever. Whether it took
-/// one away; nothing else mounted there is touched.
+/// The mount point `path` (made absolute), if it is the mount of an
+/// interlock mount process that ended (killed, or crashed), which fails
+/// every call on it with `ENOTCONN` until it is unmounted. Nothing else
+/// mounted there counts.
 ///
 /// `ENOTCONN` on a FUSE mount means the kernel's connection to its
 /// process is gone for good: nobody can use that mount again, and its
 /// locks are the server's to end with its lease, as for any client that
-/// stopped answering.
-pub fn clear_dead(path: &Path) -> Result<bool, MountError> {
-    let dead = matches!(std::fs::metadata(path), Err(e) if e.raw_os_error() == Some(libc::ENOTCONN));
+/// stopped answering. Asked with `statfs`, which the kernel always sends
+/// to the mount's process: a `stat` is answered from the attributes the
+/// kernel keeps (for a second here), and succeeds on a mount just killed.
+pub fn dead(path: &Path) -> Option<PathBuf> {
+    let dead = rustix::fs::statfs(path).err() == Some(rustix::io::Errno::NOTCONN);
     // The dead mount point cannot be resolved itself; its parent can.
     let abs = match (dead, path.parent(), path.file_name()) {
         (true, Some(parent), Some(name)) => {
@@ -196,15 +197,21 @@ pub fn clear_dead(path: &Path) -> Result<bool, MountError> {
             std::fs::canonicalize(parent).map(|p| p.join(name)).ok()
         }
         _ => None,
-    };
-    let Some(abs) = abs else { return Ok(false) };
-    match top_mount(&abs) {
-        Some((source, kind)) if source == "interlock" && kind.starts_with("fuse") => {
-            unmount(&abs).map_err(|e| MountError::Dead(abs.clone(), e))?;
-            Ok(true)
-        }
-        _ => Ok(false),
-    }
+    }?;
+    let (source, kind) = top_mount(&abs)?;
+    (source == "interlock" && kind.starts_with("fuse")).then_some(abs)
+}
+
+/// Takes away the [`dead`] mount at `path`, if there is one, so that a new
+/// mount can take its place: a mount restarted by its supervisor would
+/// otherwise find its mount point busy for ever. Call it only once the
+/// new mount is ready to be made (its server reached): until then the
+/// dead mount fails calls rather than let programs write into the
+/// directory beneath. Whether it took one away.
+pub fn clear_dead(path: &Path) -> Result<bool, MountError> {
+    let Some(abs) = dead(path) else { return Ok(false) };
+    unmount(&abs).map_err(|e| MountError::Dead(abs.clone(), e))?;
+    Ok(true)
 }
 
 /// Unmounts `path`; lazily (detached now, gone when the last user leaves)

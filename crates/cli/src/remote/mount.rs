@@ -115,18 +115,11 @@ pub fn mount(mut args: MountArgs, server_given: bool) -> ExitCode {
     // A bad mount point is the caller's mistake: say so before reaching
     // for the server, or starting a process that would (`--background`
     // then waits for a new mount there: one already there is not its).
-    match interlock_fs::clear_dead(&cfg.mountpoint) {
-        Ok(true) => eprintln!(
-            "interlock mount: unmounted what an interlock mount process that ended left at {}",
-            cfg.mountpoint.display()
-        ),
-        Ok(false) => {}
-        Err(e) => {
-            eprintln!("interlock mount: {e}");
-            return ExitCode::from(exit::USAGE);
-        }
-    }
-    if let Err(e) = interlock_fs::check(&cfg.mountpoint) {
+    // A dead mount there is replaced, but only once the server is
+    // reached (`run`).
+    if interlock_fs::dead(&cfg.mountpoint).is_none()
+        && let Err(e) = interlock_fs::check(&cfg.mountpoint)
+    {
         eprintln!("interlock mount: {e}");
         return ExitCode::from(exit::USAGE);
     }
@@ -186,6 +179,20 @@ async fn tell_root_squash(client: &Client) -> bool {
 /// which stops reading once the mount is live: it then goes nowhere.
 async fn run(client: Client, cfg: &Config, caller_reads: bool) -> ExitCode {
     let refused = client.refused();
+    // Only now that the server answered: a dead mount fails every call,
+    // where its directory unmounted and not mounted again (the server
+    // down) would take programs' writes on the local disk.
+    match interlock_fs::clear_dead(&cfg.mountpoint) {
+        Ok(true) => eprintln!(
+            "interlock mount: unmounted what an interlock mount process that ended left at {}",
+            cfg.mountpoint.display()
+        ),
+        Ok(false) => {}
+        Err(e) => {
+            eprintln!("interlock mount: {e}");
+            return ExitCode::from(exit::USAGE);
+        }
+    }
     let mounted = match interlock_fs::mount(client, cfg) {
         Ok(m) => m,
         Err(e) => {
@@ -292,10 +299,14 @@ fn detach(args: &MountArgs) -> ExitCode {
             let _ = s.recv_timeout(Duration::from_secs(1));
         }
     };
-    let path = std::fs::canonicalize(args.mountpoint()).unwrap_or_else(|_| args.mountpoint().to_path_buf());
+    let mountpoint = args.mountpoint();
+    let path = interlock_fs::dead(mountpoint)
+        .unwrap_or_else(|| std::fs::canonicalize(mountpoint).unwrap_or_else(|_| mountpoint.to_path_buf()));
     let until = Instant::now() + Duration::from_secs_f64(args.server.connect_timeout + 10.0);
     loop {
-        if interlock_fs::is_mounted(&path) {
+        // A dead mount there (which the mount process replaces once it
+        // reaches its server) is not the new one.
+        if interlock_fs::is_mounted(&path) && interlock_fs::dead(&path).is_none() {
             heard();
             println!("interlock: mounted at {} (pid {})", path.display(), child.id());
             return ExitCode::SUCCESS;
