@@ -72,6 +72,25 @@ pub fn threads(s: &str) -> Result<usize, String> {
     }
 }
 
+/// A size in bytes: a whole number, with `K`, `M`, `G` or `T` after it
+/// for KiB, MiB, GiB or TiB (`8G`, `512MiB`; `B` and `iB` allowed), at
+/// least 1 MiB (less is surely a mistake).
+pub fn bytes(s: &str) -> Result<u64, String> {
+    let bad = || format!("{s:?}: a size of at least 1MiB, e.g. 8GiB, 512M or 1073741824");
+    let digits = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (number, unit) = s.split_at(digits);
+    let shift = match unit {
+        "" | "B" => 0,
+        "K" | "k" | "KB" | "kB" | "KiB" => 10,
+        "M" | "MB" | "MiB" => 20,
+        "G" | "GB" | "GiB" => 30,
+        "T" | "TB" | "TiB" => 40,
+        _ => return Err(bad()),
+    };
+    let n: u64 = number.parse().map_err(|_| bad())?;
+    n.checked_mul(1 << shift).filter(|&b| b >= 1 << 20).ok_or_else(bad)
+}
+
 /// A uid and gid, `UID:GID`, to serve root's requests as: neither root's
 /// (that would squash nothing) nor -1 (4294967295, which Linux keeps to
 /// mean "no id").
@@ -100,6 +119,11 @@ mod tests {
         assert!(count("0").is_err() && count("3").is_ok());
         assert!(threads("0").is_err() && threads("1025").is_err() && threads("1").is_ok() && threads("1024").is_ok());
         assert_eq!(ids("65534:65533"), Ok((65534, 65533)));
+        assert_eq!((bytes("8G"), bytes("8GiB"), bytes("512MB")), (Ok(8 << 30), Ok(8 << 30), Ok(512 << 20)));
+        assert_eq!((bytes("1048576"), bytes("1024k"), bytes("2T")), (Ok(1 << 20), Ok(1 << 20), Ok(2 << 40)));
+        for bad in ["", "G", "1", "1048575", "1.5G", "-1G", "8X", "8 G", "8GiBs", "99999999999T", "1048576iB"] {
+            assert!(bytes(bad).is_err(), "{bad}");
+        }
         for bad in ["65534", "0:65534", "65534:0", "1:4294967295", ":1", "1:", "a:b", "1:2:3", "-1:5"] {
             assert!(ids(bad).is_err(), "{bad}");
         }

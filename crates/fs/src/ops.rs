@@ -637,10 +637,9 @@ impl Fs {
     async fn statfs(&self, cred: &Cred) -> Answer {
         let s = self.again(|| self.client.statfs(cred)).await?;
         // Space is the server's disk's, where the files' data are; inodes
-        // are not counted out of a fixed table: a large, constant total.
-        const FILES: u64 = 1 << 32;
+        // are what the namespace's memory budget has room for.
         let mut out = Vec::with_capacity(80);
-        for v in [s.blocks, s.free, s.available, FILES, FILES.saturating_sub(s.files)] {
+        for v in [s.blocks, s.free, s.available, s.files + s.files_free, s.files_free] {
             abi::put64(&mut out, v);
         }
         for v in [s.block_size, s.name_max, s.block_size, 0, 0, 0, 0, 0, 0, 0] {

@@ -18,6 +18,7 @@ use crate::inode::{Inode, Meta};
 use crate::mutation::{Gone, Mutation, Renamed};
 use crate::namespace::Namespace;
 use crate::types::{FileType, Ino, Nanos, ROOT};
+use crate::usage;
 
 impl Namespace {
     /// Applies `m`. Replay calls this on each journal record in order;
@@ -98,28 +99,37 @@ impl Namespace {
             }
             Mutation::SetXattr { ino, name, value, time } => {
                 let Ok(i) = self.find(held, *ino) else { return };
-                {
-                    let mut m = i.meta.lock();
-                    let xattrs = m.xattrs_mut();
-                    match xattrs.iter_mut().find(|(n, _)| **n == **name) {
-                        Some((_, v)) => *v = value.as_slice().into(),
-                        None => xattrs.push((name.as_slice().into(), value.as_slice().into())),
-                    }
-                }
+                self.xattrs_of(&i, |xattrs| match xattrs.iter_mut().find(|(n, _)| **n == **name) {
+                    Some((_, v)) => *v = value.as_slice().into(),
+                    None => xattrs.push((name.as_slice().into(), value.as_slice().into())),
+                });
                 i.changed(*time);
             }
             Mutation::RemoveXattr { ino, name, time } => {
                 let Ok(i) = self.find(held, *ino) else { return };
-                i.meta.lock().xattrs_mut().retain(|(n, _)| **n != **name);
+                self.xattrs_of(&i, |xattrs| xattrs.retain(|(n, _)| **n != **name));
                 i.changed(*time);
             }
             Mutation::Forget { ino } => {
                 if let Some(i) = self.inode(*ino).ok().filter(|i| i.is_dir()) {
                     self.freed_dirs.lock().add(i.attr());
                 }
-                let _ = self.inodes.remove_sync(ino);
+                self.drop_inode(*ino);
             }
         }
+    }
+
+    /// Changes `i`'s extended attributes with `change`, and counts the
+    /// bytes they gained or lost (see `usage`). O(its extended
+    /// attributes).
+    fn xattrs_of(&self, i: &Inode, change: impl FnOnce(&mut Vec<crate::inode::Xattr>)) {
+        let mut m = i.meta.lock();
+        let before = m.bytes();
+        change(m.xattrs_mut());
+        m.shed();
+        let after = m.bytes();
+        drop(m);
+        self.usage.charge(0, after - before);
     }
 
     /// Applies a rename (see [`Renamed`]).
@@ -130,15 +140,15 @@ impl Namespace {
         let replaced = victim.and_then(|v| self.find(held, v).ok());
         if exchange {
             if let Some(v) = victim {
-                self.entries.upsert(self.key(parent, name), v);
+                self.upsert_entry(parent, name, v);
             }
-            self.entries.upsert(self.key(new_parent, new_name), ino);
+            self.upsert_entry(new_parent, new_name, ino);
             if let Some(v) = &replaced {
                 reparent(v, &np, &p);
                 v.changed(time);
             }
         } else {
-            let added = self.entries.upsert(self.key(new_parent, new_name), ino);
+            let added = self.upsert_entry(new_parent, new_name, ino);
             self.remove_entry(&p, name, time);
             match &replaced {
                 Some(v) => self.drop_link(&np, v, gone, time),
@@ -168,7 +178,7 @@ impl Namespace {
 
     /// A new entry `name` → `ino` in `parent` (a directory if `dir`).
     fn add_entry(&self, held: &[&Inode], parent: Ino, name: &[u8], ino: Ino, dir: bool, time: Nanos) {
-        let added = self.entries.upsert(self.key(parent, name), ino);
+        let added = self.upsert_entry(parent, name, ino);
         if let Ok(p) = self.find(held, parent) {
             if added {
                 p.dir().intent.add();
@@ -188,10 +198,21 @@ impl Namespace {
         }
     }
 
+    /// Points entry `name` of `parent` at `ino`; whether it is new (then
+    /// counted: see `usage`).
+    fn upsert_entry(&self, parent: Ino, name: &[u8], ino: Ino) -> bool {
+        let added = self.entries.upsert(self.key(parent, name), ino);
+        if added {
+            self.usage.charge(0, entry_bytes(name));
+        }
+        added
+    }
+
     /// Entry `name` of directory `p` goes (if it is there).
     fn remove_entry(&self, p: &Inode, name: &[u8], time: Nanos) {
         if self.entries.remove(&self.key(p.ino, name)) {
             p.dir().intent.remove();
+            self.usage.charge(0, -entry_bytes(name));
         }
         p.modified(time);
     }
@@ -216,7 +237,7 @@ impl Namespace {
                 if victim.is_dir() {
                     self.freed_dirs.lock().add(victim.attr());
                 }
-                let _ = self.inodes.remove_sync(&victim.ino);
+                self.drop_inode(victim.ino);
             }
             Gone::Orphaned => {
                 victim.nlink.store(0, Relaxed);
@@ -226,8 +247,9 @@ impl Namespace {
     }
 
     /// Recounts every link and entry count from the entries, points each
-    /// directory at the directory that names it, and frees inodes that
-    /// nothing names and that are not orphans. Run after replay, before
+    /// directory at the directory that names it, frees inodes that
+    /// nothing names and that are not orphans, and counts what the
+    /// namespace holds again (see `usage`). Run after replay, before
     /// the namespace serves. O(n), over every core. Returns the entries whose inode does
     /// not exist (none, in a namespace that is not damaged): they are
     /// left in place for `fsck` to report.
@@ -251,14 +273,17 @@ impl Namespace {
         // turns with the line of a directory both count into.
         let parts = std::thread::available_parallelism().map_or(1, |n| n.get()).clamp(1, 8) as u64;
         let dangling = parking_lot::Mutex::new(Vec::new());
+        let entry_bytes = std::sync::atomic::AtomicI64::new(0);
         std::thread::scope(|s| {
             for part in 0..parts {
-                let dangling = &dangling;
+                let (dangling, entry_bytes) = (&dangling, &entry_bytes);
                 s.spawn(move || {
                     let guard = scc::Guard::new();
                     let mut dirs = foldhash::HashMap::<Ino, Option<Tally>>::default();
+                    let mut bytes = 0;
                     for e in self.entries.iter(&guard) {
                         if e.hash % parts == part {
+                            bytes += self::entry_bytes(e.name);
                             self.count_entry(&e, &mut dirs, dangling, &guard);
                             // Bounded: a tree of millions of directories
                             // would otherwise hold a count per directory
@@ -269,10 +294,12 @@ impl Namespace {
                         }
                     }
                     self.add_tallies(&mut dirs, &guard);
+                    entry_bytes.fetch_add(bytes, Relaxed);
                 });
             }
         });
         let dangling = dangling.into_inner();
+        let (mut inodes, mut bytes) = (0, entry_bytes.into_inner());
         self.inodes.retain_sync(|_, i| {
             let named = match &i.dir {
                 Some(d) => !d.dead.load(Relaxed),
@@ -281,8 +308,14 @@ impl Namespace {
             if !named && i.is_dir() {
                 i.nlink.store(0, Relaxed);
             }
-            named || i.orphan.load(Relaxed)
+            let kept = named || i.orphan.load(Relaxed);
+            if kept {
+                inodes += 1;
+                bytes += i.bytes();
+            }
+            kept
         });
+        self.usage.reset(inodes, bytes.max(0) as u64);
         dangling
     }
 
@@ -340,6 +373,11 @@ struct Tally {
     entries: u64,
     /// Those that are directories: each one's `..` is a link to it.
     subdirs: u32,
+}
+
+/// What an entry named `name` is charged (see `usage`).
+fn entry_bytes(name: &[u8]) -> i64 {
+    usage::ENTRY + name.len() as i64
 }
 
 /// Moving a directory from `from` to `to` moves its `..` link.

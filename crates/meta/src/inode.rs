@@ -16,6 +16,7 @@ use parking_lot::Mutex;
 use crate::access::Owner;
 use crate::spread::Intent;
 use crate::types::{Attr, DIRENT_SIZE, FileType, Ino, Nanos};
+use crate::usage;
 
 pub(crate) struct Inode {
     pub ino: Ino,
@@ -100,6 +101,24 @@ impl Meta {
     pub fn rdev(&self) -> u64 {
         self.extra.as_ref().map_or(0, |e| e.rdev)
     }
+
+    /// Drops the box of what few inodes have once it holds nothing (its
+    /// last extended attribute removed): the memory goes, and the inode
+    /// is as a checkpoint's load makes it.
+    pub fn shed(&mut self) {
+        if self.extra.as_ref().is_some_and(|e| e.xattrs.is_empty() && e.target.is_empty() && e.rdev == 0) {
+            self.extra = None;
+        }
+    }
+
+    /// What this part is charged (see `usage`): nothing for most inodes.
+    /// O(extended attributes).
+    pub fn bytes(&self) -> i64 {
+        self.extra.as_ref().map_or(0, |e| {
+            let xattrs: usize = e.xattrs.iter().map(|(n, v)| n.len() + v.len()).sum();
+            usage::EXTRA + e.target.len() as i64 + usage::XATTR * e.xattrs.len() as i64 + xattrs as i64
+        })
+    }
 }
 
 /// What only a directory has.
@@ -147,6 +166,12 @@ impl Inode {
 
     pub fn is_dir(&self) -> bool {
         self.dir.is_some()
+    }
+
+    /// What the inode is charged (see `usage`), its names apart. Takes
+    /// its `meta` lock; O(extended attributes).
+    pub fn bytes(&self) -> i64 {
+        usage::INODE + if self.is_dir() { usage::DIRECTORY } else { 0 } + self.meta.lock().bytes()
     }
 
     /// The directory part (callers check [`Inode::is_dir`] first).

@@ -49,6 +49,7 @@ mod spread;
 mod store;
 mod sync;
 mod types;
+mod usage;
 
 pub use checkpoint::Written;
 pub use errno::{Errno, Result};

@@ -82,9 +82,13 @@ impl Namespace {
     /// the caller looked up and holds under its locks) without looking
     /// them up again: see [`Namespace::apply_held`]. Fails with `ENOSPC`,
     /// changing nothing, where [`admit`](Self::admit) says no
-    /// ([`Mutation::needs_room`]).
+    /// ([`Mutation::needs_room`]), and where `m` would grow a namespace
+    /// that holds its memory budget ([`Mutation::grows`]; see `usage`).
     pub(crate) fn commit_held(&self, cred: &Cred, m: &Mutation, held: &[&Inode]) -> Result<Seq> {
         self.admit(!m.needs_room())?;
+        if self.usage.full() && m.grows() {
+            return Err(Errno::ENOSPC);
+        }
         self.commit_admitted(cred, m, held)
     }
 

@@ -136,6 +136,22 @@ impl Mutation {
         }
     }
 
+    /// Whether this change makes the namespace hold more in memory: a new
+    /// inode, a new name, or an extended attribute set (refused while the
+    /// namespace holds its budget: see `usage`). A rename is not, though
+    /// its new name may be longer than the old: at most 254 bytes, and
+    /// often one it replaces goes. O(1).
+    pub fn grows(&self) -> bool {
+        matches!(
+            self,
+            Mutation::Create { .. }
+                | Mutation::Link { .. }
+                | Mutation::Tmpfile { .. }
+                | Mutation::SetXattr { .. }
+                | Mutation::RenameWhiteout { .. }
+        )
+    }
+
     /// Whether recording this change needs room on the journal's disk
     /// (see `Log::room`). A change that may free space does not (a
     /// removal, the end of an orphan, a truncate, an attribute removed),

@@ -24,8 +24,9 @@ use crate::locks::Stripes;
 use crate::log::Log;
 use crate::replies::Replies;
 use crate::spread;
+use crate::usage::{self, Usage};
 use crate::types::{
-    Attr, Caller, Cred, DirEntry, FileType, Ino, NAME_MAX, Nanos, ROOT, STATFS_BLOCK, StatFs, XATTR_LIST_MAX,
+    Attr, Caller, Cred, DirEntry, FILES_MAX, FileType, Ino, NAME_MAX, Nanos, ROOT, STATFS_BLOCK, StatFs, XATTR_LIST_MAX,
     XATTR_NAME_MAX,
 };
 
@@ -67,6 +68,8 @@ pub struct Namespace {
     pub(crate) unforgotten: Mutex<Vec<Ino>>,
     /// The changes clients may ask about again (see `replies`).
     pub(crate) replies: Replies,
+    /// Inodes and bytes held, and the budget (see `usage`).
+    pub(crate) usage: Usage,
     /// Names hash with this seed, chosen when the namespace is made and
     /// kept with it: cookies stay valid across restarts, and names cannot
     /// be crafted to collide.
@@ -80,7 +83,7 @@ impl Namespace {
         let ns = Namespace::empty(seed);
         let owner = Owner { kind: FileType::Directory, perm: 0o755, uid: 0, gid: 0 };
         let root = Inode::new(ROOT, owner, Meta::new(time, b"", 0), time, ROOT);
-        let _ = ns.inodes.insert_sync(ROOT, Arc::new(root));
+        ns.put_inode(Arc::new(root));
         ns
     }
 
@@ -98,6 +101,7 @@ impl Namespace {
             log: None,
             unforgotten: Mutex::default(),
             replies: Replies::default(),
+            usage: Usage::default(),
             seed,
         }
     }
@@ -141,13 +145,31 @@ impl Namespace {
     }
 
     /// Puts `i` in the table, in place of any inode of its number (replay
-    /// and a checkpoint's load may meet one twice). O(1) expected.
+    /// and a checkpoint's load may meet one twice), and counts it (see
+    /// `usage`). O(1) expected, plus O(its extended attributes).
     pub(crate) fn put_inode(&self, i: Arc<Inode>) {
+        let bytes = i.bytes();
         match self.inodes.entry_sync(i.ino) {
-            scc::hash_index::Entry::Occupied(mut o) => o.update(i),
+            scc::hash_index::Entry::Occupied(mut o) => {
+                self.usage.charge(0, bytes - o.get().bytes());
+                o.update(i);
+            }
             scc::hash_index::Entry::Vacant(v) => {
                 v.insert_entry(i);
+                self.usage.charge(1, bytes);
             }
+        }
+    }
+
+    /// Takes inode `ino` out of the table, if it is there, and counts it
+    /// out. O(1) expected, plus O(its extended attributes).
+    pub(crate) fn drop_inode(&self, ino: Ino) {
+        let mut bytes = 0;
+        if self.inodes.remove_if_sync(&ino, |i| {
+            bytes = i.bytes();
+            true
+        }) {
+            self.usage.charge(-1, -bytes);
         }
     }
 
@@ -298,9 +320,15 @@ impl Namespace {
     }
 
     /// The counts; no space (a [`Store`](crate::Store) adds its disk's).
+    /// The inodes that may still be made are what the budget has left
+    /// over a file's charge (an inode, and an entry with a 16-byte name),
+    /// [`FILES_MAX`] in all at most. O(1).
     pub fn statfs(&self) -> StatFs {
+        let (files, bytes) = self.usage.totals();
+        let room = self.usage.budget().saturating_sub(bytes) / usage::FILE;
         StatFs {
-            files: self.inodes.len() as u64,
+            files,
+            files_free: room.min(FILES_MAX.saturating_sub(files)),
             name_max: NAME_MAX as u32,
             block_size: STATFS_BLOCK,
             blocks: 0,
@@ -314,9 +342,23 @@ impl Namespace {
         self.seed
     }
 
-    /// Inodes in the namespace (orphans included).
-    pub fn inode_count(&self) -> usize {
-        self.inodes.len()
+    /// Inodes in the namespace (orphans included). O(1).
+    pub fn inode_count(&self) -> u64 {
+        self.usage.totals().0
+    }
+
+    /// The bytes of memory the namespace is charged (an estimate: see
+    /// `usage`), and its budget ([`u64::MAX`]: none). O(1).
+    pub fn memory(&self) -> (u64, u64) {
+        (self.usage.totals().1, self.usage.budget())
+    }
+
+    /// Sets the budget: once the namespace is charged this many bytes, a
+    /// change that would grow it (a new inode, name or extended
+    /// attribute) fails with `ENOSPC` until removals bring it under.
+    /// [`u64::MAX`] (the default): none. O(1).
+    pub fn set_memory_budget(&self, bytes: u64) {
+        self.usage.set_budget(bytes);
     }
 }
 

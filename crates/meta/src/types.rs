@@ -28,6 +28,10 @@ pub const XATTR_LIST_MAX: usize = 65_536;
 pub const FILE_SIZE_MAX: u64 = 16 << 40;
 /// The block size `statfs` reports, and counts space in.
 pub const STATFS_BLOCK: u32 = 4096;
+/// The most inodes `statfs` reports, used and free: no table of inodes
+/// bounds them, and a count past 2^32 would fail a 32-bit program's
+/// `statfs(2)` with `EOVERFLOW`.
+pub const FILES_MAX: u64 = 1 << 32;
 /// What tmpfs counts per directory entry in a directory's size.
 pub const DIRENT_SIZE: u64 = 20;
 
@@ -316,6 +320,9 @@ pub struct DirEntry {
 pub struct StatFs {
     /// Inodes in use.
     pub files: u64,
+    /// Inodes that may still be made (version 20): by the namespace's
+    /// memory budget, at most [`FILES_MAX`] with `files`.
+    pub files_free: u64,
     pub name_max: u32,
     pub block_size: u32,
     pub blocks: u64,

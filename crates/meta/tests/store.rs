@@ -218,12 +218,15 @@ proptest! {
         let cached = |store: &Store| (0..ops.len()).map(|t| store.ns().replies().find(tag(t).origin, t as u64)).collect::<Vec<_>>();
         let replies = cached(&store);
         let before = dump(store.ns(), &open);
-        let inodes = store.ns().inode_count();
+        let (inodes, memory) = (store.ns().inode_count(), store.ns().memory());
         drop(store);
         let (again, opened) = Store::open(tmp.path(), StoreOptions::default(), 99_999).unwrap();
         prop_assert!(opened.dangling.is_empty(), "dangling entries {:?}", opened.dangling);
         prop_assert_eq!(dump(again.ns(), &open), before);
         prop_assert_eq!(again.ns().inode_count(), inodes, "inodes (orphans included)");
+        // What the changes counted as they went is what a count of the
+        // whole namespace finds.
+        prop_assert_eq!(again.ns().memory(), memory, "the namespace's memory, counted live and recounted");
         prop_assert_eq!(cached(&again), replies, "the replay cache");
         // Which orphans a link may name came back too: a file held open
         // may be linked if it has a name, or is an `O_TMPFILE` made

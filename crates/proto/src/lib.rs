@@ -37,7 +37,7 @@ use serde::{Deserialize, Serialize};
 pub use unacked::Unacked;
 
 /// The protocol version this build speaks.
-pub const VERSION: u32 = 19;
+pub const VERSION: u32 = 20;
 /// The largest frame either side accepts, in bytes: room for the largest
 /// write ([`meta::MAX_WRITE`], version 18; 256 KiB before), an extended
 /// attribute's largest value (64 KiB), and a page of directory entries.
@@ -285,6 +285,11 @@ pub struct StatusInfo {
     /// they may ask about again after a crash of the server (see
     /// [`meta::Once`]).
     pub replay_clients: u64,
+    /// The bytes of memory the namespace is charged (an estimate), and
+    /// its budget, past which new files, names and extended attributes
+    /// are refused with `ENOSPC` (`u64::MAX`: none) (version 20).
+    pub namespace_bytes: u64,
+    pub namespace_budget: u64,
 }
 
 /// A server's root squash, as [`StatusInfo`] reports it.

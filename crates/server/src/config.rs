@@ -72,6 +72,13 @@ pub struct Config {
     /// Root squash (see [`RootSquash`]). `None`: every client's ids are
     /// trusted as sent, root's too.
     pub root_squash: Option<RootSquash>,
+    /// The namespace's memory budget in bytes ([`u64::MAX`]: none): past
+    /// it, a change that would make the namespace larger (a new file,
+    /// name or extended attribute) fails with `ENOSPC`, so that clients
+    /// cannot grow the server until the kernel kills it (and its restart,
+    /// which loads the same namespace). See
+    /// [`default_namespace_memory`].
+    pub namespace_memory: u64,
 }
 
 /// The threads that serve connections unless told: one per core, as
@@ -190,8 +197,60 @@ impl Default for Config {
             unsafe_no_fsync: false,
             threads: default_threads(),
             root_squash: None,
+            namespace_memory: default_namespace_memory(),
         }
     }
+}
+
+/// The namespace's memory budget unless told: half of the memory the
+/// server may use, the machine's or its control group's limit if lower
+/// (as tmpfs takes half of the machine's by default). The rest is for the
+/// server's other memory (connections, locks, the journal's buffers, the
+/// allocator's slack) and the machine's page cache. [`u64::MAX`] (none)
+/// if neither can be read.
+pub fn default_namespace_memory() -> u64 {
+    let machine = std::fs::read_to_string("/proc/meminfo").ok().and_then(|m| {
+        let kib = m.lines().find_map(|l| l.strip_prefix("MemTotal:"))?.trim().strip_suffix("kB")?;
+        kib.trim().parse::<u64>().ok().map(|k| k << 10)
+    });
+    let group = std::fs::read_to_string("/proc/self/cgroup")
+        .ok()
+        .and_then(|c| cgroup_limit(&c, std::path::Path::new("/sys/fs/cgroup")));
+    match machine.into_iter().chain(group).min() {
+        Some(bytes) => bytes / 2,
+        None => u64::MAX,
+    }
+}
+
+/// The lowest memory limit of the control groups that `cgroup` (the text
+/// of `/proc/self/cgroup`) names and the groups above them, under `sys`
+/// (`/sys/fs/cgroup`): a v2 group's `memory.max` (`0::/PATH`), a v1
+/// memory group's `memory.limit_in_bytes` (`N:memory:/PATH`). None if
+/// none sets one. O(depth).
+fn cgroup_limit(cgroup: &str, sys: &std::path::Path) -> Option<u64> {
+    let limit = |line: &str| {
+        let (_, rest) = line.split_once(':')?;
+        let (controllers, path) = rest.split_once(':')?;
+        let (root, file) = if controllers.is_empty() {
+            (sys.to_path_buf(), "memory.max")
+        } else if controllers.split(',').any(|c| c == "memory") {
+            (sys.join("memory"), "memory.limit_in_bytes")
+        } else {
+            return None;
+        };
+        let mut dir = root.join(path.trim_start_matches('/'));
+        let mut lowest: Option<u64> = None;
+        loop {
+            // "max" (v2's none) does not parse, and is no limit.
+            if let Some(max) = std::fs::read_to_string(dir.join(file)).ok().and_then(|m| m.trim().parse().ok()) {
+                lowest = Some(lowest.map_or(max, |l: u64| l.min(max)));
+            }
+            if dir == root || !dir.pop() {
+                return lowest;
+            }
+        }
+    };
+    cgroup.lines().filter_map(limit).min()
 }
 
 /// Why a server did not start.
@@ -248,5 +307,27 @@ mod tests {
         let s = Duration::from_secs;
         let window = |recovery, lease| Config { recovery, lease, ..Config::default() }.recovery_window();
         assert_eq!((window(s(10), s(5)), window(s(0), s(5)), window(s(2), s(5))), (s(10), s(5), s(5)));
+    }
+
+    /// The lowest limit of a v2 group and those above it, or of a v1
+    /// memory group; "max" and missing files are no limit.
+    #[test]
+    fn a_control_groups_memory_limit_is_the_lowest_on_its_way_up() {
+        let sys = tempfile::tempdir().unwrap();
+        let put = |dir: &str, file: &str, text: &str| {
+            std::fs::create_dir_all(sys.path().join(dir)).unwrap();
+            std::fs::write(sys.path().join(dir).join(file), text).unwrap();
+        };
+        put("", "memory.max", "max\n");
+        put("a", "memory.max", "3000\n");
+        put("a/b", "memory.max", "max\n");
+        put("memory/x", "memory.limit_in_bytes", "9223372036854771712\n");
+        put("memory/x/y", "memory.limit_in_bytes", "2000\n");
+        assert_eq!(cgroup_limit("0::/a/b\n", sys.path()), Some(3000));
+        assert_eq!(cgroup_limit("0::/\n", sys.path()), None);
+        assert_eq!(cgroup_limit("4:memory:/x/y\n1:cpu:/a\n0::/\n", sys.path()), Some(2000));
+        assert_eq!(cgroup_limit("4:memory:/x\n", sys.path()), Some(9223372036854771712));
+        assert_eq!(cgroup_limit("4:cpu,cpuacct:/a\n", sys.path()), None);
+        assert_eq!(cgroup_limit("garbage", sys.path()), None);
     }
 }

@@ -61,7 +61,7 @@ use parking_lot::Mutex;
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 
-pub use config::{Config, Limits, ServerError, TlsFiles, default_threads, runtime};
+pub use config::{Config, Limits, ServerError, TlsFiles, default_namespace_memory, default_threads, runtime};
 use datadir::{DataDir, Evictions, FENCE_BLOCK, Fences};
 pub use meta::now;
 pub use peer::LocalUser;
@@ -165,6 +165,17 @@ impl Server {
             data_cut = opened.data_cut,
             "namespace opened"
         );
+        store.ns().set_memory_budget(config.namespace_memory);
+        match store.ns().memory() {
+            (_, u64::MAX) => tracing::info!("the namespace's memory has no budget (max-namespace-memory)"),
+            (bytes, budget) if bytes >= budget => tracing::warn!(
+                bytes,
+                budget,
+                "the namespace holds more than its memory budget (max-namespace-memory): new files, names and \
+                 extended attributes get ENOSPC until removals make room"
+            ),
+            (bytes, budget) => tracing::info!(bytes, budget, "the namespace's memory and its budget"),
+        }
         if !opened.dangling.is_empty() {
             tracing::error!(
                 entries = opened.dangling.len(),
@@ -477,7 +488,7 @@ impl Inner {
                 .map_or(u64::from(self.orphans_pending.load(Ordering::Relaxed)), |d| d.as_millis() as u64),
             connections: self.conns.open.load(Ordering::Relaxed) as u64,
             max_connections: self.config.limits.max_connections as u64,
-            inodes: self.store.ns().inode_count() as u64,
+            inodes: self.store.ns().inode_count(),
             journal_last: self.store.changelog().journal().durable_end().saturating_sub(1),
             since_checkpoint: self.store.since_checkpoint(),
             durable: !self.config.unsafe_no_fsync,
@@ -486,6 +497,8 @@ impl Inner {
             disk_full: self.store.changelog().journal().space_low(),
             root_squash: self.config.root_squash.as_ref().map(RootSquash::info),
             replay_clients: self.store.ns().replies().clients() as u64,
+            namespace_bytes: self.store.ns().memory().0,
+            namespace_budget: self.store.ns().memory().1,
             consumers: self
                 .store
                 .changelog()

@@ -136,6 +136,18 @@ fn render(inner: &Inner, m: &Metrics) -> String {
     r.register("locks", "Locks held", gauge(s.locks));
     r.register("waiters", "Requests queued", gauge(s.waiters));
     r.register("inodes", "Inodes in the namespace, orphans included", gauge(s.inodes));
+    r.register_with_unit(
+        "namespace_memory",
+        "Memory the namespace is charged (an estimate: inodes, names, extended attributes)",
+        Unit::Bytes,
+        gauge(s.namespace_bytes),
+    );
+    r.register_with_unit(
+        "namespace_memory_budget",
+        "The namespace's memory budget: past it, new files, names and extended attributes get ENOSPC",
+        Unit::Bytes,
+        gauge(s.namespace_budget),
+    );
     r.register(
         "replay_clients",
         "Clients with changes in the replay cache (they may ask about them again after a crash)",

@@ -171,7 +171,7 @@ pub fn run(args: Args) -> Result<(), String> {
     let (heap1, rss1) = (live_bytes(), rss());
     let t = Instant::now();
     let (again, opened) = Store::open(&dir, StoreOptions::default(), now()).map_err(|e| e.to_string())?;
-    let mut r = row("restart", again.ns().inode_count() as u64, t.elapsed().as_secs_f64());
+    let mut r = row("restart", again.ns().inode_count(), t.elapsed().as_secs_f64());
     r.insert("replayed".into(), json!(opened.replayed));
     r.insert("heap_bytes_per_file".into(), json!((live_bytes() - heap1) as f64 / total as f64));
     r.insert("rss_bytes_per_file".into(), json!(rss().saturating_sub(rss1) as f64 / total as f64));

@@ -103,11 +103,28 @@ struct ServeSettings {
     #[arg(long, value_name = "UID:GID", num_args = 0..=1, default_missing_value = "65534:65534", value_parser = args::ids)]
     #[serde(default, deserialize_with = "ids_setting")]
     root_squash: Option<(u32, u32)>,
+    /// Memory the namespace may hold (its files, names and extended
+    /// attributes, as estimated; `interlock status` shows it), e.g. 8GiB.
+    /// Past it, new files, names and extended attributes get ENOSPC,
+    /// while removals and writes go on: clients cannot grow the server
+    /// until the kernel kills it. A file takes ~300 bytes
+    /// [default: half of the machine's memory, or of its control group's
+    /// limit if lower].
+    #[arg(long, value_name = "SIZE", value_parser = args::bytes)]
+    #[serde(default, deserialize_with = "bytes_setting")]
+    max_namespace_memory: Option<u64>,
     /// Clients at these addresses are not squashed (e.g. 127.0.0.1, for
     /// setting the tree up from the server's own host; 10.1.0.0/16).
     /// Needs --root-squash (here or in the config file).
     #[arg(long, value_name = "ADDR[/LEN],...", value_delimiter = ',')]
     no_squash_from: Option<Vec<interlock_server::IpPrefix>>,
+}
+
+/// A config file's `max-namespace-memory = "8GiB"`, checked as the
+/// command line's.
+fn bytes_setting<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+    let text = <String as serde::Deserialize>::deserialize(d)?;
+    args::bytes(&text).map(Some).map_err(serde::de::Error::custom)
 }
 
 /// A config file's `root-squash = "UID:GID"`, checked as the command
@@ -138,6 +155,7 @@ impl ServeSettings {
             threads: self.threads.or(file.threads),
             root_squash: self.root_squash.or(file.root_squash),
             no_squash_from: self.no_squash_from.or(file.no_squash_from),
+            max_namespace_memory: self.max_namespace_memory.or(file.max_namespace_memory),
         }
     }
 
@@ -211,6 +229,7 @@ impl ServeSettings {
                 (None, None) => None,
                 (None, Some(_)) => return Err("no-squash-from needs root-squash".into()),
             },
+            namespace_memory: self.max_namespace_memory.unwrap_or_else(interlock_server::default_namespace_memory),
         })
     }
 }

@@ -94,6 +94,20 @@ fn print_status(s: &StatusInfo, json: bool) {
             "disk full   FULL: new files, writes and other changes that need room get ENOSPC; removals still work"
         );
     }
+    match s.namespace_budget {
+        u64::MAX => println!("memory      {:.2} GiB (the namespace's, estimated; no budget)", gib(s.namespace_bytes)),
+        budget => println!(
+            "memory      {:.2} GiB of the namespace's budget of {:.2} GiB (files, names, extended attributes)",
+            gib(s.namespace_bytes),
+            gib(budget)
+        ),
+    }
+    if s.namespace_bytes >= s.namespace_budget {
+        println!(
+            "memory full FULL: new files, names and extended attributes get ENOSPC; removals and writes still work \
+             (max-namespace-memory)"
+        );
+    }
     println!(
         "journal     last record {}, {} since the checkpoint (a restart replays them)",
         s.journal_last, s.since_checkpoint
@@ -189,6 +203,8 @@ fn status_json(s: &StatusInfo, rate: f64) -> serde_json::Value {
         "inodes": s.inodes, "journal_last": s.journal_last, "since_checkpoint": s.since_checkpoint,
         "durable": s.durable, "disk_bytes": s.disk_bytes, "disk_available_bytes": s.disk_available_bytes,
         "disk_full": s.disk_full, "replay_clients": s.replay_clients,
+        "namespace_bytes": s.namespace_bytes,
+        "namespace_budget": (s.namespace_budget != u64::MAX).then_some(s.namespace_budget),
         "root_squash": s.root_squash.as_ref().map(|q| serde_json::json!({"uid": q.uid, "gid": q.gid, "except": q.except})),
         "consumers": s.consumers.iter().map(|c| serde_json::json!({
             "id": c.id, "name": c.name, "cleared": c.cleared, "mask": c.mask,
