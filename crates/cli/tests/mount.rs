@@ -1837,6 +1837,54 @@ fn a_full_disk_answers_enospc_and_a_removal_makes_room() {
     assert_eq!(sh("rm n0 n1 && ls | wc -l"), (true, format!("{}\n", made - 1)), "{made} names and `new`, less two");
 }
 
+/// A namespace at its memory budget (`serve --max-namespace-memory`)
+/// answers `ENOSPC` to a new file or extended attribute through the
+/// mount, `df -i` shows its inodes spent, `interlock status` says it is
+/// full, writes go on, and removals make room. Until session 45 nothing
+/// bounded the namespace: one user's `setfattr` loop grew the server
+/// until the kernel killed it, and its restart, which loads the same
+/// namespace, with it.
+#[test]
+fn a_namespace_at_its_memory_budget_answers_enospc_and_a_removal_makes_room() {
+    use nix::sys::statvfs::statvfs;
+    let Some(python) = tool("python3", "python3") else { return };
+    let test = "a_namespace_at_its_memory_budget_answers_enospc_and_a_removal_makes_room";
+    let Some((_data, server, m)) = one_mount_with(test, &["--max-namespace-memory", "2MiB"]) else { return };
+    let inodes = || {
+        let v = statvfs(&m.join("")).unwrap();
+        (v.files(), v.files_free())
+    };
+    let (total, free) = inodes();
+    assert!((5_000..10_000).contains(&total) && free + 1 == total, "2 MiB holds thousands of files: {total} {free}");
+    let names = "import os\nn = 0\ntry:\n    while True:\n        open('n%d' % n, 'w').close(); n += 1\n\
+                 except OSError as e:\n    print(n, e.strerror)";
+    let out = Command::new(&python).arg("-c").arg(names).current_dir(m.path()).output().unwrap();
+    let out = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.trim_end().ends_with("No space left on device"), "files until refused: {out}");
+    let made: u64 = out.split(' ').next().unwrap().parse().unwrap();
+    assert!(made >= total * 9 / 10, "statfs counted {total} inodes, and {made} files were made");
+    assert_eq!(inodes().1, 0, "df -i: no inodes left");
+    let status = || {
+        let out = Command::new(BIN).args(["status", "--server", &server.addr]).output().unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    assert!(status().contains("memory full FULL"), "{}", status());
+    let path = std::ffi::CString::new(m.join("n0").into_os_string().into_encoded_bytes()).unwrap();
+    let value = [7u8; 1024];
+    // SAFETY: both strings are NUL-terminated and outlive the call, and
+    // the value's pointer and length describe `value`.
+    let r = unsafe { libc::setxattr(path.as_ptr(), c"user.k".as_ptr(), value.as_ptr().cast(), value.len(), 0) };
+    assert_eq!((r, Errno::last_raw()), (-1, libc::ENOSPC), "an extended attribute grows the namespace too");
+    // Writes to the files there are go on: their data is on the disk.
+    std::fs::write(m.join("n1"), vec![5u8; 1 << 20]).unwrap();
+    assert_eq!(std::fs::read(m.join("n1")).unwrap().len(), 1 << 20);
+    for i in 0..made / 2 {
+        std::fs::remove_file(m.join(&format!("n{i}"))).unwrap();
+    }
+    std::fs::write(m.join("again"), b"room").unwrap();
+    assert!(inodes().1 > 0 && !status().contains("FULL"), "room after removals: {:?}\n{}", inodes(), status());
+}
+
 /// Who made a call, as a failure names them.
 fn who(user: bool) -> &'static str {
     if user { "user 1000" } else { "root" }
