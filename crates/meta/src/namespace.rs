@@ -24,11 +24,11 @@ use crate::locks::Stripes;
 use crate::log::Log;
 use crate::replies::Replies;
 use crate::spread;
-use crate::usage::{self, Usage};
 use crate::types::{
-    Attr, Caller, Cred, DirEntry, FILES_MAX, FileType, Ino, NAME_MAX, Nanos, ROOT, STATFS_BLOCK, StatFs, XATTR_LIST_MAX,
-    XATTR_NAME_MAX,
+    Attr, Caller, Cred, DirEntry, FILES_MAX, FileType, Ino, NAME_MAX, Nanos, ROOT, STATFS_BLOCK, StatFs,
+    XATTR_LIST_MAX, XATTR_NAME_MAX,
 };
+use crate::usage::{self, Usage};
 
 /// Inode numbers a thread's block takes at once (see
 /// [`Namespace::new_ino`]).

@@ -20,7 +20,7 @@
 //!
 //! How, with no line that every creator writes (see `spread`): each
 //! thread counts on the line it was dealt ([`spread::line`]); a thread
-//! whose line has moved [`CHECK`] bytes since it last looked adds every
+//! whose line's count crosses a multiple of [`CHECK`] bytes adds every
 //! line up and sets `full`, and a change reads `full` alone (a line
 //! written only when it flips). So the budget may be passed by up to
 //! [`LINES`] × [`CHECK`] bytes and one change's.
@@ -57,7 +57,8 @@ pub(crate) const XATTR: i64 = 64;
 /// A file of a 16-byte name: what `statfs` counts the inodes left in.
 pub(crate) const FILE: u64 = (INODE + ENTRY + 16) as u64;
 
-/// Bytes a thread's line moves between two looks at the whole.
+/// A thread looks at the whole each time its line's count crosses a
+/// multiple of this.
 const CHECK: i64 = if cfg!(test) { 1024 } else { 64 << 10 };
 
 /// A thread line's counts, on a line of its own. Each may go below zero:
@@ -67,11 +68,11 @@ const CHECK: i64 = if cfg!(test) { 1024 } else { 64 << 10 };
 struct Line {
     inodes: AtomicI64,
     bytes: AtomicI64,
-    /// Bytes moved (either way) since this line's thread last looked.
-    moved: AtomicI64,
 }
 
-/// The namespace's inodes and estimated bytes, and its budget.
+/// The namespace's inodes and estimated bytes, and its budget: on a line
+/// of their own, which every change reads and only a flip writes.
+#[repr(align(128))]
 pub(crate) struct Usage {
     lines: Box<[Line; LINES]>,
     /// [`u64::MAX`]: none.
@@ -94,9 +95,10 @@ impl Usage {
         if inodes != 0 {
             line.inodes.fetch_add(inodes, Relaxed);
         }
-        line.bytes.fetch_add(bytes, Relaxed);
-        if line.moved.fetch_add(bytes.abs(), Relaxed) + bytes.abs() >= CHECK {
-            line.moved.store(0, Relaxed);
+        let before = line.bytes.fetch_add(bytes, Relaxed);
+        // A look each time the line's count crosses a multiple of CHECK,
+        // either way, or moves by more.
+        if before.div_euclid(CHECK) != before.wrapping_add(bytes).div_euclid(CHECK) {
             self.look();
         }
     }
@@ -118,7 +120,6 @@ impl Usage {
         for l in self.lines.iter() {
             l.inodes.store(0, Relaxed);
             l.bytes.store(0, Relaxed);
-            l.moved.store(0, Relaxed);
         }
         self.lines[0].inodes.store(inodes as i64, Relaxed);
         self.lines[0].bytes.store(bytes as i64, Relaxed);

@@ -1,7 +1,9 @@
 //! `bench restart`: the namespace at scale. Builds N files (10,000 per
 //! directory, two creator threads, durable), then reports the heap bytes
-//! per file (the allocator's own ledger: inode, entry, index nodes, name)
-//! and the resident memory per file; writes a checkpoint while nothing
+//! per file (the allocator's own ledger: inode, entry, index nodes, name),
+//! what the namespace charges itself per file against its memory budget
+//! (its estimate of the same: `charged B/file`) and the resident memory
+//! per file; writes a checkpoint while nothing
 //! else runs and while creators go on (its pause and its time); makes
 //! `--after` more files behind it, as a journal to replay; drops the
 //! store as a `kill -9` after the last acknowledgement would; and times
@@ -42,6 +44,7 @@ const COLUMNS: &[(&str, &str)] = &[
     ("seconds", "seconds"),
     ("ops/s", "ops_per_sec"),
     ("heap B/file", "heap_bytes_per_file"),
+    ("charged B/file", "charged_bytes_per_file"),
     ("rss B/file", "rss_bytes_per_file"),
     ("MB", "megabytes"),
     ("pause us", "pause_us"),
@@ -128,6 +131,7 @@ pub fn run(args: Args) -> Result<(), String> {
     let (heap0, rss0) = (live_bytes(), rss());
     let (store, _) = Store::open(&dir, StoreOptions::default(), now()).map_err(|e| e.to_string())?;
     let store = Arc::new(store);
+    let charged0 = store.ns().memory().0;
     let root = Cred::root();
     let mkdir = || NewInode { kind: FileType::Directory, perm: 0o755, rdev: 0 };
     let mut dirs = Vec::new();
@@ -143,6 +147,8 @@ pub fn run(args: Args) -> Result<(), String> {
     let mut r = row("build", args.files, secs);
     let heap = (live_bytes() - heap0) as f64 / args.files as f64;
     r.insert("heap_bytes_per_file".into(), json!(heap));
+    let charged = (store.ns().memory().0 - charged0) as f64 / args.files as f64;
+    r.insert("charged_bytes_per_file".into(), json!(charged));
     r.insert("rss_bytes_per_file".into(), json!(rss().saturating_sub(rss0) as f64 / args.files as f64));
     report.row(r);
 
@@ -174,6 +180,7 @@ pub fn run(args: Args) -> Result<(), String> {
     let mut r = row("restart", again.ns().inode_count(), t.elapsed().as_secs_f64());
     r.insert("replayed".into(), json!(opened.replayed));
     r.insert("heap_bytes_per_file".into(), json!((live_bytes() - heap1) as f64 / total as f64));
+    r.insert("charged_bytes_per_file".into(), json!(again.ns().memory().0 as f64 / total as f64));
     r.insert("rss_bytes_per_file".into(), json!(rss().saturating_sub(rss1) as f64 / total as f64));
     report.row(r);
     if !opened.dangling.is_empty() {
