@@ -558,6 +558,45 @@ fn max_locks_counts_every_range() {
     });
 }
 
+/// `--max-total-locks` bounds the lock table across sessions: many
+/// sessions, each under its own `--max-locks`, cannot grow the server's
+/// memory at will. Until session 45 only the per-session limits existed,
+/// and a client with thousands of connections could hold 100,000 locks
+/// on each.
+#[test]
+fn max_total_locks_bounds_the_table_across_sessions() {
+    let data = tempfile::tempdir().unwrap();
+    let flags = ["--max-locks", "600", "--max-total-locks", "1000"];
+    let server = ServerProc::start(data.path(), "127.0.0.1:0", &flags);
+    rt().block_on(async {
+        // Each session its own resources: none waits for another.
+        let spec = |who: &str, i: u64| LockSpec {
+            resource: format!("{who}{i}").into_bytes(),
+            kind: Kind::Posix,
+            owner: 1,
+            mode: Mode::EX,
+            range: Range::WHOLE,
+        };
+        let fill = |c: interlock_client::Client, who: &'static str| async move {
+            for i in 0..1000u64 {
+                if let Err(e) = c.lock(&spec(who, i)).await {
+                    return (c, i, e.to_string());
+                }
+            }
+            panic!("never refused");
+        };
+        let (a, held_a, why) = fill(client(&server.addr).await, "a").await;
+        assert!(why.contains("max-locks"), "the first session's own limit first: {why}");
+        let (b, held_b, why) = fill(client(&server.addr).await, "b").await;
+        assert!(why.contains("max-total-locks"), "{why}");
+        assert!((998..=1000).contains(&(held_a + held_b)), "{held_a} + {held_b} locks");
+        assert_eq!(b.status().await.unwrap().max_total_locks, 1000);
+        // A release by one session makes room for another.
+        a.unlock(&spec("a", 0)).await.unwrap();
+        b.lock(&spec("b", 999)).await.unwrap();
+    });
+}
+
 /// Item 5: a flood of idle connections under a low open-file limit does
 /// not keep `interlock status` out.
 #[test]

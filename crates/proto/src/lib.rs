@@ -257,6 +257,9 @@ pub struct StatusInfo {
     /// Open connections, and the most the server takes.
     pub connections: u64,
     pub max_connections: u64,
+    /// The most locks held and requests queued in all sessions together
+    /// (version 20: `max-total-locks`).
+    pub max_total_locks: u64,
     /// Inodes in the namespace (orphans included) (version 5).
     pub inodes: u64,
     /// The last durable journal record, and the records since the last

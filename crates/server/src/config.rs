@@ -28,12 +28,37 @@ pub struct Limits {
     /// connections cannot lock out `interlock status`); when every one is
     /// a session, the new one is refused with a message naming the limit.
     pub max_connections: usize,
+    /// Locks held and requests queued in all sessions together, counted
+    /// as `max_locks` and `max_waiters` count them: the lock table's
+    /// memory. The per-session limits alone bound nothing once a client
+    /// opens many sessions (thousands of connections each holding 100,000
+    /// locks). See [`default_max_total_locks`].
+    pub max_total_locks: usize,
 }
 
 impl Default for Limits {
     fn default() -> Self {
-        Limits { max_locks: 100_000, max_waiters: 10_000, max_in_flight: 4096, max_connections: 4096 }
+        Limits {
+            max_locks: 100_000,
+            max_waiters: 10_000,
+            max_in_flight: 4096,
+            max_connections: 4096,
+            max_total_locks: default_max_total_locks(),
+        }
     }
+}
+
+/// What a lock (or a queued request) takes at most, as the limits count
+/// it: its range in the engine with a resource of its own (~310 bytes,
+/// `bench rsb`), and its session's record of it.
+const LOCK_BYTES: u64 = 512;
+
+/// The lock table's limit unless told: a quarter of the memory the
+/// server may use (see [`default_namespace_memory`], which takes half),
+/// at [`LOCK_BYTES`] a lock: ~12M locks on a machine of 24 GiB.
+/// [`usize::MAX`] if the memory cannot be read.
+pub fn default_max_total_locks() -> usize {
+    memory().map_or(usize::MAX, |bytes| (bytes / 4 / LOCK_BYTES) as usize)
 }
 
 /// How a server runs.
@@ -209,6 +234,12 @@ impl Default for Config {
 /// allocator's slack) and the machine's page cache. [`u64::MAX`] (none)
 /// if neither can be read.
 pub fn default_namespace_memory() -> u64 {
+    memory().map_or(u64::MAX, |bytes| bytes / 2)
+}
+
+/// The memory the server may use: the machine's, or its control group's
+/// limit if lower; `None` if neither can be read.
+fn memory() -> Option<u64> {
     let machine = std::fs::read_to_string("/proc/meminfo").ok().and_then(|m| {
         let kib = m.lines().find_map(|l| l.strip_prefix("MemTotal:"))?.trim().strip_suffix("kB")?;
         kib.trim().parse::<u64>().ok().map(|k| k << 10)
@@ -216,10 +247,7 @@ pub fn default_namespace_memory() -> u64 {
     let group = std::fs::read_to_string("/proc/self/cgroup")
         .ok()
         .and_then(|c| cgroup_limit(&c, std::path::Path::new("/sys/fs/cgroup")));
-    match machine.into_iter().chain(group).min() {
-        Some(bytes) => bytes / 2,
-        None => u64::MAX,
-    }
+    machine.into_iter().chain(group).min()
 }
 
 /// The lowest memory limit of the control groups that `cgroup` (the text

@@ -123,6 +123,13 @@ fn most_added(kind: Kind) -> usize {
     }
 }
 
+/// Locks held and requests queued in the whole table: what
+/// `max-total-locks` bounds. O(1).
+fn table(inner: &Inner) -> usize {
+    let s = inner.space.stats();
+    s.locks + s.waiters
+}
+
 /// How many locks a track stands for now, by the engine's count. O(1)
 /// expected.
 fn held_count(inner: &Inner, t: &Track) -> usize {
@@ -252,7 +259,7 @@ fn execute(inner: &Inner, sid: u64, id: u64, op: Op) -> Result<Reply, String> {
             }
             let k = LockKind::from(target.kind);
             let owner = owner::id(target.kind, sid, target.owner);
-            inner.sessions.check_limits(sid, &inner.config.limits, wait, most_added(target.kind))?;
+            inner.sessions.check_limits(sid, &inner.config.limits, (wait, most_added(target.kind)), table(inner))?;
             let req = LockRequest {
                 resource: &target.resource,
                 owner,
@@ -274,7 +281,7 @@ fn execute(inner: &Inner, sid: u64, id: u64, op: Op) -> Result<Reply, String> {
         Op::Unlock { target } => {
             let (owner, k) = (owner::id(target.kind, sid, target.owner), LockKind::from(target.kind));
             // Unlocking the middle of a range splits it in two.
-            inner.sessions.check_limits(sid, &inner.config.limits, false, 1)?;
+            inner.sessions.check_limits(sid, &inner.config.limits, (false, 1), table(inner))?;
             let resp = inner.space.unlock(&target.resource, owner, k, range_of(&target)?).map_err(err)?;
             deliver(inner, &target.resource, resp.effects);
             let track = Track::Owned { resource: target.resource, kind: k, owner };

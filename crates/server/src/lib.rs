@@ -486,6 +486,7 @@ impl Inner {
                 .map_or(u64::from(self.orphans_pending.load(Ordering::Relaxed)), |d| d.as_millis() as u64),
             connections: self.conns.open.load(Ordering::Relaxed) as u64,
             max_connections: self.config.limits.max_connections as u64,
+            max_total_locks: self.config.limits.max_total_locks as u64,
             inodes: self.store.ns().inode_count(),
             journal_last: self.store.changelog().journal().durable_end().saturating_sub(1),
             since_checkpoint: self.store.since_checkpoint(),

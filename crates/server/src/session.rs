@@ -238,10 +238,24 @@ impl Sessions {
         Some(out)
     }
 
-    /// Refuses a request that could take the session past a limit:
+    /// Refuses a request that could take the session, or the server (which
+    /// holds `table` locks and queued requests in all), past a limit:
     /// `adds` is the most locks it can add (a POSIX lock inside another
-    /// of another mode splits it in three: 2).
-    pub fn check_limits(&self, sid: u64, limits: &Limits, wait: bool, adds: usize) -> Result<(), String> {
+    /// of another mode splits it in three: 2). An unlock too (it may
+    /// split a range), as POSIX allows (`ENOLCK`).
+    pub fn check_limits(
+        &self,
+        sid: u64,
+        limits: &Limits,
+        (wait, adds): (bool, usize),
+        table: usize,
+    ) -> Result<(), String> {
+        if table + adds > limits.max_total_locks {
+            return Err(format!(
+                "server limit reached: {table} locks held and requests queued in all sessions (max-total-locks {})",
+                limits.max_total_locks
+            ));
+        }
         let st = self.state.lock();
         let Some(s) = st.sessions.get(&sid) else { return Err("session ended".into()) };
         if s.locks + adds > limits.max_locks {

@@ -56,6 +56,13 @@ struct ServeSettings {
     /// Requests one session may have queued [default: 10000].
     #[arg(long, value_parser = args::count)]
     max_waiters: Option<usize>,
+    /// Locks held and requests queued in all sessions together, counted
+    /// as --max-locks and --max-waiters count them: the lock table's
+    /// memory (~500 bytes each at most), which many sessions could
+    /// otherwise grow at will [default: a quarter of the machine's memory,
+    /// or of its control group's limit if lower, at 512 bytes each].
+    #[arg(long, value_parser = args::count)]
+    max_total_locks: Option<usize>,
     /// Requests of one connection read ahead of writing their replies. The
     /// server reads nothing more from a connection whose replies it cannot
     /// write, so a client that does not read its replies is held back
@@ -145,6 +152,7 @@ impl ServeSettings {
             recovery_ms: self.recovery_ms.or(file.recovery_ms),
             max_locks: self.max_locks.or(file.max_locks),
             max_waiters: self.max_waiters.or(file.max_waiters),
+            max_total_locks: self.max_total_locks.or(file.max_total_locks),
             max_in_flight: self.max_in_flight.or(file.max_in_flight),
             max_connections: self.max_connections.or(file.max_connections),
             tls_cert: self.tls_cert.or(file.tls_cert),
@@ -180,6 +188,7 @@ impl ServeSettings {
         for (key, v) in [
             ("max-locks", s.max_locks),
             ("max-waiters", s.max_waiters),
+            ("max-total-locks", s.max_total_locks),
             ("max-in-flight", s.max_in_flight),
             ("max-connections", s.max_connections),
         ] {
@@ -212,6 +221,7 @@ impl ServeSettings {
             limits: interlock_server::Limits {
                 max_locks: self.max_locks.unwrap_or(defaults.max_locks),
                 max_waiters: self.max_waiters.unwrap_or(defaults.max_waiters),
+                max_total_locks: self.max_total_locks.unwrap_or(defaults.max_total_locks),
                 max_in_flight: self.max_in_flight.unwrap_or(defaults.max_in_flight),
                 max_connections: self.max_connections.unwrap_or_else(|| default_max_connections(fd_limit)),
             },

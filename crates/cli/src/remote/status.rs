@@ -69,7 +69,7 @@ fn print_status(s: &StatusInfo, json: bool) {
     println!("connections {} (max {})", s.connections, s.max_connections);
     println!("resources   {}", s.resources);
     println!("locks       {}", s.locks);
-    println!("waiters     {}", s.waiters);
+    println!("waiters     {} (with the locks, at most {} in all: max-total-locks)", s.waiters, s.max_total_locks);
     println!("requests    {} ({rate:.0}/s over {:.1}s up)", s.requests, s.uptime_ms as f64 / 1000.0);
     if s.recovering_ms > 0 {
         println!("recovering  {} ms left (after a restart: only reclaims are served until then)", s.recovering_ms);
@@ -197,6 +197,7 @@ fn bytes(l: &LockInfo) -> String {
 fn status_json(s: &StatusInfo, rate: f64) -> serde_json::Value {
     serde_json::json!({
         "sessions": s.sessions, "connections": s.connections, "max_connections": s.max_connections,
+        "max_total_locks": s.max_total_locks,
         "resources": s.resources, "locks": s.locks,
         "waiters": s.waiters, "requests": s.requests, "uptime_ms": s.uptime_ms,
         "requests_per_sec": rate, "recovering_ms": s.recovering_ms,
