@@ -2240,6 +2240,30 @@ fn a_background_mount_tells_its_caller_what_the_mount_process_said() {
     wait_for("the mount process to end", || !Path::new("/proc").join(&pid).exists());
 }
 
+/// A lock past a server's limit is `ENOLCK` on a mount, as POSIX has it,
+/// and the locks held stay held: before session 45 the refusal came back
+/// as `EIO`, which a program takes for a failed disk.
+#[test]
+fn a_lock_past_a_server_limit_is_enolck() {
+    let test = "a_lock_past_a_server_limit_is_enolck";
+    let Some((_data, _server, m)) = one_mount_with(test, &["--max-total-locks", "10"]) else { return };
+    let f = rw(&m.join("f"));
+    let mut held = 0;
+    let refused = loop {
+        match fcntl(f.as_fd(), FcntlArg::F_SETLK(&posix(libc::F_WRLCK, held * 2, 1))) {
+            Ok(_) => held += 1,
+            Err(e) => break e,
+        }
+        assert!(held < 100, "never refused");
+    };
+    assert_eq!(refused, Errno::ENOLCK);
+    assert!((8..=10).contains(&held), "{held} locks before the limit");
+    let other = rw(&m.join("f"));
+    let mut probe = posix(libc::F_WRLCK, 0, 1);
+    fcntl(other.as_fd(), FcntlArg::F_OFD_GETLK(&mut probe)).unwrap();
+    assert_eq!(i32::from(probe.l_type), libc::F_WRLCK, "the first lock is still held");
+}
+
 #[test]
 fn a_lock_cycle_across_two_mounts_is_refused_with_edeadlk() {
     let Some((_data, server, a, b)) = two_mounts("a_lock_cycle_across_two_mounts_is_refused_with_edeadlk") else {

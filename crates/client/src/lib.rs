@@ -167,6 +167,10 @@ pub enum ClientError {
     Unread,
     #[error("server: {0}")]
     Server(String),
+    /// A limit of the server's refused the request: the message names it
+    /// (a mount answers `ENOLCK`).
+    #[error("server: {0}")]
+    Limit(String),
     #[error("deadlock: waiting would close a cycle of waiting owners (EDEADLK)")]
     Deadlock,
     #[error("invalid request: {0}")]
@@ -823,6 +827,7 @@ impl Client {
                 Ok(Reply::NotMade) => return Err(ClientError::Unread),
                 Ok(Reply::Error(e)) => return Err(ClientError::Server(e)),
                 Ok(Reply::Denied(e)) => return Err(ClientError::Denied(e)),
+                Ok(Reply::Limit(e)) => return Err(ClientError::Limit(e)),
                 Ok(Reply::Recovering { left_ms }) => {
                     return Err(ClientError::Recovering(Duration::from_millis(left_ms)));
                 }
@@ -936,6 +941,7 @@ impl Client {
             Reply::WouldBlock => Ok(None),
             Reply::Deadlock => Err(ClientError::Deadlock),
             Reply::Error(e) => Err(ClientError::Server(e)),
+            Reply::Limit(e) => Err(ClientError::Limit(e)),
             Reply::Recovering { left_ms } => Err(ClientError::Recovering(Duration::from_millis(left_ms))),
             other => Err(ClientError::Server(format!("unexpected reply {other:?}"))),
         }

@@ -237,6 +237,7 @@ pub fn errno(e: &ClientError) -> i32 {
     match e {
         ClientError::Errno(n) => *n,
         ClientError::Deadlock => libc::EDEADLK,
+        ClientError::Limit(_) => libc::ENOLCK,
         ClientError::Recovering(_) => libc::EAGAIN,
         ClientError::Invalid(_) => libc::EINVAL,
         ClientError::LockLost | ClientError::ConnectionLost | ClientError::Unread => libc::EIO,

@@ -385,6 +385,12 @@ pub enum Reply {
     /// server's machine other than root or the server's own asked to
     /// evict a session or for the changelog. Before, an [`Reply::Error`].
     Denied(String),
+    /// A limit refused the request (version 20): the session's
+    /// (`max-locks`, `max-waiters`) or the server's (`max-total-locks`),
+    /// named in the message; the session goes on. A mount answers
+    /// `ENOLCK`, as POSIX has for a lock past a limit. Before, an
+    /// [`Reply::Error`], which a mount answered `EIO`.
+    Limit(String),
 }
 
 /// Server to client.

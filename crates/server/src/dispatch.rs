@@ -259,7 +259,11 @@ fn execute(inner: &Inner, sid: u64, id: u64, op: Op) -> Result<Reply, String> {
             }
             let k = LockKind::from(target.kind);
             let owner = owner::id(target.kind, sid, target.owner);
-            inner.sessions.check_limits(sid, &inner.config.limits, (wait, most_added(target.kind)), table(inner))?;
+            if let Err(why) =
+                inner.sessions.check_limits(sid, &inner.config.limits, (wait, most_added(target.kind)), table(inner))
+            {
+                return Ok(Reply::Limit(why));
+            }
             let req = LockRequest {
                 resource: &target.resource,
                 owner,
@@ -281,7 +285,9 @@ fn execute(inner: &Inner, sid: u64, id: u64, op: Op) -> Result<Reply, String> {
         Op::Unlock { target } => {
             let (owner, k) = (owner::id(target.kind, sid, target.owner), LockKind::from(target.kind));
             // Unlocking the middle of a range splits it in two.
-            inner.sessions.check_limits(sid, &inner.config.limits, (false, 1), table(inner))?;
+            if let Err(why) = inner.sessions.check_limits(sid, &inner.config.limits, (false, 1), table(inner)) {
+                return Ok(Reply::Limit(why));
+            }
             let resp = inner.space.unlock(&target.resource, owner, k, range_of(&target)?).map_err(err)?;
             deliver(inner, &target.resource, resp.effects);
             let track = Track::Owned { resource: target.resource, kind: k, owner };
