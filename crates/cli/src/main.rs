@@ -46,7 +46,8 @@ enum Command {
     /// Exit status: the command's own (128 + N if killed by signal N);
     /// 1 if --nowait or --timeout could not get the lock (held, or the
     /// server is in its recovery window); 2 for a usage error; 69 if the
-    /// server cannot be reached or did not answer in time; 75 if the lock
+    /// server cannot be reached, did not answer in time, or is at a limit
+    /// (max-locks, max-total-locks); 75 if the lock
     /// was lost while the command ran; 77 if the server refused the token
     /// or its TLS certificate is not trusted;
     /// 126 if the command cannot be run, 127 if it is not found. The
