@@ -61,7 +61,9 @@ use parking_lot::Mutex;
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 
-pub use config::{Config, Limits, ServerError, TlsFiles, default_namespace_memory, default_threads, runtime};
+pub use config::{
+    Config, Limits, ServerError, TlsFiles, default_max_total_locks, default_namespace_memory, default_threads, runtime,
+};
 use datadir::{DataDir, Evictions, FENCE_BLOCK, Fences};
 pub use meta::now;
 pub use peer::LocalUser;
