@@ -55,7 +55,7 @@ const LOCK_BYTES: u64 = 512;
 
 /// The lock table's limit unless told: a quarter of the memory the
 /// server may use (see [`default_namespace_memory`], which takes half),
-/// at [`LOCK_BYTES`] a lock: ~12M locks on a machine of 24 GiB.
+/// at 512 bytes a lock (`LOCK_BYTES`): ~12M locks on a machine of 24 GiB.
 /// [`usize::MAX`] if the memory cannot be read.
 pub fn default_max_total_locks() -> usize {
     memory().map_or(usize::MAX, |bytes| (bytes / 4 / LOCK_BYTES) as usize)
