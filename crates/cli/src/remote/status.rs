@@ -94,12 +94,16 @@ fn print_status(s: &StatusInfo, json: bool) {
             "disk full   FULL: new files, writes and other changes that need room get ENOSPC; removals still work"
         );
     }
+    // MiB below a GiB: a small namespace's memory would read 0.00 GiB.
+    let size = |b: u64| {
+        if b < 1 << 30 { format!("{:.1} MiB", b as f64 / f64::from(1u32 << 20)) } else { format!("{:.2} GiB", gib(b)) }
+    };
     match s.namespace_budget {
-        u64::MAX => println!("memory      {:.2} GiB (the namespace's, estimated; no budget)", gib(s.namespace_bytes)),
+        u64::MAX => println!("memory      {} (the namespace's, estimated; no budget)", size(s.namespace_bytes)),
         budget => println!(
-            "memory      {:.2} GiB of the namespace's budget of {:.2} GiB (files, names, extended attributes)",
-            gib(s.namespace_bytes),
-            gib(budget)
+            "memory      {} of the namespace's budget of {} (files, names, extended attributes)",
+            size(s.namespace_bytes),
+            size(budget)
         ),
     }
     if s.namespace_bytes >= s.namespace_budget {
