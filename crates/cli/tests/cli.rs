@@ -218,6 +218,29 @@ fn bad_arguments_get_clear_errors() {
     let (code, _, err) = interlock(&["serve", "--listen", "not-an-address"], "");
     assert_eq!(code, 2);
     assert!(err.contains("invalid value"), "{err}");
+    // Counts of zero, refused before anything runs: until session 45
+    // `bench journal --threads 0` panicked (a division by zero),
+    // `--durable-threads 0` printed rows of nothing, and `--records 0` or
+    // `--repeat 0` ran once in silence.
+    for args in [
+        &["bench", "journal", "--threads", "0"][..],
+        &["bench", "journal", "--durable-threads", "0"],
+        &["bench", "journal", "--records", "0"],
+        &["bench", "journal", "--repeat", "0"],
+        &["bench", "mdtest", "--threads", "1,0"],
+        &["bench", "rsb", "--repeat", "0"],
+        &["bench", "flocks", "--repeat", "0"],
+        &["bench", "handover", "--repeat", "0"],
+        &["serve", "--max-namespace-memory", "1k"],
+        &["serve", "--max-total-locks", "0"],
+    ] {
+        let (code, _, err) = interlock(args, "");
+        assert_eq!(code, 2, "{args:?}: {err}");
+        assert!(
+            err.contains("invalid value '") && (err.contains("at least") || err.contains("positive")),
+            "{args:?}: {err}"
+        );
+    }
 }
 
 /// Writes a small changelog with the library, then looks at it with the

@@ -62,7 +62,7 @@ pub struct Args {
     #[arg(long)]
     no_kernel: bool,
     /// Runs per figure; the median is shown.
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, default_value_t = 3, value_parser = crate::args::count)]
     repeat: usize,
     /// One JSON object per line instead of a table.
     #[arg(long)]

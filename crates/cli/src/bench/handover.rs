@@ -22,7 +22,7 @@ pub struct Args {
     #[arg(long, value_delimiter = ',', default_value = "posix,ofd,flock,dlm")]
     kinds: Vec<String>,
     /// Runs per figure; the median is shown.
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, default_value_t = 3, value_parser = crate::args::count)]
     repeat: usize,
     /// One JSON object per line instead of a table.
     #[arg(long)]

@@ -24,13 +24,13 @@ use super::{Report, base_row};
 #[derive(clap::Args)]
 pub struct Args {
     /// Appender thread counts for the append variants.
-    #[arg(long, value_delimiter = ',', default_value = "1,2,4,8,16,64")]
+    #[arg(long, value_delimiter = ',', default_value = "1,2,4,8,16,64", value_parser = crate::args::count)]
     threads: Vec<usize>,
     /// Appender thread counts for the durable variants.
-    #[arg(long, value_delimiter = ',', default_value = "1,64")]
+    #[arg(long, value_delimiter = ',', default_value = "1,64", value_parser = crate::args::count)]
     durable_threads: Vec<usize>,
-    /// Records per append run (split over the threads).
-    #[arg(long, default_value_t = 1_000_000)]
+    /// Records per append run (split over the threads); e.g. 1M.
+    #[arg(long, default_value = "1M", value_parser = super::parse_size)]
     records: u64,
     /// Seconds per durable run.
     #[arg(long, default_value_t = 2.0, value_parser = crate::args::positive_seconds)]
@@ -42,7 +42,7 @@ pub struct Args {
     dir: Option<std::path::PathBuf>,
     /// Runs per append figure (baseline and ours alternate); medians are
     /// shown.
-    #[arg(long, default_value_t = 5)]
+    #[arg(long, default_value_t = 5, value_parser = crate::args::count)]
     repeat: usize,
     /// One JSON object per line instead of a table.
     #[arg(long)]
@@ -76,7 +76,7 @@ pub fn run(args: Args) -> Result<(), String> {
         // Baseline and ours alternate, and the ratio is the median of the
         // pairs' ratios: on a shared machine, load drifts between runs.
         let mut pairs: Vec<(f64, f64)> =
-            (0..args.repeat.max(1)).map(|_| (mutex_appends(&fresh(), t, per), appends(&fresh(), t, per))).collect();
+            (0..args.repeat).map(|_| (mutex_appends(&fresh(), t, per), appends(&fresh(), t, per))).collect();
         let mid = |v: &mut Vec<f64>| {
             v.sort_by(f64::total_cmp);
             v[v.len() / 2]

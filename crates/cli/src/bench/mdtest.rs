@@ -69,7 +69,7 @@ use interlock_server::now;
 #[derive(clap::Args)]
 pub struct Args {
     /// Creator thread counts.
-    #[arg(long, value_delimiter = ',', default_value = "1,2,64")]
+    #[arg(long, value_delimiter = ',', default_value = "1,2,64", value_parser = crate::args::count)]
     threads: Vec<usize>,
     /// Files in all, per run (split over the threads); e.g. 100k.
     #[arg(long, default_value = "200k", value_parser = super::parse_size)]
@@ -173,9 +173,6 @@ const COLUMNS: &[(&str, &str)] = &[
 pub(super) const PHASES: [&str; 3] = ["create", "stat", "unlink"];
 
 pub fn run(args: Args) -> Result<(), String> {
-    if args.threads.contains(&0) {
-        return Err("--threads: thread counts must be at least 1".into());
-    }
     if args.server.is_some() && args.variant.iter().any(|v| v == "net-nofsync") {
         return Err(
             "--variant net-nofsync runs a server of its own in the unsafe mode; it cannot measure --server".into()

@@ -17,7 +17,7 @@ pub struct Args {
     #[arg(long, value_delimiter = ',', value_parser = parse_size, default_value = "1000,100000,1000000,10000000")]
     r: Vec<u64>,
     /// Runs per figure; the median is shown.
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, default_value_t = 3, value_parser = crate::args::count)]
     repeat: usize,
     /// One JSON object per line instead of a table.
     #[arg(long)]
