@@ -327,6 +327,14 @@ impl LockSpace {
         freed
     }
 
+    /// Locks held and requests queued, in every resource: what a server's
+    /// limit on the whole table counts, asked on every lock request. Two
+    /// loads, without [`stats`](Self::stats)'s look at the idle queue,
+    /// whose ends every release that idles a resource writes. O(1).
+    pub fn held_and_queued(&self) -> usize {
+        self.locks.load(Ordering::Relaxed) + self.waiters.load(Ordering::Relaxed)
+    }
+
     /// The live counters. O(1).
     pub fn stats(&self) -> Stats {
         Stats {

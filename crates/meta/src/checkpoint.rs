@@ -301,7 +301,7 @@ pub fn load(dir: &Path) -> Result<Option<Loaded>, Error> {
             for item in rx.into_iter().flatten() {
                 match item {
                     Item::Inode(img) => {
-                        ns.put_inode(Arc::new(img.into_inode()));
+                        ns.place_inode(Arc::new(img.into_inode()));
                         inodes += 1;
                     }
                     Item::Entry { parent, name, ino } => {

@@ -123,13 +123,6 @@ fn most_added(kind: Kind) -> usize {
     }
 }
 
-/// Locks held and requests queued in the whole table: what
-/// `max-total-locks` bounds. O(1).
-fn table(inner: &Inner) -> usize {
-    let s = inner.space.stats();
-    s.locks + s.waiters
-}
-
 /// How many locks a track stands for now, by the engine's count. O(1)
 /// expected.
 fn held_count(inner: &Inner, t: &Track) -> usize {
@@ -259,9 +252,12 @@ fn execute(inner: &Inner, sid: u64, id: u64, op: Op) -> Result<Reply, String> {
             }
             let k = LockKind::from(target.kind);
             let owner = owner::id(target.kind, sid, target.owner);
-            if let Err(why) =
-                inner.sessions.check_limits(sid, &inner.config.limits, (wait, most_added(target.kind)), table(inner))
-            {
+            if let Err(why) = inner.sessions.check_limits(
+                sid,
+                &inner.config.limits,
+                (wait, most_added(target.kind)),
+                inner.space.held_and_queued(),
+            ) {
                 return Ok(Reply::Limit(why));
             }
             let req = LockRequest {
@@ -285,7 +281,9 @@ fn execute(inner: &Inner, sid: u64, id: u64, op: Op) -> Result<Reply, String> {
         Op::Unlock { target } => {
             let (owner, k) = (owner::id(target.kind, sid, target.owner), LockKind::from(target.kind));
             // Unlocking the middle of a range splits it in two.
-            if let Err(why) = inner.sessions.check_limits(sid, &inner.config.limits, (false, 1), table(inner)) {
+            if let Err(why) =
+                inner.sessions.check_limits(sid, &inner.config.limits, (false, 1), inner.space.held_and_queued())
+            {
                 return Ok(Reply::Limit(why));
             }
             let resp = inner.space.unlock(&target.resource, owner, k, range_of(&target)?).map_err(err)?;
