@@ -2,7 +2,7 @@
 //! directory, two creator threads, durable), then reports the heap bytes
 //! per file (the allocator's own ledger: inode, entry, index nodes, name),
 //! what the namespace charges itself per file against its memory budget
-//! (its estimate of the same: `charged B/file`) and the resident memory
+//! (its estimate of the same: `charge B/file`) and the resident memory
 //! per file; writes a checkpoint while nothing
 //! else runs and while creators go on (its pause and its time); makes
 //! `--after` more files behind it, as a journal to replay; drops the
@@ -44,7 +44,7 @@ const COLUMNS: &[(&str, &str)] = &[
     ("seconds", "seconds"),
     ("ops/s", "ops_per_sec"),
     ("heap B/file", "heap_bytes_per_file"),
-    ("charged B/file", "charged_bytes_per_file"),
+    ("charge B/file", "charged_bytes_per_file"),
     ("rss B/file", "rss_bytes_per_file"),
     ("MB", "megabytes"),
     ("pause us", "pause_us"),
