@@ -16,7 +16,10 @@
 //! - `frame`: the on-disk record and segment-header format.
 //! - `segment`: segment files, scanning, torn-tail versus corruption.
 //! - `held`: one writer per directory (its `lock` file).
-//! - [`Journal`]: appends, the flusher, durability waits, reads, purge.
+//! - [`Journal`] (`log`): appends, durability waits, reads, purge; its
+//!   `flusher` (gathering groups, writing and syncing them, on its own
+//!   thread or a waiting caller's) and `tail` (the segment being written,
+//!   kept ahead of its records by zeros).
 //! - [`changelog`]: typed records, masks, durable consumers, follow,
 //!   clear, purge below the slowest consumer, idle-consumer GC.
 
