@@ -16,6 +16,7 @@ use tokio_util::codec::FramedRead;
 
 use crate::clock::{self, Moment};
 use crate::lease::Lease;
+use crate::tables::Tables;
 use crate::{Answer, Blocking, ClientError, Inner, LostLock, local_effects};
 
 /// A connection's reading half, in clear or TLS.
@@ -286,7 +287,7 @@ pub(crate) fn settle(inner: &Arc<Inner>, w: &Welcomed, now: Moment, goodbye: Opt
 /// asked again after a `reclaim` ([`Tables::session_lost`]); the files
 /// held open are opened again; without a reclaim, every lock is reported
 /// lost. Then the new session counts as settled.
-fn begin(inner: &Arc<Inner>, mut t: parking_lot::MutexGuard<'_, crate::Tables>, reclaim: bool) {
+fn begin(inner: &Arc<Inner>, mut t: parking_lot::MutexGuard<'_, Tables>, reclaim: bool) {
     inner.generation.fetch_add(1, Ordering::Relaxed);
     inner.outbox.open();
     t.session_lost(reclaim);
@@ -384,7 +385,7 @@ pub(crate) async fn run(inner: Arc<Inner>, conn: Conn, settled: Settled) -> Opti
 /// resource (from the local table), and the DLM locks by handle.
 struct Held {
     records: Vec<(Kind, Vec<u8>, Vec<interlock_core::HeldLock>)>,
-    dlm: Vec<(u64, crate::DlmEntry)>,
+    dlm: Vec<(u64, crate::tables::DlmEntry)>,
 }
 
 /// Every lock the client holds.

@@ -22,7 +22,8 @@ use interlock_meta::{Cred, Ino};
 use interlock_proto::meta::{MetaOp, MetaReply};
 use interlock_proto::{Op, Reply};
 
-use crate::{Inner, Tables};
+use crate::Inner;
+use crate::tables::Tables;
 
 /// Handles open at the server, by inode.
 #[derive(Default)]
