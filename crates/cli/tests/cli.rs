@@ -351,7 +351,7 @@ fn fsck_exit_statuses_and_repair() {
     let meta = data.path().join("meta");
     {
         let (store, _) = Store::open(&meta, StoreOptions::default(), 1).unwrap();
-        let new = NewInode { kind: FileType::Regular, perm: 0o644, rdev: 0 };
+        let new = NewInode { kind: FileType::Regular, perm: 0o644, rdev: 0, umask: 0 };
         let (_, s) = store.ns().create(&Cred::root(), ROOT, b"f", new, b"", 2).unwrap();
         store.wait(s).unwrap();
     }

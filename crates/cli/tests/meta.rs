@@ -235,7 +235,7 @@ fn many_large_reads_at_once_keep_their_session() {
     rt().block_on(async {
         let c = client(&server.addr).await;
         c.lock(&spec("held", 1)).await.unwrap();
-        let f = c.create_open(&root(), ROOT, b"big", 0o644).await.unwrap();
+        let f = c.create_open(&root(), ROOT, b"big", (0o644, 0)).await.unwrap();
         let chunk = 128 << 10;
         let pattern = |i: usize| vec![i as u8; chunk];
         for i in 0..16 {
@@ -332,9 +332,9 @@ fn create_open_holds_the_new_file_open() {
         let b = client(&server.addr).await;
         for by_bye in [false, true] {
             let a = client(&server.addr).await;
-            let f = a.create_open(&root(), ROOT, b"f", 0o600).await.unwrap();
+            let f = a.create_open(&root(), ROOT, b"f", (0o600, 0)).await.unwrap();
             assert_eq!(b.lookup(&root(), ROOT, b"f").await.unwrap().ino, f.ino);
-            assert_eq!(errno(a.create_open(&root(), ROOT, b"f", 0o600).await), libc::EEXIST);
+            assert_eq!(errno(a.create_open(&root(), ROOT, b"f", (0o600, 0)).await), libc::EEXIST);
             b.unlink(&root(), ROOT, b"f").await.unwrap();
             assert_eq!(b.getattr(&root(), f.ino).await.unwrap().nlink, 0, "an orphan while open");
             if by_bye {
@@ -371,7 +371,7 @@ fn a_file_unlinked_while_open_outlives_a_server_restart() {
     let rt = rt();
     let (c, f, g) = rt.block_on(async {
         let c = client(&addr).await;
-        let f = c.create_open(&root(), ROOT, b"f", 0o644).await.unwrap();
+        let f = c.create_open(&root(), ROOT, b"f", (0o644, 0)).await.unwrap();
         c.write(&root(), f.ino, 0, b"still here").await.unwrap();
         c.fsync(&root(), f.ino).await.unwrap();
         let g = c.create(&root(), ROOT, b"g", FileType::Regular, 0o644, b"").await.unwrap();
@@ -905,7 +905,7 @@ fn an_orphan_closed_on_a_full_disk_is_freed_by_the_server_once_there_is_room() {
     let server = ServerProc::start(&disk.path().join("data"), "127.0.0.1:0", &[]);
     rt().block_on(async {
         let c = client(&server.addr).await;
-        let held = c.create_open(&root(), ROOT, b"held", 0o644).await.unwrap().ino;
+        let held = c.create_open(&root(), ROOT, b"held", (0o644, 0)).await.unwrap().ino;
         c.write(&root(), held, 0, &[9u8; 64 << 10]).await.unwrap();
         c.unlink(&root(), ROOT, b"held").await.unwrap();
         let made = names_until_refused(&c, false, 0).await;

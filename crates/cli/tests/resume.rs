@@ -323,6 +323,7 @@ fn a_session_that_never_acknowledges_cannot_resume() {
         perm: 0o644,
         rdev: 0,
         target: Vec::new(),
+        umask: 0,
     };
     let ask = |s: &mut std::net::TcpStream, asking| {
         let op = Op::Meta { cred: Cred::root(), op: create.clone(), once: Some(Once { settled: 10, asking }) };

@@ -647,6 +647,7 @@ fn a_clean_stop_answers_what_it_read_then_says_where_it_stopped() {
             perm: 0o644,
             rdev: 0,
             target: Vec::new(),
+            umask: 0,
         };
         burst.extend(raw_frame(&ClientMsg::Request {
             id: 10 + i,
@@ -713,6 +714,7 @@ fn a_change_asked_for_again_after_a_crash_is_answered_as_it_was_made() {
         perm: 0o644,
         rdev: 0,
         target: Vec::new(),
+        umask: 0,
     };
     let rename = MetaOp::Rename {
         parent: ROOT,

@@ -99,8 +99,9 @@ impl Client {
     }
 
     /// Creates a file, directory, symlink (`target`), fifo or socket;
-    /// `perm` with the caller's umask applied. Device nodes: [`meta`](Client::meta)
-    /// with `MetaOp::Create`'s `rdev`.
+    /// `perm` with the caller's umask applied (a directory's default ACL
+    /// then cuts what is left). Device nodes, or a umask the server is
+    /// to apply: [`meta`](Client::meta) with `MetaOp::Create`.
     pub async fn create(
         &self,
         cred: &Cred,
@@ -110,23 +111,36 @@ impl Client {
         perm: u32,
         target: &[u8],
     ) -> Result<Attr, ClientError> {
-        let op = MetaOp::Create { parent, name: name.to_vec(), kind, perm, rdev: 0, target: target.to_vec() };
+        let op = MetaOp::Create { parent, name: name.to_vec(), kind, perm, rdev: 0, target: target.to_vec(), umask: 0 };
         self.attr(cred, op).await
     }
 
     /// Creates regular file `name` and opens it in one round trip
     /// (`open(O_CREAT)`); close it with [`release`](Client::release).
-    /// `EEXIST` if the name is taken.
-    pub async fn create_open(&self, cred: &Cred, parent: Ino, name: &[u8], perm: u32) -> Result<Attr, ClientError> {
-        self.opening(cred, MetaOp::CreateOpen { parent, name: name.to_vec(), perm }).await
+    /// `EEXIST` if the name is taken. `umask` as `MetaOp::Create`'s.
+    pub async fn create_open(
+        &self,
+        cred: &Cred,
+        parent: Ino,
+        name: &[u8],
+        (perm, umask): (u32, u32),
+    ) -> Result<Attr, ClientError> {
+        self.opening(cred, MetaOp::CreateOpen { parent, name: name.to_vec(), perm, umask }).await
     }
 
     /// `open(O_TMPFILE)` in `parent`: a regular file with no name, open
     /// as [`create_open`](Client::create_open) opens it, freed at its last
     /// release unless [`link`](Client::link) names it first, which it may
-    /// only if `linkable` (made without `O_EXCL`).
-    pub async fn tmpfile(&self, cred: &Cred, parent: Ino, perm: u32, linkable: bool) -> Result<Attr, ClientError> {
-        self.opening(cred, MetaOp::Tmpfile { parent, perm, linkable }).await
+    /// only if `linkable` (made without `O_EXCL`). `umask` as
+    /// `MetaOp::Create`'s.
+    pub async fn tmpfile(
+        &self,
+        cred: &Cred,
+        parent: Ino,
+        (perm, umask): (u32, u32),
+        linkable: bool,
+    ) -> Result<Attr, ClientError> {
+        self.opening(cred, MetaOp::Tmpfile { parent, perm, linkable, umask }).await
     }
 
     pub async fn link(&self, cred: &Cred, ino: Ino, parent: Ino, name: &[u8]) -> Result<Attr, ClientError> {

@@ -64,10 +64,12 @@ pub mod init {
     pub const ASYNC_READ: u64 = 1 << 0;
     pub const POSIX_LOCKS: u64 = 1 << 1;
     pub const BIG_WRITES: u64 = 1 << 5;
+    pub const DONT_MASK: u64 = 1 << 6;
     pub const FLOCK_LOCKS: u64 = 1 << 10;
     pub const DO_READDIRPLUS: u64 = 1 << 13;
     pub const PARALLEL_DIROPS: u64 = 1 << 18;
     pub const HANDLE_KILLPRIV: u64 = 1 << 19;
+    pub const POSIX_ACL: u64 = 1 << 20;
     pub const MAX_PAGES: u64 = 1 << 22;
     pub const INIT_EXT: u64 = 1 << 30;
     pub const DIRECT_IO_ALLOW_MMAP: u64 = 1 << 36;

@@ -353,11 +353,11 @@ impl Fs {
         cred: &Cred,
         (parent, name): (Ino, &[u8]),
         (kind, mode, rdev): (FileType, u32, u64),
-        target: &[u8],
+        (target, umask): (&[u8], u32),
     ) -> Answer {
         self.writable()?;
-        let op =
-            MetaOp::Create { parent, name: name.to_vec(), kind, perm: mode & 0o7777, rdev, target: target.to_vec() };
+        let (name, target, perm) = (name.to_vec(), target.to_vec(), mode & 0o7777);
+        let op = MetaOp::Create { parent, name, kind, perm, rdev, target, umask };
         match self.once(|| self.client.meta(cred, op.clone())).await? {
             interlock_proto::meta::MetaReply::Attr(at) => Ok(self.entry(&at)),
             _ => Err(libc::EIO),
@@ -366,22 +366,21 @@ impl Fs {
 
     async fn symlink(&self, cred: &Cred, parent: Ino, a: &mut Args<'_>) -> Answer {
         let (name, target) = (a.cstr()?, a.cstr()?);
-        self.make(cred, (parent, name), (FileType::Symlink, 0o777, 0), target).await
+        self.make(cred, (parent, name), (FileType::Symlink, 0o777, 0), (target, 0)).await
     }
 
     async fn mknod(&self, cred: &Cred, parent: Ino, a: &mut Args<'_>) -> Answer {
-        let (mode, rdev) = (a.u32()?, a.u32()?);
-        a.skip(8)?;
+        let (mode, rdev, umask) = (a.u32()?, a.u32()?, a.u32()?);
+        a.skip(4)?;
         let name = a.cstr()?;
         let kind = FileType::from_mode(mode).ok_or(libc::EINVAL)?;
-        self.make(cred, (parent, name), (kind, mode, u64::from(rdev)), b"").await
+        self.make(cred, (parent, name), (kind, mode, u64::from(rdev)), (b"", umask)).await
     }
 
     async fn mkdir(&self, cred: &Cred, parent: Ino, a: &mut Args<'_>) -> Answer {
-        let mode = a.u32()?;
-        a.skip(4)?;
+        let (mode, umask) = (a.u32()?, a.u32()?);
         let name = a.cstr()?;
-        self.make(cred, (parent, name), (FileType::Directory, mode, 0), b"").await
+        self.make(cred, (parent, name), (FileType::Directory, mode, 0), (b"", umask)).await
     }
 
     async fn remove(&self, cred: &Cred, parent: Ino, a: &mut Args<'_>, dir: bool) -> Answer {
@@ -453,10 +452,10 @@ impl Fs {
     /// is opened, as a local `open(O_CREAT)` would.
     async fn create(&self, cred: &Cred, parent: Ino, a: &mut Args<'_>) -> Answer {
         self.writable()?;
-        let (flags, mode) = (a.u32()?, a.u32()?);
-        a.skip(8)?;
+        let (flags, mode, umask) = (a.u32()?, a.u32()?, a.u32()?);
+        a.skip(4)?;
         let name = a.cstr()?;
-        let attr = self.create_or_open(cred, parent, name, mode & 0o7777, flags as i32).await?;
+        let attr = self.create_or_open(cred, parent, name, (mode & 0o7777, umask), flags as i32).await?;
         Ok(self.opened(&attr, flags))
     }
 
@@ -466,9 +465,9 @@ impl Fs {
     /// (the kernel refuses that link itself; the server too).
     async fn tmpfile(&self, cred: &Cred, parent: Ino, a: &mut Args<'_>) -> Answer {
         self.writable()?;
-        let (flags, mode) = (a.u32()?, a.u32()?);
+        let (flags, mode, umask) = (a.u32()?, a.u32()?, a.u32()?);
         let linkable = flags as i32 & libc::O_EXCL == 0;
-        let attr = self.once(|| self.client.tmpfile(cred, parent, mode & 0o7777, linkable)).await?;
+        let attr = self.once(|| self.client.tmpfile(cred, parent, (mode & 0o7777, umask), linkable)).await?;
         Ok(self.opened(&attr, flags))
     }
 
@@ -493,7 +492,14 @@ impl Fs {
     /// tmpfs gives only success or `EISDIR` (session 26: 236 and 20 of
     /// 6,000 opens against a name another mount made a directory, a
     /// symlink and nothing in turn).
-    async fn create_or_open(&self, cred: &Cred, parent: Ino, name: &[u8], perm: u32, flags: i32) -> Result<Attr, i32> {
+    async fn create_or_open(
+        &self,
+        cred: &Cred,
+        parent: Ino,
+        name: &[u8],
+        perm: (u32, u32),
+        flags: i32,
+    ) -> Result<Attr, i32> {
         // A name made and removed again between our tries: a few more.
         for _ in 0..8 {
             match self.once(|| self.client.create_open(cred, parent, name, perm)).await {

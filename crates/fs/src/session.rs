@@ -36,7 +36,12 @@ pub use interlock_proto::meta::MAX_WRITE;
 /// Linux does: left to it, the kernel's FUSE client sends a truncate the
 /// dropped mode as a chmod, which the server refuses a writer who is not
 /// the owner (`EPERM` where Linux truncates), and it keeps setgid when
-/// the writer is not in the file's group (Linux drops it).
+/// the writer is not in the file's group (Linux drops it). POSIX ACLs
+/// (`POSIX_ACL`): the kernel checks them with the mode, caches them, and
+/// leaves the server to keep them and the mode in step and to give new
+/// inodes theirs; and, as Linux does on a file system with ACLs, leaves
+/// the umask to it too (`DONT_MASK`), since a directory's default ACL
+/// takes its place.
 const WANT: u64 = init::ASYNC_READ
     | init::POSIX_LOCKS
     | init::FLOCK_LOCKS
@@ -44,6 +49,8 @@ const WANT: u64 = init::ASYNC_READ
     | init::DO_READDIRPLUS
     | init::PARALLEL_DIROPS
     | init::HANDLE_KILLPRIV
+    | init::POSIX_ACL
+    | init::DONT_MASK
     | init::MAX_PAGES
     | init::INIT_EXT
     | init::DIRECT_IO_ALLOW_MMAP;

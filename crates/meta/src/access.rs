@@ -37,11 +37,6 @@ pub fn permits(cred: &Cred, o: &Owner, want: u32) -> bool {
     bits & want == want
 }
 
-/// `permits`, as an error: `EACCES`.
-pub fn check(cred: &Cred, o: &Owner, want: u32) -> Result<()> {
-    if permits(cred, o, want) { Ok(()) } else { Err(Errno::EACCES) }
-}
-
 /// The sticky-bit rule for removing or renaming `victim` out of `dir`:
 /// in a sticky directory only the victim's owner, the directory's owner
 /// or root may (`EPERM` otherwise).

@@ -13,6 +13,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 
 use crate::access::Owner;
+use crate::acl;
 use crate::entries::Entry;
 use crate::inode::{Inode, Meta};
 use crate::mutation::{Gone, Mutation, Renamed};
@@ -99,16 +100,27 @@ impl Namespace {
             }
             Mutation::SetXattr { ino, name, value, time } => {
                 let Ok(i) = self.find(held, *ino) else { return };
-                self.xattrs_of(&i, |xattrs| match xattrs.iter_mut().find(|(n, _)| **n == **name) {
-                    Some((_, v)) => *v = value.as_slice().into(),
-                    None => xattrs.push((name.as_slice().into(), value.as_slice().into())),
-                });
+                self.xattrs_of(&i, |xattrs| set_xattr(xattrs, name, Some(value)));
                 i.changed(*time);
             }
             Mutation::RemoveXattr { ino, name, time } => {
                 let Ok(i) = self.find(held, *ino) else { return };
                 self.xattrs_of(&i, |xattrs| xattrs.retain(|(n, _)| **n != **name));
                 i.changed(*time);
+            }
+            Mutation::SetAcl { ino, perm, acl, time } => {
+                let Ok(i) = self.find(held, *ino) else { return };
+                i.set_perm(*perm);
+                self.xattrs_of(&i, |xattrs| set_xattr(xattrs, acl::ACCESS, acl.as_deref()));
+                i.changed(*time);
+            }
+            Mutation::Inherit { made, ino, access, default } => {
+                self.apply_held(made, held);
+                let Ok(i) = self.find(held, *ino) else { return };
+                self.xattrs_of(&i, |xattrs| {
+                    set_xattr(xattrs, acl::ACCESS, access.as_deref());
+                    set_xattr(xattrs, acl::DEFAULT, default.as_deref());
+                });
             }
             Mutation::Forget { ino } => {
                 if let Some(i) = self.inode(*ino).ok().filter(|i| i.is_dir()) {
@@ -119,13 +131,15 @@ impl Namespace {
         }
     }
 
-    /// Changes `i`'s extended attributes with `change`, and counts the
+    /// Changes `i`'s extended attributes with `change` (and notes which
+    /// ACLs they then hold: see `Inode::note_acls`), and counts the
     /// bytes they gained or lost (see `usage`). O(its extended
     /// attributes).
     fn xattrs_of(&self, i: &Inode, change: impl FnOnce(&mut Vec<crate::inode::Xattr>)) {
         let mut m = i.meta.lock();
         let before = m.bytes();
         change(m.xattrs_mut());
+        i.note_acls(m.xattrs());
         m.shed();
         let after = m.bytes();
         drop(m);
@@ -409,6 +423,16 @@ impl std::ops::Deref for Found<'_> {
     }
 }
 
+/// Sets extended attribute `name` to `value` (`None`: removes it).
+/// O(xattrs).
+fn set_xattr(xattrs: &mut Vec<crate::inode::Xattr>, name: &[u8], value: Option<&[u8]>) {
+    match (xattrs.iter_mut().find(|(n, _)| **n == *name), value) {
+        (Some((_, v)), Some(value)) => *v = value.into(),
+        (None, Some(value)) => xattrs.push((name.into(), value.into())),
+        (_, None) => xattrs.retain(|(n, _)| **n != *name),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use crate::mutation::Mutation;
@@ -437,7 +461,7 @@ mod tests {
     fn a_recount_gives_the_counts_the_changes_gave() {
         let ns = Namespace::new(1, 0);
         let root = Cred::root();
-        let new = |kind| crate::ops::NewInode { kind, perm: 0o755, rdev: 0 };
+        let new = |kind| crate::ops::NewInode { kind, perm: 0o755, rdev: 0, umask: 0 };
         let (mut dirs, mut all) = (vec![ROOT], vec![ROOT]);
         for i in 0..40u64 {
             let parent = dirs[(i * 7 % dirs.len() as u64) as usize];

@@ -13,9 +13,11 @@ use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, Ordering::R
 
 use parking_lot::Mutex;
 
-use crate::access::Owner;
+use crate::access::{self, Owner};
+use crate::acl;
+use crate::errno::{Errno, Result};
 use crate::spread::Intent;
-use crate::types::{Attr, DIRENT_SIZE, FileType, Ino, Nanos};
+use crate::types::{Attr, Cred, DIRENT_SIZE, FileType, Ino, Nanos};
 use crate::usage;
 
 pub(crate) struct Inode {
@@ -27,6 +29,10 @@ pub(crate) struct Inode {
     /// races a chown or chmod may see one field changed and not yet the
     /// other, as Linux's `generic_permission`, which reads `i_mode` and
     /// `i_uid` without a lock, may.
+    /// The mode's bits, and above them [`ACCESS_ACL`] and
+    /// [`DEFAULT_ACL`]: whether its extended attributes hold those ACLs,
+    /// read with the mode by a permission check or a create at no cost
+    /// (only an inode with an ACL takes its `meta` lock for it).
     perm: AtomicU32,
     uid: AtomicU32,
     gid: AtomicU32,
@@ -53,6 +59,22 @@ pub(crate) struct Inode {
     /// `ENOENT`.
     pub linkable: AtomicBool,
     pub dir: Option<Box<Dir>>,
+}
+
+/// In an inode's `perm` word: it has an access ACL (`acl::ACCESS`).
+const ACCESS_ACL: u32 = 1 << 16;
+/// In an inode's `perm` word: it has a default ACL (`acl::DEFAULT`).
+const DEFAULT_ACL: u32 = 1 << 17;
+/// The mode's bits of the `perm` word.
+const MODE_BITS: u32 = 0o7777;
+
+/// The `perm` word's ACL bits for these extended attributes. O(xattrs).
+fn acl_bits(xattrs: &[Xattr]) -> u32 {
+    xattrs.iter().fold(0, |bits, (n, _)| match &**n {
+        acl::ACCESS => bits | ACCESS_ACL,
+        acl::DEFAULT => bits | DEFAULT_ACL,
+        _ => bits,
+    })
 }
 
 /// At 10M files each byte here is 10 MB (the size `docs/namespace.md`
@@ -145,10 +167,11 @@ impl Inode {
             Box::new(Dir { intent: Intent::default(), parent: AtomicU64::new(parent), dead: AtomicBool::new(false) })
         });
         let size = if kind == FileType::Symlink { meta.target().len() as u64 } else { 0 };
+        let perm = owner.perm & MODE_BITS | acl_bits(meta.xattrs());
         Inode {
             ino,
             kind,
-            perm: AtomicU32::new(owner.perm),
+            perm: AtomicU32::new(perm),
             uid: AtomicU32::new(owner.uid),
             gid: AtomicU32::new(owner.gid),
             meta: Mutex::new(meta),
@@ -183,15 +206,51 @@ impl Inode {
     pub fn owner(&self) -> Owner {
         Owner {
             kind: self.kind,
-            perm: self.perm.load(Relaxed),
+            perm: self.perm.load(Relaxed) & MODE_BITS,
             uid: self.uid.load(Relaxed),
             gid: self.gid.load(Relaxed),
         }
     }
 
-    /// A chmod (by a change that holds the inode's name lock).
+    /// A chmod (by a change that holds the inode's name lock): the
+    /// ACL bits stay.
     pub fn set_perm(&self, perm: u32) {
-        self.perm.store(perm, Relaxed);
+        let flags = self.perm.load(Relaxed) & !MODE_BITS;
+        self.perm.store(flags | perm & MODE_BITS, Relaxed);
+    }
+
+    /// Notes which ACLs its extended attributes now hold (by a change
+    /// that holds the inode's name lock, and its `meta` lock, after
+    /// changing them). O(xattrs).
+    pub fn note_acls(&self, xattrs: &[Xattr]) {
+        let mode = self.perm.load(Relaxed) & MODE_BITS;
+        self.perm.store(mode | acl_bits(xattrs), Relaxed);
+    }
+
+    /// Whether it has a default ACL (a directory). O(1).
+    pub fn has_default_acl(&self) -> bool {
+        self.perm.load(Relaxed) & DEFAULT_ACL != 0
+    }
+
+    /// Whether `cred` may do `want` to it (owned and moded as `o`, read
+    /// by the caller), as [`access::permits`] decides, or for an inode
+    /// with an access ACL, as the ACL does for anyone but its owner and
+    /// root (see [`acl::permits`]). O(1) without an ACL; with one, its
+    /// `meta` lock and O(entries).
+    pub fn permits(&self, cred: &Cred, o: &Owner, want: u32) -> bool {
+        if self.perm.load(Relaxed) & ACCESS_ACL == 0 || cred.is_root() || cred.uid == o.uid {
+            return access::permits(cred, o, want);
+        }
+        let m = self.meta.lock();
+        match m.xattrs().iter().find(|(n, _)| **n == *acl::ACCESS) {
+            Some((_, a)) => acl::permits(a, cred, o, want),
+            None => access::permits(cred, o, want),
+        }
+    }
+
+    /// [`permits`](Inode::permits), as an error: `EACCES`.
+    pub fn check(&self, cred: &Cred, o: &Owner, want: u32) -> Result<()> {
+        if self.permits(cred, o, want) { Ok(()) } else { Err(Errno::EACCES) }
     }
 
     /// A chown of what is `Some` (by a change that holds the inode's name

@@ -16,10 +16,10 @@
 //! let ns = Namespace::new(7, 0);
 //! let me = Cred { uid: 1000, gid: 1000, groups: vec![] };
 //! let (dir, _) = ns
-//!     .create(&Cred::root(), ROOT, b"home", NewInode { kind: FileType::Directory, perm: 0o777, rdev: 0 }, b"", 1)
+//!     .create(&Cred::root(), ROOT, b"home", NewInode { kind: FileType::Directory, perm: 0o777, rdev: 0, umask: 0 }, b"", 1)
 //!     .unwrap();
 //! let (file, record) = ns
-//!     .create(&me, dir.ino, b"notes", NewInode { kind: FileType::Regular, perm: 0o644, rdev: 0 }, b"", 2)
+//!     .create(&me, dir.ino, b"notes", NewInode { kind: FileType::Regular, perm: 0o644, rdev: 0, umask: 0 }, b"", 2)
 //!     .unwrap();
 //! assert_eq!((file.uid, file.nlink), (1000, 1));
 //! // `record` goes to the journal; replayed into a fresh namespace it
@@ -30,6 +30,7 @@
 #![forbid(unsafe_code)]
 
 mod access;
+mod acl;
 mod apply;
 mod checkpoint;
 mod data;

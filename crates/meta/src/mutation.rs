@@ -114,6 +114,30 @@ pub enum Mutation {
         uid: u32,
         gid: u32,
     },
+    /// An access ACL set (`setfacl`), and the mode it gives the inode
+    /// (its owner, group-class and other bits; setgid dropped for a
+    /// setter outside the file's group): the ACL kept, or `None` where
+    /// the mode says all it does, and any ACL the inode had removed (see
+    /// `acl`).
+    SetAcl {
+        ino: Ino,
+        perm: u32,
+        acl: Option<Vec<u8>>,
+        time: Nanos,
+    },
+    /// A new inode `ino`, made by `made` (a [`Create`](Mutation::Create),
+    /// a [`Tmpfile`](Mutation::Tmpfile) or a
+    /// [`RenameWhiteout`](Mutation::RenameWhiteout)'s whiteout, its mode
+    /// already cut to them), and the ACLs it inherits from its
+    /// directory's default ACL: an access ACL where the mode does not say
+    /// it all, and a new directory's own default ACL. One record, so no
+    /// crash leaves the inode made without them.
+    Inherit {
+        made: Box<Mutation>,
+        ino: Ino,
+        access: Option<Vec<u8>>,
+        default: Option<Vec<u8>>,
+    },
 }
 
 impl Mutation {
@@ -132,7 +156,9 @@ impl Mutation {
             | Mutation::Forget { ino }
             | Mutation::Tmpfile { ino, .. }
             | Mutation::Rename(Renamed { ino, .. })
-            | Mutation::RenameWhiteout { rename: Renamed { ino, .. }, .. } => *ino,
+            | Mutation::RenameWhiteout { rename: Renamed { ino, .. }, .. }
+            | Mutation::SetAcl { ino, .. } => *ino,
+            Mutation::Inherit { made, .. } => made.ino(),
         }
     }
 
@@ -149,6 +175,8 @@ impl Mutation {
                 | Mutation::Tmpfile { .. }
                 | Mutation::SetXattr { .. }
                 | Mutation::RenameWhiteout { .. }
+                | Mutation::SetAcl { acl: Some(_), .. }
+                | Mutation::Inherit { .. }
         )
     }
 

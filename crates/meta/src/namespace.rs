@@ -16,6 +16,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use parking_lot::Mutex;
 
 use crate::access::{self, EXEC, Owner, READ};
+use crate::acl;
 use crate::entries::{Entries, Key, Name};
 use crate::errno::{Errno, Result};
 use crate::freed::FreedDirs;
@@ -200,7 +201,7 @@ impl Namespace {
         if !dir.is_dir() {
             return Err(Errno::ENOTDIR);
         }
-        access::check(cred, &dir.owner(), EXEC)?;
+        dir.check(cred, &dir.owner(), EXEC)?;
         Ok(dir)
     }
 
@@ -268,7 +269,7 @@ impl Namespace {
             return Err(Errno::ENOTDIR);
         }
         if !who.opened {
-            access::check(who.cred, &dir.owner(), READ)?;
+            dir.check(who.cred, &dir.owner(), READ)?;
         }
         let guard = scc::Guard::new();
         let mut out = Vec::new();
@@ -309,7 +310,9 @@ impl Namespace {
         let i = self.inode(ino)?;
         xattr_permission(cred, &i, name, false)?;
         let m = i.meta.lock();
-        m.xattrs().iter().find(|(n, _)| &**n == name).map(|(_, v)| v.to_vec()).ok_or(Errno::ENODATA)
+        let v = m.xattrs().iter().find(|(n, _)| &**n == name).map(|(_, v)| v).ok_or(Errno::ENODATA)?;
+        // An access ACL's class entries are the mode's (see `acl`).
+        Ok(if name == acl::ACCESS { acl::with_mode(v, i.owner().perm) } else { v.to_vec() })
     }
 
     /// The names of the extended attributes the caller may see; `E2BIG`
@@ -398,13 +401,13 @@ pub(crate) const CAPS: &[u8] = b"security.capability";
 /// by root only; `security.` read by anyone, set or removed by root only
 /// (Linux's capability module asks `CAP_SYS_ADMIN`; until session 31 the
 /// file's owner could too; [`CAPS`] is removed by anyone who could change
-/// the file: see `Namespace::removexattr`); other
-/// prefixes are not supported, `system.` among them. That one holds POSIX
-/// ACLs (`system.posix_acl_access`, `..._default`), which neither the
-/// mount's kernel nor the server would apply: stored, an ACL that denies
-/// a user would show in `getfacl` while the user still reads the file.
-/// Refused, `setfacl` says "Operation not supported", as on a file system
-/// without ACLs. A name that is its namespace's prefix alone (`user.`)
+/// the file: see `Namespace::removexattr`); POSIX ACLs
+/// (`system.posix_acl_access`, `..._default`: see `acl`) read by anyone,
+/// set or removed by the owner or root, never on a symlink, a default
+/// one on a directory only; other names of `system.`, and other
+/// prefixes, are not supported (`EOPNOTSUPP`). Until session 46 ACLs
+/// were refused, as on a file system without them: neither the mount's
+/// kernel nor the server applied them. A name that is its namespace's prefix alone (`user.`)
 /// names nothing: `EINVAL` once the caller may, as Linux's
 /// `xattr_resolve_name` answers after the permission checks (until
 /// session 41 it was stored).
@@ -441,10 +444,24 @@ fn xattr_access(cred: &Cred, i: &Inode, name: &[u8], write: bool) -> Result<()> 
         if write && i.kind == FileType::Directory && o.perm & libc::S_ISVTX != 0 && !access::owns(cred, &o) {
             return Err(Errno::EPERM);
         }
-        return access::check(cred, &o, if write { access::WRITE } else { READ });
+        return i.check(cred, &o, if write { access::WRITE } else { READ });
     }
     if name.starts_with(b"security.") {
         if write && !cred.is_root() {
+            return Err(Errno::EPERM);
+        }
+        return Ok(());
+    }
+    if name == acl::ACCESS || name == acl::DEFAULT {
+        // As Linux's `vfs_set_acl`: none on a symlink, a default ACL on
+        // a directory only, set by the owner or root; read by anyone.
+        if i.kind == FileType::Symlink {
+            return Err(Errno::EOPNOTSUPP);
+        }
+        if write && name == acl::DEFAULT && i.kind != FileType::Directory {
+            return Err(Errno::EACCES);
+        }
+        if write && !access::owns(cred, &o) {
             return Err(Errno::EPERM);
         }
         return Ok(());

@@ -9,6 +9,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use smallvec::SmallVec;
 
 use crate::access::{self, EXEC, Owner, WRITE};
+use crate::acl;
 use crate::errno::{Errno, Result};
 use crate::inode::Inode;
 use crate::locks::stripe;
@@ -29,9 +30,14 @@ pub const COPY_MAX: u64 = 8 << 20;
 /// A new inode's owner and mode.
 pub struct NewInode {
     pub kind: FileType,
-    /// Permission bits, the caller's umask already applied.
+    /// Permission bits, as asked for.
     pub perm: u32,
     pub rdev: u64,
+    /// The caller's umask: the bits it takes from `perm`, unless the
+    /// directory has a default ACL, which decides instead (as Linux
+    /// applies it on a file system with ACLs). 0 for bits already
+    /// masked.
+    pub umask: u32,
 }
 
 impl Namespace {
@@ -68,8 +74,15 @@ impl Namespace {
     /// as [`open`](Self::open) counts): `open(O_CREAT)` in one step. The
     /// name's lock is held across both, so the file cannot be unlinked and
     /// freed in between. O(log n).
-    pub fn create_open(&self, cred: &Cred, parent: Ino, name: &[u8], perm: u32, now: Nanos) -> Result<(Attr, Seq)> {
-        self.make(cred, (parent, name), NewInode { kind: FileType::Regular, perm, rdev: 0 }, b"", now, true)
+    pub fn create_open(
+        &self,
+        cred: &Cred,
+        parent: Ino,
+        name: &[u8],
+        (perm, umask): (u32, u32),
+        now: Nanos,
+    ) -> Result<(Attr, Seq)> {
+        self.make(cred, (parent, name), NewInode { kind: FileType::Regular, perm, rdev: 0, umask }, b"", now, true)
     }
 
     fn make(
@@ -97,7 +110,7 @@ impl Namespace {
         // The directory's owner and mode read once, under the locks, for
         // both checks.
         let owner = dir.owner();
-        access::check(cred, &owner, EXEC)?;
+        dir.check(cred, &owner, EXEC)?;
         if new.kind == FileType::Symlink && target.len() > SYMLINK_MAX {
             return Err(Errno::ENAMETOOLONG);
         }
@@ -107,7 +120,7 @@ impl Namespace {
         if dir.dir().dead.load(Relaxed) {
             return Err(Errno::ENOENT);
         }
-        access::check(cred, &owner, WRITE | EXEC)?;
+        dir.check(cred, &owner, WRITE | EXEC)?;
         // Device nodes are root's (`CAP_MKNOD`), but for a whiteout, the
         // character device 0:0, which anyone may make (Linux 5.8 on).
         let device = matches!(new.kind, FileType::CharDevice | FileType::BlockDevice);
@@ -118,6 +131,7 @@ impl Namespace {
             return Err(Errno::EMLINK);
         }
         let (perm, gid) = new_owner(cred, &owner, new.kind, new.perm);
+        let (perm, acls) = inherited(dir, new.kind, perm, new.umask);
         let ino = early.unwrap_or_else(|| self.new_ino());
         let m = Mutation::Create {
             parent,
@@ -131,7 +145,7 @@ impl Namespace {
             target: target.to_vec(),
             time: now,
         };
-        let seq = self.commit_held(cred, &m, &[dir])?;
+        let seq = self.commit_held(cred, &acls.wrap(m), &[dir])?;
         let i = self.inode(ino)?;
         if open {
             i.opens.fetch_add(1, Relaxed);
@@ -146,7 +160,14 @@ impl Namespace {
     /// names it first, which it may only if `linkable` (made without
     /// `O_EXCL`, Linux's `I_LINKABLE`). The directory does not change (no
     /// entry, no time). O(1) expected.
-    pub fn tmpfile(&self, cred: &Cred, parent: Ino, perm: u32, linkable: bool, now: Nanos) -> Result<(Attr, Seq)> {
+    pub fn tmpfile(
+        &self,
+        cred: &Cred,
+        parent: Ino,
+        (perm, umask): (u32, u32),
+        linkable: bool,
+        now: Nanos,
+    ) -> Result<(Attr, Seq)> {
         let guard = scc::Guard::new();
         let dir = self.inode_in(parent, &guard)?;
         if !dir.is_dir() {
@@ -155,10 +176,11 @@ impl Namespace {
         let ino = self.new_ino();
         let _held = self.stripes.lock(&[(dir, false)], &[Self::ino_lock(ino)]);
         let owner = dir.owner();
-        access::check(cred, &owner, WRITE | EXEC)?;
+        dir.check(cred, &owner, WRITE | EXEC)?;
         let (perm, gid) = new_owner(cred, &owner, FileType::Regular, perm);
+        let (perm, acls) = inherited(dir, FileType::Regular, perm, umask);
         let m = Mutation::Tmpfile { parent, ino, perm, uid: cred.uid, gid, linkable, time: now };
-        let seq = self.commit(cred, &m)?;
+        let seq = self.commit(cred, &acls.wrap(m))?;
         let i = self.inode(ino)?;
         i.opens.fetch_add(1, Relaxed);
         Ok((i.attr(), seq))
@@ -180,7 +202,7 @@ impl Namespace {
         if dir.dir().dead.load(Relaxed) {
             return Err(Errno::ENOENT);
         }
-        access::check(cred, &dir.owner(), WRITE | EXEC)?;
+        dir.check(cred, &dir.owner(), WRITE | EXEC)?;
         if target.is_dir() {
             return Err(Errno::EPERM);
         }
@@ -317,7 +339,7 @@ impl Namespace {
                     if np.dir().dead.load(Relaxed) {
                         return Err(Errno::ENOENT);
                     }
-                    access::check(cred, &np.owner(), WRITE | EXEC)?;
+                    np.check(cred, &np.owner(), WRITE | EXEC)?;
                 }
                 Some(v) => {
                     let is_dir = if flags.exchange { v.is_dir() } else { moved.is_dir() };
@@ -326,10 +348,10 @@ impl Namespace {
             }
             if parent != new_parent {
                 if moved.is_dir() {
-                    access::check(cred, &moved.owner(), WRITE)?;
+                    moved.check(cred, &moved.owner(), WRITE)?;
                 }
                 if let Some(v) = victim.as_deref().filter(|v| flags.exchange && v.is_dir()) {
-                    access::check(cred, &v.owner(), WRITE)?;
+                    v.check(cred, &v.owner(), WRITE)?;
                 }
             }
             if !flags.exchange
@@ -357,7 +379,10 @@ impl Namespace {
             };
             let m = if flags.whiteout {
                 let (_, gid) = new_owner(cred, &p.owner(), FileType::CharDevice, 0);
-                Mutation::RenameWhiteout { rename, whiteout: self.new_ino(), uid: cred.uid, gid }
+                // Its mode stays 0 whatever it inherits.
+                let (_, acls) = inherited(p, FileType::CharDevice, 0, 0);
+                let whiteout = self.new_ino();
+                acls.wrap_made(Mutation::RenameWhiteout { rename, whiteout, uid: cred.uid, gid }, whiteout)
             } else {
                 Mutation::Rename(rename)
             };
@@ -457,7 +482,7 @@ impl Namespace {
                 _ => return Err(Errno::EINVAL),
             }
             if !set.opened_for_write {
-                access::check(cred, &o, WRITE)?;
+                i.check(cred, &o, WRITE)?;
             }
             if size > FILE_SIZE_MAX {
                 return Err(Errno::EFBIG);
@@ -486,7 +511,7 @@ impl Namespace {
             if times != [Some(TimeSet::Now); 2] {
                 return Err(Errno::EPERM);
             }
-            access::check(cred, &o, WRITE)?;
+            i.check(cred, &o, WRITE)?;
         }
         if let Some(t) = set.mtime {
             mtime = Some(resolve(t));
@@ -647,6 +672,9 @@ impl Namespace {
     ) -> Result<Seq> {
         let i = self.inode(ino)?;
         let _held = self.stripes.lock(&[], &[Self::ino_lock(ino)]);
+        if name == acl::ACCESS || name == acl::DEFAULT {
+            return self.set_acl(cred, &i, name, value, now);
+        }
         xattr_permission(cred, &i, name, true)?;
         if value.len() > XATTR_SIZE_MAX {
             return Err(Errno::E2BIG);
@@ -658,6 +686,45 @@ impl Namespace {
             _ => {}
         }
         let m = Mutation::SetXattr { ino, name: name.to_vec(), value: value.to_vec(), time: now };
+        self.commit(cred, &m)
+    }
+
+    /// Sets an ACL of `i` (the caller holds its lock), as Linux's
+    /// `set_posix_acl` does: checked (`EINVAL`); none on a symlink
+    /// (`EOPNOTSUPP`); a default ACL on a directory only (`EACCES`, but
+    /// for none at all, which changes nothing); set by the owner or root
+    /// (`EPERM`). One of no entries removes it; an access ACL sets the
+    /// mode's owner, group-class and other bits and is kept only where
+    /// it says more than they do, and drops setgid if the setter is
+    /// neither in the file's group nor root. The create and replace
+    /// flags are not looked at, as Linux does not. O(entries).
+    fn set_acl(&self, cred: &Cred, i: &Inode, name: &[u8], value: &[u8], now: Nanos) -> Result<Seq> {
+        acl::check_form(value)?;
+        if name == acl::DEFAULT && acl::is_empty(value) && i.kind != FileType::Directory && i.kind != FileType::Symlink
+        {
+            return Ok(0);
+        }
+        xattr_permission(cred, i, name, true)?;
+        acl::check(value)?;
+        let ino = i.ino;
+        if acl::is_empty(value) {
+            // Removed, as Linux removes one: whether or not there was one.
+            if !i.meta.lock().xattrs().iter().any(|(n, _)| **n == *name) {
+                return Ok(0);
+            }
+            return self.commit(cred, &Mutation::RemoveXattr { ino, name: name.to_vec(), time: now });
+        }
+        if name == acl::DEFAULT {
+            return self
+                .commit(cred, &Mutation::SetXattr { ino, name: name.to_vec(), value: value.to_vec(), time: now });
+        }
+        let o = i.owner();
+        let (bits, plain) = acl::mode_of(value);
+        let mut perm = o.perm & !0o777 | bits;
+        if !cred.is_root() && !cred.in_group(o.gid) {
+            perm &= !libc::S_ISGID;
+        }
+        let m = Mutation::SetAcl { ino, perm, acl: (!plain).then(|| value.to_vec()), time: now };
         self.commit(cred, &m)
     }
 
@@ -673,7 +740,10 @@ impl Namespace {
     pub fn removexattr(&self, cred: &Cred, ino: Ino, name: &[u8], now: Nanos) -> Result<Seq> {
         let i = self.inode(ino)?;
         let _held = self.stripes.lock(&[], &[Self::ino_lock(ino)]);
-        let changer = |o| access::owns(cred, &o) || access::check(cred, &o, WRITE).is_ok();
+        if name == acl::ACCESS || name == acl::DEFAULT {
+            return self.set_acl(cred, &i, name, acl::NONE, now);
+        }
+        let changer = |o| access::owns(cred, &o) || i.permits(cred, &o, WRITE);
         if !(name == CAPS && changer(i.owner())) {
             xattr_permission(cred, &i, name, true)?;
         }
@@ -697,7 +767,7 @@ impl Namespace {
         // Freed between the look-up and the lock.
         self.inode(ino)?;
         if want != 0 {
-            access::check(cred, &i.owner(), want)?;
+            i.check(cred, &i.owner(), want)?;
         }
         i.opens.fetch_add(1, Relaxed);
         Ok(i.attr())
@@ -784,7 +854,7 @@ fn may_use(who: Caller, i: &Inode, want: u32) -> Result<Owner> {
     regular(i)?;
     let o = i.owner();
     if !who.opened && who.cred.uid != o.uid {
-        access::check(who.cred, &o, want)?;
+        i.check(who.cred, &o, want)?;
     }
     Ok(o)
 }
@@ -814,6 +884,54 @@ fn new_owner(cred: &Cred, dir: &Owner, kind: FileType, perm: u32) -> (u32, u32) 
     (perm, gid)
 }
 
+/// The ACLs a new inode inherits from its directory's default ACL (see
+/// [`inherited`]).
+enum Inherited {
+    /// The directory has none: most.
+    Nothing,
+    /// Its access ACL, where its mode does not say it all, and a new
+    /// directory's default ACL.
+    Acls { access: Option<Vec<u8>>, default: Option<Vec<u8>> },
+}
+
+impl Inherited {
+    /// The record of making the inode: `made`, or with the ACLs it
+    /// inherits, [`Mutation::Inherit`].
+    fn wrap(self, made: Mutation) -> Mutation {
+        let ino = made.ino();
+        self.wrap_made(made, ino)
+    }
+
+    /// [`wrap`](Inherited::wrap) of `made`, which makes inode `ino`.
+    fn wrap_made(self, made: Mutation, ino: Ino) -> Mutation {
+        match self {
+            Inherited::Nothing => made,
+            Inherited::Acls { access, default } => Mutation::Inherit { made: Box::new(made), ino, access, default },
+        }
+    }
+}
+
+/// The permission bits of a new inode of `kind` in `dir`, from `perm`
+/// (as [`new_owner`] leaves them), and the ACLs it inherits, as Linux's
+/// `posix_acl_create` makes them: where `dir` has a default ACL, the
+/// bits are cut to it and it to them (an access ACL kept where it says
+/// more than the bits), and a new directory takes it as its own default;
+/// elsewhere `umask` takes its bits. A symlink is 0777 whatever. O(1)
+/// without a default ACL; with one, `dir`'s `meta` lock and O(entries).
+fn inherited(dir: &Inode, kind: FileType, perm: u32, umask: u32) -> (u32, Inherited) {
+    if kind == FileType::Symlink {
+        return (perm, Inherited::Nothing);
+    }
+    let default = if dir.has_default_acl() {
+        dir.meta.lock().xattrs().iter().find(|(n, _)| **n == *acl::DEFAULT).map(|(_, v)| v.to_vec())
+    } else {
+        None
+    };
+    let Some(default) = default else { return (perm & !(umask & 0o777), Inherited::Nothing) };
+    let (perm, access) = acl::inherit(&default, perm);
+    (perm, Inherited::Acls { access, default: (kind == FileType::Directory).then_some(default) })
+}
+
 /// Data operations work on regular files only.
 fn regular(i: &Inode) -> Result<()> {
     match i.kind {
@@ -839,7 +957,7 @@ fn gone(victim: &Inode) -> Gone {
 /// the sticky rule, and the type the caller expects.
 fn may_delete(cred: &Cred, dir: &Inode, victim: &Inode, dir_wanted: bool) -> Result<()> {
     let d = dir.owner();
-    access::check(cred, &d, WRITE | EXEC)?;
+    dir.check(cred, &d, WRITE | EXEC)?;
     access::check_sticky(cred, &d, &victim.owner())?;
     match (dir_wanted, victim.is_dir()) {
         (true, false) => Err(Errno::ENOTDIR),
@@ -860,6 +978,6 @@ fn may_link(cred: &Cred, target: &Inode) -> Result<()> {
     let safe = target.kind == FileType::Regular
         && o.perm & libc::S_ISUID == 0
         && o.perm & (libc::S_ISGID | libc::S_IXGRP) != (libc::S_ISGID | libc::S_IXGRP)
-        && access::permits(cred, &o, access::READ | WRITE);
+        && target.permits(cred, &o, access::READ | WRITE);
     if safe { Ok(()) } else { Err(Errno::EPERM) }
 }

@@ -135,6 +135,11 @@ pub fn project(bytes: &[u8]) -> Result<Option<Record>, Error> {
         jobid: None,
     };
     let last = |gone: Gone| if gone == Gone::Linked { 0 } else { FLAG_LAST };
+    // A new inode with inherited ACLs is its create's record.
+    let m = match m {
+        Mutation::Inherit { made, .. } => *made,
+        m => m,
+    };
     Ok(Some(match m {
         Mutation::Create { parent, name, ino, kind, time, .. } => {
             let t = match kind {
@@ -179,10 +184,12 @@ pub fn project(bytes: &[u8]) -> Result<Option<Record>, Error> {
         Mutation::SetXattr { ino, name, time, .. } | Mutation::RemoveXattr { ino, name, time } => {
             record(RecordType::XATTR, time, ino, 0, name)
         }
+        Mutation::SetAcl { ino, time, .. } => record(RecordType::XATTR, time, ino, 0, crate::acl::ACCESS.to_vec()),
         // Made with no name: the name a link gives it later comes as an
         // `HLINK`.
         Mutation::Tmpfile { parent, ino, time, .. } => record(RecordType::CREAT, time, ino, parent, Vec::new()),
-        Mutation::Forget { .. } => return Ok(None),
+        // Not made: an inheritance is never nested.
+        Mutation::Forget { .. } | Mutation::Inherit { .. } => return Ok(None),
     }))
 }
 

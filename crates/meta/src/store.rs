@@ -15,7 +15,7 @@
 //! use interlock_meta::{Cred, FileType, NewInode, ROOT, Store, StoreOptions};
 //! let dir = tempfile::tempdir().unwrap();
 //! let (store, _) = Store::open(dir.path(), StoreOptions::default(), 1).unwrap();
-//! let new = NewInode { kind: FileType::Regular, perm: 0o644, rdev: 0 };
+//! let new = NewInode { kind: FileType::Regular, perm: 0o644, rdev: 0, umask: 0 };
 //! let (file, seq) = store.ns().create(&Cred::root(), ROOT, b"f", new, b"", 2).unwrap();
 //! store.wait(seq).unwrap(); // durable: now it may be acknowledged
 //! drop(store);
@@ -363,7 +363,7 @@ impl Store {
             match self.ns.lookup(&root, crate::ROOT, b"lost+found") {
                 Ok(a) => a.ino,
                 Err(_) => {
-                    let new = crate::NewInode { kind: crate::FileType::Directory, perm: 0o700, rdev: 0 };
+                    let new = crate::NewInode { kind: crate::FileType::Directory, perm: 0o700, rdev: 0, umask: 0 };
                     let (a, seq) = self.ns.create(&root, crate::ROOT, b"lost+found", new, b"", now).map_err(eio)?;
                     self.wait(seq).map_err(eio)?;
                     a.ino

@@ -13,7 +13,7 @@ fn file() -> NewInode {
 }
 
 fn new(kind: FileType, perm: u32) -> NewInode {
-    NewInode { kind, perm, rdev: 0 }
+    NewInode { kind, perm, rdev: 0, umask: 0 }
 }
 
 fn name(i: usize) -> Vec<u8> {
@@ -60,9 +60,9 @@ fn a_namespace_at_its_budget_grows_no_more_until_removals_make_room() {
     let link = || new(FileType::Symlink, 0o777);
     assert_eq!(ns.create(&root, ROOT, b"d", dir(), b"", 3).err(), Some(Errno::ENOSPC));
     assert_eq!(ns.create(&root, ROOT, b"s", link(), b"target", 3).err(), Some(Errno::ENOSPC));
-    assert_eq!(ns.create_open(&root, ROOT, b"o", 0o644, 3).err(), Some(Errno::ENOSPC));
+    assert_eq!(ns.create_open(&root, ROOT, b"o", (0o644, 0), 3).err(), Some(Errno::ENOSPC));
     assert_eq!(ns.link(&root, f, ROOT, b"l", 3).err(), Some(Errno::ENOSPC));
-    assert_eq!(ns.tmpfile(&root, ROOT, 0o600, true, 3).err(), Some(Errno::ENOSPC));
+    assert_eq!(ns.tmpfile(&root, ROOT, (0o600, 0), true, 3).err(), Some(Errno::ENOSPC));
     assert_eq!(ns.setxattr(&root, f, b"user.k", &[7; 1000], XattrMode::Any, 3), Err(Errno::ENOSPC));
     let whiteout = RenameFlags { whiteout: true, ..RenameFlags::default() };
     assert_eq!(ns.rename(&root, (ROOT, &name(1)), (ROOT, b"w"), whiteout, 3), Err(Errno::ENOSPC));

@@ -23,7 +23,7 @@ use interlock_journal::changelog::{Mask, RecordType};
 use interlock_meta::{Cred, FileType, Ino, NewInode, ROOT, ReadFrom, RenameFlags, Store, StoreOptions};
 
 fn file() -> NewInode {
-    NewInode { kind: FileType::Regular, perm: 0o644, rdev: 0 }
+    NewInode { kind: FileType::Regular, perm: 0o644, rdev: 0, umask: 0 }
 }
 
 fn dirs(store: &Store) -> (Ino, Ino) {
@@ -109,7 +109,7 @@ fn kill_9_under_load_keeps_every_acknowledged_change_once() {
     {
         let (store, _) = Store::open(dir.path(), StoreOptions::default(), 1).unwrap();
         let root = Cred::root();
-        let mkdir = NewInode { kind: FileType::Directory, perm: 0o755, rdev: 0 };
+        let mkdir = NewInode { kind: FileType::Directory, perm: 0o755, rdev: 0, umask: 0 };
         for name in [b"a", b"b"] {
             let (_, s) = store.ns().create(&root, ROOT, name, NewInode { ..mkdir }, b"", 1).unwrap();
             store.wait(s).unwrap();

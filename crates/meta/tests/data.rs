@@ -89,7 +89,7 @@ fn reads_back_as_the_kernels_does(ops: &[Op]) -> Result<(), TestCaseError> {
     let shm = tempfile::tempdir_in("/dev/shm").unwrap();
     let root = Cred::root();
     let (mut store, _) = Store::open(tmp.path(), StoreOptions::default(), 1).unwrap();
-    let new = || NewInode { kind: FileType::Regular, perm: 0o644, rdev: 0 };
+    let new = || NewInode { kind: FileType::Regular, perm: 0o644, rdev: 0, umask: 0 };
     let inos: Vec<Ino> = (0..2)
         .map(|i| store.ns().create(&root, ROOT, format!("f{i}").as_bytes(), new(), b"", 2).unwrap().0.ino)
         .collect();
@@ -215,7 +215,7 @@ fn store_with_files() -> (tempfile::TempDir, Store, [Ino; 2]) {
 /// [`store_with_files`] in `tmp`.
 fn store_with_files_in(tmp: tempfile::TempDir) -> (tempfile::TempDir, Store, [Ino; 2]) {
     let (store, _) = Store::open(tmp.path(), StoreOptions::default(), 1).unwrap();
-    let new = || NewInode { kind: FileType::Regular, perm: 0o644, rdev: 0 };
+    let new = || NewInode { kind: FileType::Regular, perm: 0o644, rdev: 0, umask: 0 };
     let files = [b"a", b"b"].map(|name| store.ns().create(&Cred::root(), ROOT, name, new(), b"", 2).unwrap().0.ino);
     (tmp, store, files)
 }
@@ -312,7 +312,7 @@ fn a_read_from_the_cache_fails_with_eagain_until_the_data_is_in_it() {
     }
     let (store, _) = Store::open(tmp.path(), StoreOptions::default(), 1).unwrap();
     let root = Cred::root();
-    let new = || NewInode { kind: FileType::Regular, perm: 0o644, rdev: 0 };
+    let new = || NewInode { kind: FileType::Regular, perm: 0o644, rdev: 0, umask: 0 };
     let ino = store.ns().create(&root, ROOT, b"f", new(), b"", 2).unwrap().0.ino;
     let bytes: Vec<u8> = (0..1u32 << 20).map(|i| (i % 251) as u8).collect();
     store.write((&root).into(), ino, Some(0), &bytes, 3).unwrap();

@@ -9,7 +9,7 @@ use interlock_meta::fsck::{Damage, check_dir};
 use interlock_meta::{Cred, FileType, Gone, Mutation, NewInode, ROOT, Renamed, Store, StoreOptions};
 
 fn new(kind: FileType) -> NewInode {
-    NewInode { kind, perm: 0o755, rdev: 0 }
+    NewInode { kind, perm: 0o755, rdev: 0, umask: 0 }
 }
 
 /// The bytes of every file under `dir`, by path.

@@ -49,7 +49,7 @@ impl Drop for SmallDisk {
 }
 
 fn file() -> NewInode {
-    NewInode { kind: FileType::Regular, perm: 0o644, rdev: 0 }
+    NewInode { kind: FileType::Regular, perm: 0o644, rdev: 0, umask: 0 }
 }
 
 fn name(i: usize) -> Vec<u8> {

@@ -3,9 +3,11 @@
 //! nodes and `utimensat`'s settings among them) run on
 //! a tmpfs directory and on a `Namespace` must give the same errno for
 //! every operation and the same final tree (names, types, modes, sizes,
-//! link counts, user xattrs). Operations run as root or as an
-//! unprivileged user (the kernel side switches the thread's fsuid and
-//! fsgid), so permission checks are compared too.
+//! link counts, user xattrs, POSIX ACLs). Operations run as root or as
+//! an unprivileged user (the kernel side switches the thread's fsuid and
+//! fsgid), so permission checks are compared too, ACLs' among them (the
+//! ACLs name that user and its group), and new inodes inherit
+//! directories' default ACLs under a umask of 022 as tmpfs has them.
 //!
 //! Needs a tmpfs (`/dev/shm`) and root (to switch ids); without them it
 //! says loudly that it skipped.
@@ -59,6 +61,41 @@ enum Op {
     /// a mode, `O_EXCL` or not; then `linkat` of it to a path; then
     /// `close`.
     Tmpfile(usize, usize, u32, bool),
+    /// `lsetxattr` of `ACLS[k]` as the access ACL (`false`) or the
+    /// default ACL of a path (`PATHS.len()`: the top directory, so that
+    /// creates meet default ACLs often); `ACLS.len()`: `lremovexattr` of
+    /// it.
+    SetAcl(usize, bool, usize),
+}
+
+const NONE: u32 = u32::MAX;
+
+/// The ACLs the sequences set, as `(tag, perm, id)`: a named user (the
+/// unprivileged one) under a mask; a named group (the user's) with a
+/// mask narrower than it; one the mode says all of; none (which
+/// removes); one without the mask its named entry needs (`EINVAL`).
+const ACLS: &[&[(u16, u16, u32)]] = &[
+    &[(1, 6, NONE), (2, 7, USER), (4, 4, NONE), (0x10, 7, NONE), (0x20, 0, NONE)],
+    &[(1, 7, NONE), (4, 5, NONE), (8, 6, USER), (0x10, 4, NONE), (0x20, 4, NONE)],
+    &[(1, 6, NONE), (4, 4, NONE), (0x20, 4, NONE)],
+    &[],
+    &[(1, 6, NONE), (2, 6, USER), (4, 4, NONE), (0x20, 0, NONE)],
+];
+
+/// `ACLS[k]` in the form the kernel takes.
+fn acl(k: usize) -> Vec<u8> {
+    let mut out = 2u32.to_le_bytes().to_vec();
+    for &(tag, perm, id) in ACLS[k] {
+        out.extend_from_slice(&tag.to_le_bytes());
+        out.extend_from_slice(&perm.to_le_bytes());
+        out.extend_from_slice(&id.to_le_bytes());
+    }
+    out
+}
+
+/// The extended attribute of an access (`false`) or default ACL.
+fn acl_name(default: bool) -> &'static str {
+    if default { "system.posix_acl_default" } else { "system.posix_acl_access" }
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -82,11 +119,12 @@ fn op() -> impl Strategy<Value = Op> {
         (p.clone(), 0..TIMES.len()).prop_map(|(p, k)| Op::Utime(p, k)),
         (
             prop_oneof![3 => Just(PATHS.len()), 1 => p.clone()],
-            p,
+            p.clone(),
             prop_oneof![Just(0o640u32), Just(0o2755)],
             any::<bool>()
         )
             .prop_map(|(d, l, m, x)| Op::Tmpfile(d, l, m, x)),
+        (prop_oneof![Just(PATHS.len()), p], any::<bool>(), 0..=ACLS.len()).prop_map(|(p, d, k)| Op::SetAcl(p, d, k)),
     ]
 }
 
@@ -130,6 +168,12 @@ const XNAMES: u8 = 4;
 
 fn xname(n: u8) -> String {
     if n == XNAMES - 1 { "user.".into() } else { format!("user.x{n}") }
+}
+
+/// The extended attributes the trees compare: the user ones and the
+/// ACLs.
+fn xnames() -> impl Iterator<Item = String> {
+    (0..XNAMES).map(xname).chain([false, true].map(|d| acl_name(d).to_string()))
 }
 
 impl Kernel {
@@ -221,6 +265,15 @@ impl Kernel {
                         libc::close(fd);
                         r
                     }
+                    Op::SetAcl(p, default, k) => {
+                        let name = CString::new(acl_name(default)).unwrap();
+                        let path = if p == PATHS.len() { c(&self.base) } else { self.path(p) };
+                        if k == ACLS.len() {
+                            return errno(libc::lremovexattr(path.as_ptr(), name.as_ptr()));
+                        }
+                        let v = acl(k);
+                        errno(libc::lsetxattr(path.as_ptr(), name.as_ptr(), v.as_ptr().cast(), v.len(), 0))
+                    }
                 }
             }
         })
@@ -280,7 +333,7 @@ impl Ours {
         self.time += 1;
         let now = self.time;
         let cr = cred(user);
-        let new = |kind, perm| NewInode { kind, perm: perm & !0o022, rdev: 0 };
+        let new = |kind, perm| NewInode { kind, perm, rdev: 0, umask: 0o022 };
         let r: Result<(), Errno> = (|| match *op {
             Op::Create(p, m) => {
                 let (d, n) = self.parent(&cr, PATHS[p])?;
@@ -350,10 +403,18 @@ impl Ours {
                 if self.ns.getattr(dir)?.kind != FileType::Directory {
                     return Err(Errno::ENOTDIR);
                 }
-                let (t, _) = self.ns.tmpfile(&cr, dir, m & !0o022, !excl, now)?;
+                let (t, _) = self.ns.tmpfile(&cr, dir, (m, 0o022), !excl, now)?;
                 let linked = self.parent(&cr, PATHS[l]).and_then(|(d, n)| self.ns.link(&cr, t.ino, d, n, now));
                 self.ns.release(&cr, t.ino)?;
                 linked.map(drop)
+            }
+            Op::SetAcl(p, default, k) => {
+                let ino = if p == PATHS.len() { ROOT } else { self.named(&cr, PATHS[p])? };
+                let name = acl_name(default).as_bytes();
+                if k == ACLS.len() {
+                    return self.ns.removexattr(&cr, ino, name, now).map(drop);
+                }
+                self.ns.setxattr(&cr, ino, name, &acl(k), XattrMode::Any, now).map(drop)
             }
         })();
         r.err().map_or(0, |e| e.0)
@@ -361,7 +422,7 @@ impl Ours {
 }
 
 /// A tree as both sides are compared: path → (type, mode, nlink, size,
-/// uid, gid, user xattrs).
+/// uid, gid, user xattrs and ACLs).
 type Tree = BTreeMap<String, (u32, u32, u64, u64, u32, u32, Vec<(String, Vec<u8>)>)>;
 
 fn kernel_tree(base: &Path) -> Tree {
@@ -373,15 +434,15 @@ fn kernel_tree(base: &Path) -> Tree {
             let m = std::fs::symlink_metadata(base.join(&path)).unwrap();
             let mut xattrs = Vec::new();
             if !m.file_type().is_symlink() {
-                for n in 0..XNAMES {
+                for n in xnames() {
                     let cpath = c(&base.join(&path));
-                    let cname = CString::new(xname(n)).unwrap();
-                    let mut buf = [0u8; 16];
+                    let cname = CString::new(n.clone()).unwrap();
+                    let mut buf = [0u8; 256];
                     // SAFETY: a buffer of the length given.
                     let len =
                         unsafe { libc::lgetxattr(cpath.as_ptr(), cname.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
                     if len >= 0 {
-                        xattrs.push((xname(n), buf[..len as usize].to_vec()));
+                        xattrs.push((n, buf[..len as usize].to_vec()));
                     }
                 }
             }
@@ -407,9 +468,11 @@ fn our_tree(ns: &Namespace) -> Tree {
             let path = if rel.is_empty() { name } else { format!("{rel}/{name}") };
             let a = ns.getattr(e.ino).unwrap();
             let mut xattrs = Vec::new();
-            for n in 0..XNAMES {
-                if let Ok(v) = ns.getxattr(&Cred::root(), e.ino, xname(n).as_bytes()) {
-                    xattrs.push((xname(n), v));
+            if a.kind != FileType::Symlink {
+                for n in xnames() {
+                    if let Ok(v) = ns.getxattr(&Cred::root(), e.ino, n.as_bytes()) {
+                        xattrs.push((n, v));
+                    }
                 }
             }
             let size = if a.kind == FileType::Directory { 0 } else { a.size };

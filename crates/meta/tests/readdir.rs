@@ -10,13 +10,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use interlock_meta::{Cred, DirEntry, FileType, Namespace, NewInode, ROOT, RenameFlags};
 
 fn file() -> NewInode {
-    NewInode { kind: FileType::Regular, perm: 0o644, rdev: 0 }
+    NewInode { kind: FileType::Regular, perm: 0o644, rdev: 0, umask: 0 }
 }
 
 /// A namespace with one directory, `/d`.
 fn namespace_with_dir() -> (Arc<Namespace>, interlock_meta::Attr) {
     let ns = Arc::new(Namespace::new(42, 0));
-    let dir = NewInode { kind: FileType::Directory, perm: 0o755, rdev: 0 };
+    let dir = NewInode { kind: FileType::Directory, perm: 0o755, rdev: 0, umask: 0 };
     let (d, _) = ns.create(&Cred::root(), ROOT, b"d", dir, b"", 1).unwrap();
     (ns, d)
 }

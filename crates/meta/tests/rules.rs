@@ -12,7 +12,7 @@ fn user() -> Cred {
 }
 
 fn new(kind: FileType, perm: u32) -> NewInode {
-    NewInode { kind, perm, rdev: 0 }
+    NewInode { kind, perm, rdev: 0, umask: 0 }
 }
 
 /// In a sticky, world-writable directory a user may not remove or rename
@@ -115,18 +115,23 @@ fn bad_input_gets_its_errno_and_changes_nothing() {
             ns.setxattr(&root, f.ino, b"bogus.v", b"v", XattrMode::Any, 9).map(drop),
             Errno::EOPNOTSUPP,
         ),
-        // A POSIX ACL that nothing would apply is not stored.
+        // ACLs Linux would not read.
         (
-            "an access ACL",
-            ns.setxattr(&root, f.ino, b"system.posix_acl_access", &[2, 0, 0, 0], XattrMode::Any, 9).map(drop),
-            Errno::EOPNOTSUPP,
+            "an ACL of another version",
+            ns.setxattr(&root, f.ino, b"system.posix_acl_access", &[1, 0, 0, 0], XattrMode::Any, 9).map(drop),
+            Errno::EINVAL,
         ),
         (
-            "a default ACL",
-            ns.setxattr(&root, d.ino, b"system.posix_acl_default", &[2, 0, 0, 0], XattrMode::Any, 9).map(drop),
+            "an ACL with a cut entry",
+            ns.setxattr(&root, d.ino, b"system.posix_acl_default", &[2, 0, 0, 0, 1, 0], XattrMode::Any, 9).map(drop),
+            Errno::EINVAL,
+        ),
+        (
+            "a system. name but an ACL's",
+            ns.setxattr(&root, f.ino, b"system.other", b"v", XattrMode::Any, 9).map(drop),
             Errno::EOPNOTSUPP,
         ),
-        ("reading an ACL", ns.getxattr(&root, f.ino, b"system.posix_acl_access").map(drop), Errno::EOPNOTSUPP),
+        ("reading an ACL never set", ns.getxattr(&root, f.ino, b"system.posix_acl_access").map(drop), Errno::ENODATA),
         ("getattr of a removed inode", ns.getattr(gone.ino).map(drop), Errno::ENOENT),
         (
             "setattr of a removed inode",
@@ -158,17 +163,17 @@ fn bad_input_gets_its_errno_and_changes_nothing() {
 fn create_open_creates_a_file_held_open() {
     let ns = Namespace::new(1, 0);
     let root = Cred::root();
-    let (a, _) = ns.create_open(&root, ROOT, b"a", 0o640, 1).unwrap();
+    let (a, _) = ns.create_open(&root, ROOT, b"a", (0o640, 0), 1).unwrap();
     assert_eq!((a.kind, a.perm, a.nlink, a.size), (FileType::Regular, 0o640, 1, 0));
     assert_eq!(ns.lookup(&root, ROOT, b"a").unwrap().ino, a.ino);
-    assert_eq!(ns.create_open(&root, ROOT, b"a", 0o644, 2).map(drop), Err(Errno::EEXIST));
+    assert_eq!(ns.create_open(&root, ROOT, b"a", (0o644, 0), 2).map(drop), Err(Errno::EEXIST));
     ns.unlink(&root, ROOT, b"a", 3).unwrap();
     assert_eq!(ns.getattr(a.ino).unwrap().nlink, 0, "open, so an orphan, not freed");
     ns.release(&root, a.ino).unwrap();
     assert_eq!(ns.getattr(a.ino).map(drop), Err(Errno::ENOENT), "freed at its only release");
     assert_eq!(ns.release(&root, a.ino).map(drop), Err(Errno::ENOENT));
     let (ro, _) = ns.create(&root, ROOT, b"ro", new(FileType::Directory, 0o755), b"", 4).unwrap();
-    assert_eq!(ns.create_open(&user(), ro.ino, b"x", 0o644, 5).map(drop), Err(Errno::EACCES));
+    assert_eq!(ns.create_open(&user(), ro.ino, b"x", (0o644, 0), 5).map(drop), Err(Errno::EACCES));
     assert_eq!(ns.lookup(&root, ro.ino, b"x").map(drop), Err(Errno::ENOENT));
 }
 
@@ -322,8 +327,8 @@ fn an_o_tmpfile_has_no_name_until_linked_and_goes_at_its_last_close() {
     let sgid = SetAttr { perm: Some(0o2755), gid: Some(5), chown: true, ..SetAttr::default() };
     let (d, _) = ns.setattr(&root, d.ino, &sgid, 1).unwrap();
     let (shared, _) = ns.create(&root, ROOT, b"shared", new(FileType::Directory, 0o777), b"", 1).unwrap();
-    assert_eq!(ns.tmpfile(&user(), d.ino, 0o600, true, 2).map(drop), Err(Errno::EACCES));
-    let (t, _) = ns.tmpfile(&root, d.ino, 0o2640, true, 3).unwrap();
+    assert_eq!(ns.tmpfile(&user(), d.ino, (0o600, 0), true, 2).map(drop), Err(Errno::EACCES));
+    let (t, _) = ns.tmpfile(&root, d.ino, (0o2640, 0), true, 3).unwrap();
     assert_eq!((t.kind, t.nlink, t.perm, t.gid), (FileType::Regular, 0, 0o2640, 5));
     assert_eq!(ns.getattr(d.ino).unwrap(), d, "the directory is as it was");
     assert!(ns.readdir(&root, d.ino, 0, 10).unwrap().is_empty());
@@ -331,7 +336,7 @@ fn an_o_tmpfile_has_no_name_until_linked_and_goes_at_its_last_close() {
     assert_eq!((named.ino, named.nlink), (t.ino, 1));
     assert_eq!(ns.lookup(&root, shared.ino, b"kept").unwrap().ino, t.ino);
 
-    let (excl, _) = ns.tmpfile(&user(), shared.ino, 0o600, false, 5).unwrap();
+    let (excl, _) = ns.tmpfile(&user(), shared.ino, (0o600, 0), false, 5).unwrap();
     assert_eq!((excl.uid, excl.gid), (1000, 1000));
     assert_eq!(ns.link(&user(), excl.ino, shared.ino, b"x", 6).map(drop), Err(Errno::ENOENT), "O_EXCL");
     let (f, _) = ns.create(&root, shared.ino, b"f", new(FileType::Regular, 0o644), b"", 7).unwrap();

@@ -34,6 +34,10 @@ enum Op {
     Utimens(u8, u8, i64),
     SetXattr(u8, u8, u8),
     RemoveXattr(u8, u8, u8),
+    /// `ACLS[k]` set as an access ACL (`k` even) or a default one, or
+    /// with `k` past them, the ACL of that kind removed: new inodes in a
+    /// directory with a default ACL inherit it (`Mutation::Inherit`).
+    SetAcl(u8, u8, u8),
     Open(u8, u8),
     Close(u8),
     /// `O_TMPFILE` in a directory, linkable or not: held open.
@@ -64,6 +68,7 @@ fn op() -> impl Strategy<Value = Op> {
         (d.clone(), n.clone(), 0i64..1_000).prop_map(|(d, n, t)| Op::Utimens(d, n, t)),
         (d.clone(), n.clone(), 0u8..3).prop_map(|(d, n, x)| Op::SetXattr(d, n, x)),
         (d.clone(), n.clone(), 0u8..3).prop_map(|(d, n, x)| Op::RemoveXattr(d, n, x)),
+        (d.clone(), n.clone(), 0u8..6).prop_map(|(d, n, k)| Op::SetAcl(d, n, k)),
         (d.clone(), n.clone()).prop_map(|(d, n)| Op::Open(d, n)),
         (0u8..4).prop_map(Op::Close),
         (d.clone(), any::<bool>()).prop_map(|(d, l)| Op::Tmpfile(d, l)),
@@ -72,12 +77,25 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
+/// The ACLs `Op::SetAcl` sets: a named user under a mask, and a named
+/// group (in the form `setfacl` sends).
+const ACLS: &[&[u8]] = &[
+    &[
+        2, 0, 0, 0, 1, 0, 6, 0, 255, 255, 255, 255, 2, 0, 7, 0, 232, 3, 0, 0, 4, 0, 4, 0, 255, 255, 255, 255, 16, 0, 6,
+        0, 255, 255, 255, 255, 32, 0, 0, 0, 255, 255, 255, 255,
+    ],
+    &[
+        2, 0, 0, 0, 1, 0, 7, 0, 255, 255, 255, 255, 4, 0, 5, 0, 255, 255, 255, 255, 8, 0, 6, 0, 232, 3, 0, 0, 16, 0, 4,
+        0, 255, 255, 255, 255, 32, 0, 4, 0, 255, 255, 255, 255,
+    ],
+];
+
 fn user(u: bool) -> Cred {
     if u { Cred { uid: 1000, gid: 1000, groups: vec![] } } else { Cred::root() }
 }
 
 fn new(kind: FileType, perm: u32) -> NewInode {
-    NewInode { kind, perm, rdev: 0 }
+    NewInode { kind, perm, rdev: 0, umask: 0 }
 }
 
 /// Directory `d` (0: the root; else the root's `NAMES[d - 1]`, if a
@@ -148,6 +166,13 @@ fn run(store: &Store, op: &Op, t: i64, open: &mut Vec<Ino>, linkable: &mut HashS
         Op::RemoveXattr(d, n, x) => {
             ino(ns, d, n).and_then(|i| ns.removexattr(&root, i, format!("user.{x}").as_bytes(), t).ok())
         }
+        Op::SetAcl(d, n, k) => ino(ns, d, n).and_then(|i| {
+            let name: &[u8] = if k % 2 == 0 { b"system.posix_acl_access" } else { b"system.posix_acl_default" };
+            match ACLS.get(k as usize / 2) {
+                Some(acl) => ns.setxattr(&root, i, name, acl, XattrMode::Any, t).ok(),
+                None => ns.removexattr(&root, i, name, t).ok(),
+            }
+        }),
         Op::Open(d, n) => {
             if let Some(i) = ino(ns, d, n)
                 && ns.open(&root, i, 0).is_ok()
@@ -165,7 +190,7 @@ fn run(store: &Store, op: &Op, t: i64, open: &mut Vec<Ino>, linkable: &mut HashS
             }
         }
         Op::Tmpfile(d, may_link) => dir(ns, d).and_then(|p| {
-            let (a, seq) = ns.tmpfile(&root, p, 0o600, may_link, t).ok()?;
+            let (a, seq) = ns.tmpfile(&root, p, (0o600, 0), may_link, t).ok()?;
             open.push(a.ino);
             if may_link {
                 linkable.insert(a.ino);

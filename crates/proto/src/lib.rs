@@ -38,7 +38,7 @@ pub use frame::{DecodeError, FrameTooLarge, ReadError, Reader, decode, encode, r
 pub use unacked::Unacked;
 
 /// The protocol version this build speaks.
-pub const VERSION: u32 = 20;
+pub const VERSION: u32 = 21;
 /// The largest frame either side accepts, in bytes: room for the largest
 /// write ([`meta::MAX_WRITE`], version 18; 256 KiB before), an extended
 /// attribute's largest value (64 KiB), and a page of directory entries.

@@ -35,11 +35,15 @@ pub enum MetaOp {
         #[serde(with = "serde_bytes")]
         name: Vec<u8>,
         kind: FileType,
-        /// Permission bits, the caller's umask applied.
+        /// Permission bits, as asked for.
         perm: u32,
         rdev: u64,
         #[serde(with = "serde_bytes")]
         target: Vec<u8>,
+        /// The caller's umask, applied unless the directory has a
+        /// default ACL (version 21; before, `perm` came with it applied,
+        /// as it still may, with 0 here).
+        umask: u32,
     },
     Link {
         ino: Ino,
@@ -188,8 +192,9 @@ pub enum MetaOp {
         parent: Ino,
         #[serde(with = "serde_bytes")]
         name: Vec<u8>,
-        /// Permission bits, the caller's umask applied.
+        /// Permission bits and umask, as `Create`'s.
         perm: u32,
+        umask: u32,
     },
     /// `open(O_TMPFILE)` in directory `parent` (version 11): a regular
     /// file with no name, opened as `CreateOpen` opens (close it with
@@ -198,8 +203,10 @@ pub enum MetaOp {
     /// [`MetaReply::Attr`], `nlink` 0.
     Tmpfile {
         parent: Ino,
+        /// Permission bits and umask, as `Create`'s.
         perm: u32,
         linkable: bool,
+        umask: u32,
     },
 }
 

@@ -267,19 +267,19 @@ fn perform(inner: &Inner, sid: u64, cred: &Cred, op: MetaOp) -> Result<(MetaRepl
         MetaOp::Lookup { parent, name } => (MetaReply::Attr(ns.lookup(cred, parent, &name)?), 0),
         MetaOp::Getattr { ino } => (MetaReply::Attr(ns.stat(ino)?), 0),
         MetaOp::Setattr { ino, set } => attr(inner.store.setattr(cred, ino, &set, now)?),
-        MetaOp::Create { parent, name, kind, perm, rdev, target } => {
+        MetaOp::Create { parent, name, kind, perm, rdev, target, umask } => {
             if kind == FileType::Symlink && target.is_empty() {
                 return Err(Errno::ENOENT);
             }
-            attr(ns.create(cred, parent, &name, NewInode { kind, perm, rdev }, &target, now)?)
+            attr(ns.create(cred, parent, &name, NewInode { kind, perm, rdev, umask }, &target, now)?)
         }
-        MetaOp::CreateOpen { parent, name, perm } => {
-            let (a, seq) = ns.create_open(cred, parent, &name, perm, now)?;
+        MetaOp::CreateOpen { parent, name, perm, umask } => {
+            let (a, seq) = ns.create_open(cred, parent, &name, (perm, umask), now)?;
             inner.opens.add(sid, a.ino);
             (MetaReply::Attr(a), seq)
         }
-        MetaOp::Tmpfile { parent, perm, linkable } => {
-            let (a, seq) = ns.tmpfile(cred, parent, perm, linkable, now)?;
+        MetaOp::Tmpfile { parent, perm, linkable, umask } => {
+            let (a, seq) = ns.tmpfile(cred, parent, (perm, umask), linkable, now)?;
             inner.opens.add(sid, a.ino);
             (MetaReply::Attr(a), seq)
         }

@@ -472,7 +472,7 @@ fn shape(
     phase_end: impl Fn() -> Result<(), String>,
 ) -> Result<[Took; 3], String> {
     let root = Cred::root();
-    let mkdir = || NewInode { kind: FileType::Directory, perm: 0o777, rdev: 0 };
+    let mkdir = || NewInode { kind: FileType::Directory, perm: 0o777, rdev: 0, umask: 0 };
     let mut dirs: Vec<Ino> = Vec::new();
     for (k, ns) in nss.iter().enumerate() {
         let (shared, seq) = ns.create(&root, ROOT, b"shared", mkdir(), b"", now()).map_err(|e| e.to_string())?;
@@ -480,7 +480,7 @@ fn shape(
         dirs.push(shared.ino);
     }
     let at = |i: u64| (i % nss.len() as u64) as usize;
-    let file = || NewInode { kind: FileType::Regular, perm: 0o644, rdev: 0 };
+    let file = || NewInode { kind: FileType::Regular, perm: 0o644, rdev: 0, umask: 0 };
     let failed = |what: &str, i: u64, e: Errno| format!("{what} file.{i}: {e}");
     // A changing phase: its threads, then `phase_end`, both timed.
     let changing = |op: &(dyn Fn(u64) -> Result<(), String> + Sync)| {

@@ -98,7 +98,7 @@ fn build(store: &Store, dirs: &[Ino], from: u64, to: u64, progress: bool) {
                         use std::io::Write;
                         buf.clear();
                         write!(buf, "file.{i}").expect("to a Vec");
-                        let new = NewInode { kind: FileType::Regular, perm: 0o644, rdev: 0 };
+                        let new = NewInode { kind: FileType::Regular, perm: 0o644, rdev: 0, umask: 0 };
                         last = store
                             .ns()
                             .create(&root, dirs[(i / PER_DIR) as usize], &buf, new, b"", now())
@@ -133,7 +133,7 @@ pub fn run(args: Args) -> Result<(), String> {
     let store = Arc::new(store);
     let charged0 = store.ns().memory().0;
     let root = Cred::root();
-    let mkdir = || NewInode { kind: FileType::Directory, perm: 0o755, rdev: 0 };
+    let mkdir = || NewInode { kind: FileType::Directory, perm: 0o755, rdev: 0, umask: 0 };
     let mut dirs = Vec::new();
     for d in 0..total.div_ceil(PER_DIR) {
         let (a, s) = store
