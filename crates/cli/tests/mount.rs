@@ -812,16 +812,24 @@ fn two_mounts_removing_one_tree_at_once_both_succeed() {
     }
 }
 
-/// A POSIX ACL is refused with `EOPNOTSUPP`, as on a file system
-/// without ACLs: neither the mount's kernel nor the server would apply
-/// it. Before, `setfacl -m u:nobody:---` succeeded, `getfacl` showed the
-/// entry, and `nobody` still read the file.
+/// A POSIX ACL that names a user with no rights is applied: nobody, who
+/// reads the file by its other bits, is refused once it is set, and
+/// reads again once it is removed. Until session 25 such an ACL was
+/// stored and shown by `getfacl` while nobody still read the file; until
+/// session 46 it was refused (`EOPNOTSUPP`).
 #[test]
-fn a_posix_acl_is_refused_rather_than_stored_and_not_applied() {
-    let Some((_data, _server, m)) = one_mount("a_posix_acl_is_refused_rather_than_stored_and_not_applied") else {
+fn a_posix_acl_that_denies_a_user_is_applied() {
+    let Some((_data, _server, m)) = one_mount("a_posix_acl_that_denies_a_user_is_applied") else {
         return;
     };
-    std::fs::write(m.join("f"), b"secret").unwrap();
+    let f = m.join("f");
+    std::fs::write(&f, b"secret").unwrap();
+    std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let nobody_reads = || {
+        let args = ["--reuid=65534", "--regid=65534", "--clear-groups", "cat"];
+        Command::new("setpriv").args(args).arg(&f).output().unwrap().status.success()
+    };
+    assert!(nobody_reads(), "by the other bits");
     // The xattr form of `u::rw-,u:65534:---,g::r--,m::r--,o::r--`:
     // version 2, then (tag, permissions, id) entries.
     let mut acl = 2u32.to_le_bytes().to_vec();
@@ -830,13 +838,16 @@ fn a_posix_acl_is_refused_rather_than_stored_and_not_applied() {
     {
         acl.extend([tag.to_le_bytes().as_slice(), &perm.to_le_bytes(), &id.to_le_bytes()].concat());
     }
-    let path = std::ffi::CString::new(m.join("f").into_os_string().into_encoded_bytes()).unwrap();
+    let path = std::ffi::CString::new(f.clone().into_os_string().into_encoded_bytes()).unwrap();
+    let name = c"system.posix_acl_access";
     // SAFETY: both strings are NUL-terminated and outlive the call, and
     // the value's pointer and length describe `acl`.
-    let r = unsafe {
-        libc::setxattr(path.as_ptr(), c"system.posix_acl_access".as_ptr(), acl.as_ptr().cast(), acl.len(), 0)
-    };
-    assert_eq!((r, Errno::last_raw()), (-1, libc::EOPNOTSUPP), "an access ACL");
+    let r = unsafe { libc::setxattr(path.as_ptr(), name.as_ptr(), acl.as_ptr().cast(), acl.len(), 0) };
+    assert_eq!(r, 0, "an access ACL: {}", std::io::Error::last_os_error());
+    assert!(!nobody_reads(), "the ACL's entry for nobody decides");
+    // SAFETY: a NUL-terminated path and name.
+    assert_eq!(unsafe { libc::removexattr(path.as_ptr(), name.as_ptr()) }, 0);
+    assert!(nobody_reads(), "the ACL removed");
 }
 
 /// A file that root opened keeps root's access through that open after

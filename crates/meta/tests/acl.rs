@@ -4,29 +4,13 @@
 //! step. The differential test (`kernel.rs`) sets ACLs among its random
 //! operations; these name the cases it reaches too rarely.
 
+mod common;
+
+use common::acl;
 use interlock_meta::{Cred, Errno, FileType, Ino, Namespace, NewInode, ROOT, SetAttr, XattrMode};
 
 const ACCESS: &[u8] = b"system.posix_acl_access";
 const DEFAULT: &[u8] = b"system.posix_acl_default";
-const NONE: u32 = u32::MAX;
-const USER_OBJ: u16 = 1;
-const USER: u16 = 2;
-const GROUP_OBJ: u16 = 4;
-const GROUP: u16 = 8;
-const MASK: u16 = 0x10;
-const OTHER: u16 = 0x20;
-
-/// An ACL of `(tag, perm, id)` entries, in the form `setfacl` sends.
-fn acl(entries: &[(u16, u16, u32)]) -> Vec<u8> {
-    let mut out = 2u32.to_le_bytes().to_vec();
-    for &(tag, perm, id) in entries {
-        out.extend_from_slice(&tag.to_le_bytes());
-        out.extend_from_slice(&perm.to_le_bytes());
-        out.extend_from_slice(&id.to_le_bytes());
-    }
-    out
-}
-
 fn user(uid: u32) -> Cred {
     Cred { uid, gid: uid, groups: vec![] }
 }
@@ -50,15 +34,12 @@ fn with_dir() -> (Namespace, Ino) {
 fn a_new_inode_inherits_its_directorys_default_acl_and_not_the_umask() {
     let (ns, d) = with_dir();
     let root = Cred::root();
-    let default = acl(&[(USER_OBJ, 7, NONE), (USER, 7, 1000), (GROUP_OBJ, 5, NONE), (MASK, 7, NONE), (OTHER, 0, NONE)]);
+    let default = acl("u::rwx,u:1000:rwx,g::rx,m::rwx,o::");
     ns.setxattr(&root, d, DEFAULT, &default, XattrMode::Any, 2).unwrap();
     let (f, _) = ns.create(&root, d, b"f", new(FileType::Regular, 0o666, 0o077), b"", 3).unwrap();
     assert_eq!(f.perm, 0o660, "rw- from the owner's, mask rw- from 0666");
     let got = ns.getxattr(&root, f.ino, ACCESS).unwrap();
-    assert_eq!(
-        got,
-        acl(&[(USER_OBJ, 6, NONE), (USER, 7, 1000), (GROUP_OBJ, 5, NONE), (MASK, 6, NONE), (OTHER, 0, NONE)])
-    );
+    assert_eq!(got, acl("u::rw,u:1000:rwx,g::rx,m::rw,o::"));
     assert_eq!(ns.getxattr(&root, f.ino, DEFAULT), Err(Errno::ENODATA), "a file keeps no default ACL");
     let (s, _) = ns.create(&root, d, b"s", new(FileType::Directory, 0o777, 0o077), b"", 4).unwrap();
     assert_eq!(s.perm, 0o770);
@@ -81,7 +62,7 @@ fn an_access_acl_grants_within_its_mask_and_a_chmod_moves_the_mask() {
     let root = Cred::root();
     let (f, _) = ns.create(&root, d, b"f", new(FileType::Regular, 0o600, 0), b"", 2).unwrap();
     assert_eq!(ns.open(&user(1000), f.ino, 4).map(drop), Err(Errno::EACCES));
-    let named = acl(&[(USER_OBJ, 6, NONE), (USER, 6, 1000), (GROUP_OBJ, 0, NONE), (MASK, 6, NONE), (OTHER, 0, NONE)]);
+    let named = acl("u::rw,u:1000:rw,g::,m::rw,o::");
     ns.setxattr(&root, f.ino, ACCESS, &named, XattrMode::Any, 3).unwrap();
     assert_eq!(ns.getattr(f.ino).unwrap().perm, 0o660, "the mask is the group class");
     assert!(ns.open(&user(1000), f.ino, 4 | 2).is_ok());
@@ -89,12 +70,9 @@ fn an_access_acl_grants_within_its_mask_and_a_chmod_moves_the_mask() {
     ns.setattr(&root, f.ino, &SetAttr { perm: Some(0o640), ..SetAttr::default() }, 4).unwrap();
     assert_eq!(ns.open(&user(1000), f.ino, 2).map(drop), Err(Errno::EACCES), "the mask is r-- now");
     let read = ns.getxattr(&user(1001), f.ino, ACCESS).unwrap();
-    assert_eq!(
-        read,
-        acl(&[(USER_OBJ, 6, NONE), (USER, 6, 1000), (GROUP_OBJ, 0, NONE), (MASK, 4, NONE), (OTHER, 0, NONE)])
-    );
+    assert_eq!(read, acl("u::rw,u:1000:rw,g::,m::r,o::"));
     // Setting only what the mode says: a chmod, and the ACL is gone.
-    let plain = acl(&[(USER_OBJ, 7, NONE), (GROUP_OBJ, 5, NONE), (OTHER, 4, NONE)]);
+    let plain = acl("u::rwx,g::rx,o::r");
     ns.setxattr(&root, f.ino, ACCESS, &plain, XattrMode::Any, 5).unwrap();
     assert_eq!(ns.getattr(f.ino).unwrap().perm, 0o754);
     assert_eq!(ns.getxattr(&root, f.ino, ACCESS), Err(Errno::ENODATA));
@@ -111,9 +89,9 @@ fn who_may_set_an_acl_and_what_it_drops() {
     let root = Cred::root();
     let owner = user(1000);
     let (f, _) = ns.create(&owner, d, b"f", new(FileType::Regular, 0o640, 0), b"", 2).unwrap();
-    let named = acl(&[(USER_OBJ, 6, NONE), (GROUP, 4, 2000), (GROUP_OBJ, 4, NONE), (MASK, 4, NONE), (OTHER, 0, NONE)]);
+    let named = acl("u::rw,g:2000:r,g::r,m::r,o::");
     assert_eq!(ns.setxattr(&owner, f.ino, ACCESS, &named, XattrMode::Any, 3), Err(Errno::EINVAL), "out of order");
-    let named = acl(&[(USER_OBJ, 6, NONE), (GROUP_OBJ, 4, NONE), (GROUP, 4, 2000), (MASK, 4, NONE), (OTHER, 0, NONE)]);
+    let named = acl("u::rw,g::r,g:2000:r,m::r,o::");
     assert_eq!(ns.setxattr(&user(1001), f.ino, ACCESS, &named, XattrMode::Any, 3), Err(Errno::EPERM));
     assert_eq!(ns.setxattr(&owner, f.ino, DEFAULT, &named, XattrMode::Any, 3), Err(Errno::EACCES));
     assert_eq!(ns.removexattr(&owner, f.ino, DEFAULT, 3), Ok(0), "no default ACL to remove: nothing to do");
@@ -134,7 +112,7 @@ fn who_may_set_an_acl_and_what_it_drops() {
 fn acls_outlive_a_restart_from_the_checkpoint_and_from_the_journal() {
     use interlock_meta::{Store, StoreOptions};
     let root = Cred::root();
-    let named = acl(&[(USER_OBJ, 6, NONE), (USER, 6, 1000), (GROUP_OBJ, 0, NONE), (MASK, 6, NONE), (OTHER, 0, NONE)]);
+    let named = acl("u::rw,u:1000:rw,g::,m::rw,o::");
     for checkpoint in [true, false] {
         let tmp = tempfile::tempdir().unwrap();
         let (f, d) = {

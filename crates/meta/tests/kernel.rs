@@ -68,30 +68,17 @@ enum Op {
     SetAcl(usize, bool, usize),
 }
 
-const NONE: u32 = u32::MAX;
-
-/// The ACLs the sequences set, as `(tag, perm, id)`: a named user (the
+/// The ACLs the sequences set (see `common::acl`): a named user (the
 /// unprivileged one) under a mask; a named group (the user's) with a
 /// mask narrower than it; one the mode says all of; none (which
 /// removes); one without the mask its named entry needs (`EINVAL`).
-const ACLS: &[&[(u16, u16, u32)]] = &[
-    &[(1, 6, NONE), (2, 7, USER), (4, 4, NONE), (0x10, 7, NONE), (0x20, 0, NONE)],
-    &[(1, 7, NONE), (4, 5, NONE), (8, 6, USER), (0x10, 4, NONE), (0x20, 4, NONE)],
-    &[(1, 6, NONE), (4, 4, NONE), (0x20, 4, NONE)],
-    &[],
-    &[(1, 6, NONE), (2, 6, USER), (4, 4, NONE), (0x20, 0, NONE)],
+const ACLS: &[&str] = &[
+    "u::rw,u:1000:rwx,g::r,m::rwx,o::",
+    "u::rwx,g::rx,g:1000:rw,m::r,o::r",
+    "u::rw,g::r,o::r",
+    "",
+    "u::rw,u:1000:rw,g::r,o::",
 ];
-
-/// `ACLS[k]` in the form the kernel takes.
-fn acl(k: usize) -> Vec<u8> {
-    let mut out = 2u32.to_le_bytes().to_vec();
-    for &(tag, perm, id) in ACLS[k] {
-        out.extend_from_slice(&tag.to_le_bytes());
-        out.extend_from_slice(&perm.to_le_bytes());
-        out.extend_from_slice(&id.to_le_bytes());
-    }
-    out
-}
 
 /// The extended attribute of an access (`false`) or default ACL.
 fn acl_name(default: bool) -> &'static str {
@@ -271,7 +258,7 @@ impl Kernel {
                         if k == ACLS.len() {
                             return errno(libc::lremovexattr(path.as_ptr(), name.as_ptr()));
                         }
-                        let v = acl(k);
+                        let v = common::acl(ACLS[k]);
                         errno(libc::lsetxattr(path.as_ptr(), name.as_ptr(), v.as_ptr().cast(), v.len(), 0))
                     }
                 }
@@ -414,7 +401,7 @@ impl Ours {
                 if k == ACLS.len() {
                     return self.ns.removexattr(&cr, ino, name, now).map(drop);
                 }
-                self.ns.setxattr(&cr, ino, name, &acl(k), XattrMode::Any, now).map(drop)
+                self.ns.setxattr(&cr, ino, name, &common::acl(ACLS[k]), XattrMode::Any, now).map(drop)
             }
         })();
         r.err().map_or(0, |e| e.0)

@@ -77,18 +77,9 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
-/// The ACLs `Op::SetAcl` sets: a named user under a mask, and a named
-/// group (in the form `setfacl` sends).
-const ACLS: &[&[u8]] = &[
-    &[
-        2, 0, 0, 0, 1, 0, 6, 0, 255, 255, 255, 255, 2, 0, 7, 0, 232, 3, 0, 0, 4, 0, 4, 0, 255, 255, 255, 255, 16, 0, 6,
-        0, 255, 255, 255, 255, 32, 0, 0, 0, 255, 255, 255, 255,
-    ],
-    &[
-        2, 0, 0, 0, 1, 0, 7, 0, 255, 255, 255, 255, 4, 0, 5, 0, 255, 255, 255, 255, 8, 0, 6, 0, 232, 3, 0, 0, 16, 0, 4,
-        0, 255, 255, 255, 255, 32, 0, 4, 0, 255, 255, 255, 255,
-    ],
-];
+/// The ACLs `Op::SetAcl` sets (see `common::acl`): a named user under
+/// a mask, and a named group.
+const ACLS: &[&str] = &["u::rw,u:1000:rwx,g::r,m::rw,o::", "u::rwx,g::rx,g:1000:rw,m::r,o::r"];
 
 fn user(u: bool) -> Cred {
     if u { Cred { uid: 1000, gid: 1000, groups: vec![] } } else { Cred::root() }
@@ -169,7 +160,7 @@ fn run(store: &Store, op: &Op, t: i64, open: &mut Vec<Ino>, linkable: &mut HashS
         Op::SetAcl(d, n, k) => ino(ns, d, n).and_then(|i| {
             let name: &[u8] = if k % 2 == 0 { b"system.posix_acl_access" } else { b"system.posix_acl_default" };
             match ACLS.get(k as usize / 2) {
-                Some(acl) => ns.setxattr(&root, i, name, acl, XattrMode::Any, t).ok(),
+                Some(acl) => ns.setxattr(&root, i, name, &common::acl(acl), XattrMode::Any, t).ok(),
                 None => ns.removexattr(&root, i, name, t).ok(),
             }
         }),

@@ -70,3 +70,36 @@ pub fn dump(ns: &Namespace, extra: &[Ino]) -> Vec<Seen> {
     out.sort_by(|a, b| a.path.cmp(&b.path));
     out
 }
+
+/// A POSIX ACL in the extended-attribute form `setfacl` sends, from its
+/// short text form: `u::rw,u:1000:rwx,g::r,g:20:w,m::rwx,o::`, entries in
+/// the order given (an id, or none for the owner's, the owning group's,
+/// the mask and the others').
+pub fn acl(text: &str) -> Vec<u8> {
+    let mut out = 2u32.to_le_bytes().to_vec();
+    for entry in text.split(',').filter(|e| !e.is_empty()) {
+        let mut parts = entry.split(':');
+        let (kind, id, perm) = (parts.next().unwrap(), parts.next().unwrap(), parts.next().unwrap());
+        let tag: u16 = match (kind, id.is_empty()) {
+            ("u", true) => 0x01,
+            ("u", false) => 0x02,
+            ("g", true) => 0x04,
+            ("g", false) => 0x08,
+            ("m", _) => 0x10,
+            ("o", _) => 0x20,
+            _ => panic!("ACL entry {entry:?}"),
+        };
+        let bits: u16 = perm
+            .chars()
+            .map(|c| match c {
+                'r' => 4,
+                'w' => 2,
+                'x' => 1,
+                _ => panic!("ACL permission {perm:?}"),
+            })
+            .sum();
+        let id = if id.is_empty() { u32::MAX } else { id.parse().unwrap() };
+        out.extend([tag.to_le_bytes().as_slice(), &bits.to_le_bytes(), &id.to_le_bytes()].concat());
+    }
+    out
+}
