@@ -341,6 +341,7 @@ mod tests {
             atime: -1,
             mtime: 1_500_000_000,
             ctime: 0,
+            acl: false,
         }
     }
 

@@ -17,6 +17,8 @@
 //! - `locks`: the kernel's lock owners → the client's owners; what
 //!   `FUSE_FLUSH` and `FUSE_RELEASE` release.
 //! - `handles`: open files.
+//! - `acls`: which inodes have POSIX ACLs, so the kernel's look for a
+//!   file's ACL is answered here for the many that have none.
 //! - `unsynced`: writes not yet synced, so that an `fsync` after the
 //!   server's machine restarted fails rather than vouch for them.
 //!
@@ -41,6 +43,7 @@
 #![forbid(unsafe_code)]
 
 mod abi;
+mod acls;
 mod creds;
 mod handles;
 mod locks;

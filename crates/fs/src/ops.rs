@@ -20,6 +20,7 @@ use tokio::sync::oneshot;
 
 use crate::Config;
 use crate::abi::{self, Args, InHeader, Malformed, Ttl, fattr, op};
+use crate::acls::{self, Acls};
 use crate::handles::{Handles, Listing};
 use crate::locks::{Lost, Owners, errno};
 use crate::unsynced::Unsynced;
@@ -43,6 +44,7 @@ pub struct Fs {
     /// See [`Config::root_squashed`].
     root_squashed: bool,
     pub(crate) handles: Handles,
+    acls: Acls,
     pub(crate) owners: Owners,
     pub(crate) lost: Lost,
     unsynced: Unsynced,
@@ -141,6 +143,7 @@ impl Fs {
             read_only: cfg.options.read_only,
             root_squashed: cfg.root_squashed,
             handles: Handles::default(),
+            acls: Acls::default(),
             owners: Owners::default(),
             lost: Lost::default(),
             unsynced: Unsynced::default(),
@@ -178,7 +181,7 @@ impl Fs {
         let mut a = Args::new(body);
         let r = match h.opcode {
             op::LOOKUP => self.lookup(&cred, ino, &mut a).await,
-            op::GETATTR => self.again(|| self.client.getattr(&cred, ino)).await.map(|at| abi::attr_out(&at, self.ttl)),
+            op::GETATTR => self.again(|| self.client.getattr(&cred, ino)).await.map(|at| self.attr_out(&at)),
             op::SETATTR => self.setattr((&cred, h.pid), ino, &mut a).await,
             op::READLINK => self.again(|| self.client.readlink(&cred, ino)).await,
             op::SYMLINK => self.symlink(&cred, ino, &mut a).await,
@@ -285,8 +288,18 @@ impl Fs {
         if self.read_only { Err(libc::EROFS) } else { Ok(()) }
     }
 
+    /// An entry for the kernel (`fuse_entry_out`), noting whether the
+    /// inode has an ACL (see `acls`), as every attribute the kernel gets.
     fn entry(&self, a: &Attr) -> Vec<u8> {
+        self.acls.seen(a);
         abi::entry(a, self.ttl)
+    }
+
+    /// Attributes for the kernel (`fuse_attr_out`), noted as
+    /// [`entry`](Fs::entry) notes them.
+    fn attr_out(&self, a: &Attr) -> Vec<u8> {
+        self.acls.seen(a);
+        abi::attr_out(a, self.ttl)
     }
 
     async fn lookup(&self, cred: &Cred, parent: Ino, a: &mut Args<'_>) -> Answer {
@@ -344,7 +357,7 @@ impl Fs {
         let set = &set;
         self.on_file(ino, true, |c| async move { c.setattr(cred, ino, set.clone()).await })
             .await
-            .map(|at| abi::attr_out(&at, self.ttl))
+            .map(|at| self.attr_out(&at))
     }
 
     /// Makes an inode of `kind` with permission bits from `mode`.
@@ -699,13 +712,21 @@ impl Fs {
             libc::XATTR_REPLACE => XattrMode::Replace,
             _ => return Err(libc::EINVAL),
         };
+        if acls::NAMES.contains(&name) {
+            self.acls.changed(ino);
+        }
         self.once(|| self.client.setxattr(cred, ino, name, value, mode)).await.map(|()| Vec::new())
     }
 
+    /// `FUSE_GETXATTR`. An ACL of an inode known to have none is
+    /// `ENODATA` here (see `acls`).
     async fn getxattr(&self, cred: &Cred, ino: Ino, a: &mut Args<'_>) -> Answer {
         let size = a.u32()? as usize;
         a.skip(4)?;
         let name = a.cstr()?;
+        if acls::NAMES.contains(&name) && self.acls.none(ino) {
+            return Err(libc::ENODATA);
+        }
         sized(self.again(|| self.client.getxattr(cred, ino, name)).await?, size)
     }
 
@@ -723,6 +744,9 @@ impl Fs {
     async fn removexattr(&self, cred: &Cred, ino: Ino, a: &mut Args<'_>) -> Answer {
         self.writable()?;
         let name = a.cstr()?;
+        if acls::NAMES.contains(&name) {
+            self.acls.changed(ino);
+        }
         self.once(|| self.client.removexattr(cred, ino, name)).await.map(|()| Vec::new())
     }
 
@@ -753,7 +777,10 @@ impl Fs {
                     return false;
                 }
                 match entry {
-                    Some(at) => abi::put_entry(out, at, self.ttl),
+                    Some(at) => {
+                        self.acls.seen(at);
+                        abi::put_entry(out, at, self.ttl)
+                    }
                     None => out.resize(out.len() + 128, 0),
                 }
             }

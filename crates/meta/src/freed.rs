@@ -80,6 +80,7 @@ mod tests {
             atime: 0,
             mtime: 0,
             ctime,
+            acl: false,
         }
     }
 

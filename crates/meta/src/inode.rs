@@ -329,6 +329,7 @@ impl Inode {
             atime: m.atime,
             mtime,
             ctime,
+            acl: self.perm.load(Relaxed) & (ACCESS_ACL | DEFAULT_ACL) != 0,
         }
     }
 }

@@ -95,6 +95,11 @@ pub struct Attr {
     pub atime: Nanos,
     pub mtime: Nanos,
     pub ctime: Nanos,
+    /// It has a POSIX ACL, access or default (version 21): a mount that
+    /// knows an inode has none answers the kernel's look for one itself,
+    /// with no round trip (the kernel looks at a file's ACL before it
+    /// lets anyone but its owner at it).
+    pub acl: bool,
 }
 
 impl Attr {

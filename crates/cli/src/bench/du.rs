@@ -195,6 +195,7 @@ mod tests {
             atime: 0,
             mtime: 0,
             ctime: 0,
+            acl: false,
         };
         Entry { name: format!("e{ino}").into_bytes(), ino, kind, cookie: ino, attr: listed.then_some(attr) }
     }
