@@ -162,6 +162,19 @@ impl Mutation {
         }
     }
 
+    /// The inode this change frees, whose data then goes: what a removal
+    /// or a rename replaced and freed, or an orphan's end. O(1).
+    pub fn frees(&self) -> Option<Ino> {
+        match self {
+            Mutation::Remove { ino, gone: Gone::Freed, .. } | Mutation::Forget { ino } => Some(*ino),
+            Mutation::Rename(Renamed { victim: Some(v), gone: Gone::Freed, exchange: false, .. })
+            | Mutation::RenameWhiteout { rename: Renamed { victim: Some(v), gone: Gone::Freed, .. }, .. } => Some(*v),
+            // A whiteout's rename, under a default ACL.
+            Mutation::Inherit { made, .. } => made.frees(),
+            _ => None,
+        }
+    }
+
     /// Whether this change makes the namespace hold more in memory: a new
     /// inode, a new name, or an extended attribute set (refused while the
     /// namespace holds its budget: see `usage`). A rename is not, though

@@ -35,7 +35,7 @@ use crate::checkpoint::{self, Written};
 use crate::data::Data;
 use crate::errno::{Errno, Result};
 use crate::log::{Log, Room, Seq};
-use crate::mutation::{Gone, Mutation, Renamed};
+use crate::mutation::Mutation;
 use crate::namespace::Namespace;
 use crate::record;
 use crate::replies::Tag;
@@ -101,13 +101,7 @@ impl Log for JournalLog {
             tracing::error!(error = %e, "journal append failed");
             Errno::EIO
         })?;
-        let freed = match m {
-            Mutation::Remove { ino, gone: Gone::Freed, .. } | Mutation::Forget { ino } => Some(*ino),
-            Mutation::Rename(Renamed { victim: Some(v), gone: Gone::Freed, exchange: false, .. })
-            | Mutation::RenameWhiteout { rename: Renamed { victim: Some(v), gone: Gone::Freed, .. }, .. } => Some(*v),
-            _ => None,
-        };
-        if let Some(ino) = freed {
+        if let Some(ino) = m.frees() {
             self.freed.lock().push((seq, ino));
         }
         Ok(seq)

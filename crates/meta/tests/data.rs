@@ -9,7 +9,8 @@
 use std::os::unix::fs::{FileExt, MetadataExt};
 
 use interlock_meta::{
-    COPY_MAX, Cred, Errno, Fallocate, FileType, Ino, NewInode, ROOT, ReadFrom, SeekTo, SetAttr, Store, StoreOptions,
+    COPY_MAX, Cred, Errno, Fallocate, FileType, Ino, NewInode, ROOT, ReadFrom, RenameFlags, SeekTo, SetAttr, Store,
+    StoreOptions, XattrMode,
 };
 use nix::fcntl::{FallocateFlags, copy_file_range, fallocate};
 use proptest::prelude::*;
@@ -265,6 +266,28 @@ fn a_freed_files_data_goes() {
     drop(store);
     let (_, opened) = Store::open(tmp.path(), StoreOptions::default(), 6).unwrap();
     assert_eq!((opened.data_removed, data_files(tmp.path())), (1, 0));
+}
+
+/// A file replaced by a rename that leaves a whiteout, in a directory
+/// with a default ACL (the whiteout inherits it: one record of both,
+/// `Mutation::Inherit`), has its data freed as by any rename over it.
+/// Before, the store did not see the freed file through the record that
+/// wraps the rename, and its data file stayed on the disk.
+#[test]
+fn a_file_replaced_by_a_whiteout_rename_under_a_default_acl_has_its_data_freed() {
+    let (tmp, store, [a, b]) = store_with_files();
+    let root = Cred::root();
+    store.write((&root).into(), b, Some(0), b"replaced", 3).unwrap();
+    store.write((&root).into(), a, Some(0), b"moved", 3).unwrap();
+    assert_eq!(data_files(tmp.path()), 2);
+    let default = common::acl("u::rwx,u:1000:rwx,g::rx,m::rwx,o::");
+    store.ns().setxattr(&root, ROOT, b"system.posix_acl_default", &default, XattrMode::Any, 4).unwrap();
+    let flags = RenameFlags { whiteout: true, ..RenameFlags::default() };
+    store.wait(store.ns().rename(&root, (ROOT, b"a"), (ROOT, b"b"), flags, 5).unwrap()).unwrap();
+    let whiteout = store.ns().lookup(&root, ROOT, b"a").unwrap().ino;
+    assert!(store.ns().getxattr(&root, whiteout, b"system.posix_acl_access").is_ok(), "the whiteout inherited");
+    assert_eq!(store.collect_freed(), 1);
+    assert_eq!(data_files(tmp.path()), 1, "b's data went");
 }
 
 /// A copy moves only the source's data: its holes stay holes, so a
