@@ -830,14 +830,8 @@ fn a_posix_acl_that_denies_a_user_is_applied() {
         Command::new("setpriv").args(args).arg(&f).output().unwrap().status.success()
     };
     assert!(nobody_reads(), "by the other bits");
-    // The xattr form of `u::rw-,u:65534:---,g::r--,m::r--,o::r--`:
-    // version 2, then (tag, permissions, id) entries.
-    let mut acl = 2u32.to_le_bytes().to_vec();
-    for (tag, perm, id) in
-        [(1u16, 6u16, u32::MAX), (2, 0, 65534), (4, 4, u32::MAX), (0x10, 4, u32::MAX), (0x20, 4, u32::MAX)]
-    {
-        acl.extend([tag.to_le_bytes().as_slice(), &perm.to_le_bytes(), &id.to_le_bytes()].concat());
-    }
+    // `u::rw-,u:65534:---,g::r--,m::r--,o::r--`.
+    let acl = acl_xattr(&[(1, 6, u32::MAX), (2, 0, 65534), (4, 4, u32::MAX), (0x10, 4, u32::MAX), (0x20, 4, u32::MAX)]);
     let path = std::ffi::CString::new(f.clone().into_os_string().into_encoded_bytes()).unwrap();
     let name = c"system.posix_acl_access";
     // SAFETY: both strings are NUL-terminated and outlive the call, and
@@ -1493,6 +1487,31 @@ enum FsOp {
         link: &'static str,
         excl: bool,
     },
+    /// `lsetxattr(2)` of `ACLS[acl]` as the access ACL or the default
+    /// one (`lremovexattr(2)` past them), then what `lgetxattr(2)` reads
+    /// back.
+    Acl {
+        path: &'static str,
+        default: bool,
+        acl: usize,
+    },
+}
+
+/// The POSIX ACLs the differential test sets, as `(tag, permissions,
+/// id)`: the unprivileged user named under a mask, and its group named
+/// with a narrower mask.
+const ACLS: &[&[(u16, u16, u32)]] = &[
+    &[(1, 6, u32::MAX), (2, 7, 1000), (4, 4, u32::MAX), (0x10, 6, u32::MAX), (0x20, 0, u32::MAX)],
+    &[(1, 7, u32::MAX), (4, 5, u32::MAX), (8, 6, 1000), (0x10, 4, u32::MAX), (0x20, 4, u32::MAX)],
+];
+
+/// An ACL's extended-attribute form: version 2, then its entries.
+fn acl_xattr(entries: &[(u16, u16, u32)]) -> Vec<u8> {
+    let mut acl = 2u32.to_le_bytes().to_vec();
+    for (tag, perm, id) in entries {
+        acl.extend([tag.to_le_bytes().as_slice(), &perm.to_le_bytes(), &id.to_le_bytes()].concat());
+    }
+    acl
 }
 
 const PATHS: &[&str] = &["a", "b", "d", "e", "d/a", "d/b", "d/e", "e/a"];
@@ -1545,6 +1564,8 @@ fn fs_op() -> impl proptest::strategy::Strategy<Value = FsOp> {
         1 => p().prop_map(|path| FsOp::Mkfifo { path }),
         1 => (proptest::sample::select(&[".", "d", "e", "a"][..]), p(), any::<bool>())
             .prop_map(|(dir, link, excl)| FsOp::Tmpfile { dir, link, excl }),
+        1 => (proptest::sample::select(&[".", "d", "e", "a"][..]), any::<bool>(), 0..=ACLS.len())
+            .prop_map(|(path, default, acl)| FsOp::Acl { path, default, acl }),
     ]
 }
 
@@ -1645,6 +1666,26 @@ fn apply(root: &Path, op: &FsOp) -> Result<Vec<String>, i32> {
             // A failed read back, told from a failed set by its sign.
             let got = usize::try_from(got).map_err(|_| -errno())?;
             Ok(vec![String::from_utf8_lossy(&back[..got]).into_owned()])
+        }
+        FsOp::Acl { path, default, acl } => {
+            use std::os::unix::ffi::OsStrExt;
+            let p = std::ffi::CString::new(at(path).as_os_str().as_bytes()).unwrap();
+            let n = if default { c"system.posix_acl_default" } else { c"system.posix_acl_access" };
+            let errno = || std::io::Error::last_os_error().raw_os_error().unwrap_or(-1);
+            // SAFETY: NUL-terminated path and name, and a value of the
+            // length given.
+            let set = match ACLS.get(acl).map(|a| acl_xattr(a)) {
+                Some(v) => unsafe { libc::lsetxattr(p.as_ptr(), n.as_ptr(), v.as_ptr().cast(), v.len(), 0) },
+                None => unsafe { libc::lremovexattr(p.as_ptr(), n.as_ptr()) },
+            };
+            if set < 0 {
+                return Err(errno());
+            }
+            let mut back = [0u8; 64];
+            // SAFETY: as above, into a buffer of the length given.
+            let got = unsafe { libc::lgetxattr(p.as_ptr(), n.as_ptr(), back.as_mut_ptr().cast(), back.len()) };
+            let got = usize::try_from(got).map_err(|_| -errno())?;
+            Ok(vec![format!("{:?}", &back[..got])])
         }
         FsOp::Read { path } => {
             let mut data = Vec::new();
