@@ -708,10 +708,8 @@ impl Namespace {
         acl::check(value)?;
         let ino = i.ino;
         if acl::is_empty(value) {
-            // Removed, as Linux removes one: whether or not there was one.
-            if !i.meta.lock().xattrs().iter().any(|(n, _)| **n == *name) {
-                return Ok(0);
-            }
+            // Removed as Linux removes one: whether or not there was one,
+            // the ctime moves.
             return self.commit(cred, &Mutation::RemoveXattr { ino, name: name.to_vec(), time: now });
         }
         if name == acl::DEFAULT {
