@@ -21,7 +21,7 @@ use interlock_client::meta::{Attr, Ino};
 use parking_lot::Mutex;
 
 /// The extended attributes that hold POSIX ACLs.
-pub const NAMES: [&[u8]; 2] = [b"system.posix_acl_access", b"system.posix_acl_default"];
+const NAMES: [&[u8]; 2] = [b"system.posix_acl_access", b"system.posix_acl_default"];
 
 /// The inodes to ask the server about (see the module's docs). O(1)
 /// expected per call; memory O(inodes with ACLs seen).
@@ -37,7 +37,7 @@ impl Acls {
     /// Notes what an attribute given to the kernel says.
     pub fn seen(&self, a: &Attr) {
         if a.acl {
-            self.changed(a.ino);
+            self.has(a.ino);
         } else if self.len.load(Ordering::Acquire) > 0 {
             let mut with = self.with.lock();
             with.remove(&a.ino);
@@ -45,18 +45,27 @@ impl Acls {
         }
     }
 
-    /// An ACL of `ino` was set or removed through this mount (or an
-    /// attribute says it has one): ask the server from now on, until an
+    /// Extended attribute `name` of `ino` is being set or removed through
+    /// this mount: if it is an ACL, ask the server from now on, until an
     /// attribute says otherwise.
-    pub fn changed(&self, ino: Ino) {
+    pub fn changing(&self, ino: Ino, name: &[u8]) {
+        if NAMES.contains(&name) {
+            self.has(ino);
+        }
+    }
+
+    /// `ino` has, or may have, an ACL.
+    fn has(&self, ino: Ino) {
         let mut with = self.with.lock();
         with.insert(ino);
         self.len.store(with.len(), Ordering::Release);
     }
 
-    /// Whether `ino` is known to have no ACL.
-    pub fn none(&self, ino: Ino) -> bool {
-        self.len.load(Ordering::Acquire) == 0 || !self.with.lock().contains(&ino)
+    /// Whether a look for extended attribute `name` of `ino` is answered
+    /// here, with none: `name` is an ACL's, and `ino` is known to have
+    /// none.
+    pub fn known_none(&self, ino: Ino, name: &[u8]) -> bool {
+        NAMES.contains(&name) && (self.len.load(Ordering::Acquire) == 0 || !self.with.lock().contains(&ino))
     }
 }
 
@@ -86,14 +95,18 @@ mod tests {
     #[test]
     fn an_inode_is_asked_about_from_an_acl_seen_or_set_until_one_is_seen_gone() {
         let acls = Acls::default();
+        let access = NAMES[0];
         acls.seen(&attr(5, false));
-        assert!(acls.none(5));
+        assert!(acls.known_none(5, access));
         acls.seen(&attr(5, true));
-        assert!(!acls.none(5));
+        assert!(!acls.known_none(5, access));
         acls.seen(&attr(5, false));
-        assert!(acls.none(5));
-        acls.changed(6);
-        assert!(!acls.none(6), "set here: asked before any attribute says so");
-        assert!(acls.none(7));
+        assert!(acls.known_none(5, access));
+        acls.changing(6, b"user.a");
+        assert!(acls.known_none(6, access), "another xattr says nothing of ACLs");
+        acls.changing(6, NAMES[1]);
+        assert!(!acls.known_none(6, access), "set here: asked before any attribute says so");
+        assert!(acls.known_none(7, access));
+        assert!(!acls.known_none(7, b"user.a"), "other names are always asked");
     }
 }

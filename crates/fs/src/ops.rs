@@ -20,7 +20,7 @@ use tokio::sync::oneshot;
 
 use crate::Config;
 use crate::abi::{self, Args, InHeader, Malformed, Ttl, fattr, op};
-use crate::acls::{self, Acls};
+use crate::acls::Acls;
 use crate::handles::{Handles, Listing};
 use crate::locks::{Lost, Owners, errno};
 use crate::unsynced::Unsynced;
@@ -712,9 +712,7 @@ impl Fs {
             libc::XATTR_REPLACE => XattrMode::Replace,
             _ => return Err(libc::EINVAL),
         };
-        if acls::NAMES.contains(&name) {
-            self.acls.changed(ino);
-        }
+        self.acls.changing(ino, name);
         self.once(|| self.client.setxattr(cred, ino, name, value, mode)).await.map(|()| Vec::new())
     }
 
@@ -724,7 +722,7 @@ impl Fs {
         let size = a.u32()? as usize;
         a.skip(4)?;
         let name = a.cstr()?;
-        if acls::NAMES.contains(&name) && self.acls.none(ino) {
+        if self.acls.known_none(ino, name) {
             return Err(libc::ENODATA);
         }
         sized(self.again(|| self.client.getxattr(cred, ino, name)).await?, size)
@@ -744,9 +742,7 @@ impl Fs {
     async fn removexattr(&self, cred: &Cred, ino: Ino, a: &mut Args<'_>) -> Answer {
         self.writable()?;
         let name = a.cstr()?;
-        if acls::NAMES.contains(&name) {
-            self.acls.changed(ino);
-        }
+        self.acls.changing(ino, name);
         self.once(|| self.client.removexattr(cred, ino, name)).await.map(|()| Vec::new())
     }
 

@@ -81,7 +81,6 @@ pub fn check_form(acl: &[u8]) -> Result<()> {
 /// others' last; named ids not -1. `EINVAL` otherwise.
 pub fn check(acl: &[u8]) -> Result<()> {
     check_form(acl)?;
-    let body = &acl[HEADER..];
     // The next tags allowed, as Linux's state machine has them.
     let mut state = USER_OBJ;
     let mut named = false;
@@ -102,7 +101,26 @@ pub fn check(acl: &[u8]) -> Result<()> {
             _ => return Err(Errno::EINVAL),
         };
     }
-    if state == 0 || body.is_empty() { Ok(()) } else { Err(Errno::EINVAL) }
+    if state == 0 || is_empty(acl) { Ok(()) } else { Err(Errno::EINVAL) }
+}
+
+/// Where a class entry's bits sit in the mode: the owner's at 6, the
+/// group class's at 3 (the mask, or without one the owning group's), the
+/// others' at 0; `None` for a named entry, and for the owning group's
+/// under a mask. What [`mode_of`], [`with_mode`] and [`inherit`] map.
+fn class_shift(tag: u16, has_mask: bool) -> Option<u32> {
+    match tag {
+        USER_OBJ => Some(6),
+        GROUP_OBJ if !has_mask => Some(3),
+        MASK => Some(3),
+        OTHER => Some(0),
+        _ => None,
+    }
+}
+
+/// Sets the permission bits of the entry at byte `at` of `acl`.
+fn set_entry_perm(acl: &mut [u8], at: usize, perm: u32) {
+    acl[at + 2..at + 4].copy_from_slice(&(perm as u16).to_le_bytes());
 }
 
 /// An ACL of no entries: what removes one.
@@ -118,19 +136,9 @@ pub fn is_empty(acl: &[u8]) -> bool {
 /// entries: Linux then keeps the mode and drops the ACL,
 /// `posix_acl_equiv_mode`).
 pub fn mode_of(acl: &[u8]) -> (u32, bool) {
-    let (mut owner, mut group, mut mask, mut other) = (0, 0, None, 0);
-    let mut count = 0;
-    for e in entries(acl) {
-        count += 1;
-        match e.tag {
-            USER_OBJ => owner = e.perm,
-            GROUP_OBJ => group = e.perm,
-            MASK => mask = Some(e.perm),
-            OTHER => other = e.perm,
-            _ => {}
-        }
-    }
-    (owner << 6 | mask.unwrap_or(group) << 3 | other, count == 3)
+    let has_mask = entries(acl).any(|e| e.tag == MASK);
+    let bits = entries(acl).filter_map(|e| Some(e.perm << class_shift(e.tag, has_mask)?)).fold(0, |a, b| a | b);
+    (bits, entries(acl).count() == 3)
 }
 
 /// A checked access ACL with its owner, group-class and other entries
@@ -139,14 +147,9 @@ pub fn with_mode(acl: &[u8], perm: u32) -> Vec<u8> {
     let has_mask = entries(acl).any(|e| e.tag == MASK);
     let mut out = acl.to_vec();
     for (e, at) in entries(acl).zip((HEADER..).step_by(ENTRY)) {
-        let p = match e.tag {
-            USER_OBJ => perm >> 6,
-            GROUP_OBJ if !has_mask => perm >> 3,
-            MASK => perm >> 3,
-            OTHER => perm,
-            _ => continue,
-        } & 7;
-        out[at + 2..at + 4].copy_from_slice(&(p as u16).to_le_bytes());
+        if let Some(shift) = class_shift(e.tag, has_mask) {
+            set_entry_perm(&mut out, at, perm >> shift & 7);
+        }
     }
     out
 }
@@ -197,16 +200,10 @@ pub fn inherit(default: &[u8], perm: u32) -> (u32, Option<Vec<u8>>) {
     let mut acl = default.to_vec();
     let mut bits = perm & 0o777;
     for (e, at) in entries(default).zip((HEADER..).step_by(ENTRY)) {
-        let shift = match e.tag {
-            USER_OBJ => 6,
-            GROUP_OBJ if !has_mask => 3,
-            MASK => 3,
-            OTHER => 0,
-            _ => continue,
-        };
+        let Some(shift) = class_shift(e.tag, has_mask) else { continue };
         let p = e.perm & (bits >> shift & 7);
         bits = bits & !(7 << shift) | p << shift;
-        acl[at + 2..at + 4].copy_from_slice(&(p as u16).to_le_bytes());
+        set_entry_perm(&mut acl, at, p);
     }
     let perm = perm & !0o777 | bits;
     let (_, plain) = mode_of(&acl);

@@ -145,7 +145,7 @@ impl Namespace {
             target: target.to_vec(),
             time: now,
         };
-        let seq = self.commit_held(cred, &acls.wrap(m), &[dir])?;
+        let seq = self.commit_held(cred, &acls.wrap(m, ino), &[dir])?;
         let i = self.inode(ino)?;
         if open {
             i.opens.fetch_add(1, Relaxed);
@@ -180,7 +180,7 @@ impl Namespace {
         let (perm, gid) = new_owner(cred, &owner, FileType::Regular, perm);
         let (perm, acls) = inherited(dir, FileType::Regular, perm, umask);
         let m = Mutation::Tmpfile { parent, ino, perm, uid: cred.uid, gid, linkable, time: now };
-        let seq = self.commit(cred, &acls.wrap(m))?;
+        let seq = self.commit(cred, &acls.wrap(m, ino))?;
         let i = self.inode(ino)?;
         i.opens.fetch_add(1, Relaxed);
         Ok((i.attr(), seq))
@@ -382,7 +382,7 @@ impl Namespace {
                 // Its mode stays 0 whatever it inherits.
                 let (_, acls) = inherited(p, FileType::CharDevice, 0, 0);
                 let whiteout = self.new_ino();
-                acls.wrap_made(Mutation::RenameWhiteout { rename, whiteout, uid: cred.uid, gid }, whiteout)
+                acls.wrap(Mutation::RenameWhiteout { rename, whiteout, uid: cred.uid, gid }, whiteout)
             } else {
                 Mutation::Rename(rename)
             };
@@ -893,15 +893,9 @@ enum Inherited {
 }
 
 impl Inherited {
-    /// The record of making the inode: `made`, or with the ACLs it
-    /// inherits, [`Mutation::Inherit`].
-    fn wrap(self, made: Mutation) -> Mutation {
-        let ino = made.ino();
-        self.wrap_made(made, ino)
-    }
-
-    /// [`wrap`](Inherited::wrap) of `made`, which makes inode `ino`.
-    fn wrap_made(self, made: Mutation, ino: Ino) -> Mutation {
+    /// The record of `made`, which makes inode `ino`: itself, or with
+    /// the ACLs the inode inherits, [`Mutation::Inherit`].
+    fn wrap(self, made: Mutation, ino: Ino) -> Mutation {
         match self {
             Inherited::Nothing => made,
             Inherited::Acls { access, default } => Mutation::Inherit { made: Box::new(made), ino, access, default },
