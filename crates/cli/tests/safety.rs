@@ -970,3 +970,68 @@ fn status_watch_leaves_its_own_requests_out_and_survives_a_restart() {
     assert!(err.contains("still watching"), "{err}");
     drop(again);
 }
+
+/// The peak resident memory of process `pid`, in bytes.
+fn peak_rss(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmHWM:")).expect("VmHWM line");
+    line.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap() << 10
+}
+
+/// A client that takes in its answers but never acknowledges them fills
+/// its session's stream, and the server then holds its requests back
+/// until it does; it must not hold what the client goes on sending. In
+/// session 47 a probe of 1 MiB writes sent after 25 MiB of unacknowledged
+/// reads made the server hold every write: 2.3 GB for one connection.
+/// Now held requests past 16 MiB are served anyway: the 400 MiB of writes
+/// are answered and the server's peak memory stays far below them.
+#[test]
+fn a_client_that_never_acknowledges_cannot_make_the_server_hold_its_requests() {
+    use interlock_client::meta::{Cred, ROOT};
+    use interlock_proto::meta::MetaOp;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let dir = tempfile::tempdir().unwrap();
+    let server = ServerProc::start(dir.path(), "127.0.0.1:0", &[]);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let ino = rt.block_on(async {
+        let c = client(&server.addr).await;
+        let ino = c.create_open(&Cred::root(), ROOT, b"f", (0o644, 0)).await.unwrap().ino;
+        c.write(&Cred::root(), ino, 0, &[7u8; 128 << 10]).await.unwrap();
+        ino
+    });
+    let mut s = std::net::TcpStream::connect(&server.addr).unwrap();
+    let mut r = s.try_clone().unwrap();
+    raw_hello(&mut s, &mut r, 0);
+    // Takes in every answer, acknowledges none, and notes the last id
+    // answered.
+    let last = std::sync::Arc::new(AtomicU64::new(0));
+    let noted = last.clone();
+    std::thread::spawn(move || {
+        while let Some(frame) = try_read_raw_frame(&mut r) {
+            if let ServerMsg::Reply { id, .. } = interlock_proto::decode(&frame).unwrap() {
+                noted.store(id, Ordering::Relaxed);
+            }
+        }
+    });
+    let meta = |id, op| ClientMsg::Request { id, op: interlock_proto::Op::Meta { cred: Cred::root(), op, once: None } };
+    // 200 reads of 128 KiB: 25 MiB unacknowledged, past the stream's 16.
+    for id in 1..=200 {
+        s.write_all(&raw_frame(&meta(id, MetaOp::Read { ino, offset: 0, size: 128 << 10, opened: false }))).unwrap();
+    }
+    let data = vec![1u8; 1 << 20];
+    let writes = 400;
+    for id in 1000..1000 + writes {
+        let write = MetaOp::Write { ino, offset: 0, append: false, data: data.clone(), opened: false };
+        s.write_all(&raw_frame(&meta(id, write))).unwrap();
+    }
+    let bound = 256 << 20;
+    let pid = server.child.id();
+    // All but the last 16 MiB of them (held until acknowledgements come)
+    // are answered.
+    let answered = 999 + writes - 17;
+    wait_for("the writes answered, or the server past the bound", || {
+        last.load(Ordering::Relaxed) >= answered || peak_rss(pid) > bound
+    });
+    let peak = peak_rss(pid);
+    assert!(peak < bound, "the server held {} MiB for one connection's {writes} MiB of writes", peak >> 20);
+}
