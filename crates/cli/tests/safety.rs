@@ -978,6 +978,78 @@ fn peak_rss(pid: u32) -> u64 {
     line.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap() << 10
 }
 
+/// A file of 128 KiB made through the server at `addr`, for reads.
+fn file_to_read(addr: &str) -> u64 {
+    use interlock_client::meta::{Cred, ROOT};
+    rt().block_on(async {
+        let c = client(addr).await;
+        let ino = c.create_open(&Cred::root(), ROOT, b"f", (0o644, 0)).await.unwrap().ino;
+        c.write(&Cred::root(), ino, 0, &[7u8; 128 << 10]).await.unwrap();
+        c.bye().await.unwrap();
+        ino
+    })
+}
+
+/// A raw session that takes in every answer and acknowledges none: what
+/// it was last answered, and whether the server closed its connection.
+struct Unacknowledging {
+    last: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    closed: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Unacknowledging {
+    /// Write requests are numbered from this.
+    const WRITES: u64 = 1000;
+
+    /// Sends 200 reads of file `ino`'s 128 KiB (25 MiB of answers, past
+    /// the 16 MiB at which a stream is full), then `writes` writes of 1
+    /// MiB.
+    fn start(addr: &str, ino: u64, writes: u64) -> Unacknowledging {
+        use interlock_client::meta::Cred;
+        use interlock_proto::meta::MetaOp;
+        use std::sync::atomic::Ordering;
+        let mut s = std::net::TcpStream::connect(addr).unwrap();
+        let mut r = s.try_clone().unwrap();
+        raw_hello(&mut s, &mut r, 0);
+        let me = Unacknowledging { last: Default::default(), closed: Default::default() };
+        let (last, closed) = (me.last.clone(), me.closed.clone());
+        std::thread::spawn(move || {
+            while let Some(frame) = try_read_raw_frame(&mut r) {
+                if let ServerMsg::Reply { id, .. } = interlock_proto::decode(&frame).unwrap() {
+                    last.store(id, Ordering::Relaxed);
+                }
+            }
+            closed.store(true, Ordering::Relaxed);
+        });
+        std::thread::spawn(move || {
+            let meta = |id, op| ClientMsg::Request {
+                id,
+                op: interlock_proto::Op::Meta { cred: Cred::root(), op, once: None },
+            };
+            let reads = (1..=200).map(|id| meta(id, MetaOp::Read { ino, offset: 0, size: 128 << 10, opened: false }));
+            let data = vec![1u8; 1 << 20];
+            let writes = (Self::WRITES..Self::WRITES + writes)
+                .map(|id| meta(id, MetaOp::Write { ino, offset: 0, append: false, data: data.clone(), opened: false }));
+            for request in reads.chain(writes) {
+                if s.write_all(&raw_frame(&request)).is_err() {
+                    return;
+                }
+            }
+        });
+        me
+    }
+
+    /// Whether the server closed the connection.
+    fn closed(&self) -> bool {
+        self.closed.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Whether the server answered its writes up to `id`.
+    fn answered(&self, id: u64) -> bool {
+        self.last.load(std::sync::atomic::Ordering::Relaxed) >= id
+    }
+}
+
 /// A client that takes in its answers but never acknowledges them fills
 /// its session's stream, and the server then holds its requests back
 /// until it does; it must not hold what the client goes on sending. In
@@ -987,51 +1059,56 @@ fn peak_rss(pid: u32) -> u64 {
 /// are answered and the server's peak memory stays far below them.
 #[test]
 fn a_client_that_never_acknowledges_cannot_make_the_server_hold_its_requests() {
-    use interlock_client::meta::{Cred, ROOT};
-    use interlock_proto::meta::MetaOp;
-    use std::sync::atomic::{AtomicU64, Ordering};
     let dir = tempfile::tempdir().unwrap();
     let server = ServerProc::start(dir.path(), "127.0.0.1:0", &[]);
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    let ino = rt.block_on(async {
-        let c = client(&server.addr).await;
-        let ino = c.create_open(&Cred::root(), ROOT, b"f", (0o644, 0)).await.unwrap().ino;
-        c.write(&Cred::root(), ino, 0, &[7u8; 128 << 10]).await.unwrap();
-        ino
-    });
-    let mut s = std::net::TcpStream::connect(&server.addr).unwrap();
-    let mut r = s.try_clone().unwrap();
-    raw_hello(&mut s, &mut r, 0);
-    // Takes in every answer, acknowledges none, and notes the last id
-    // answered.
-    let last = std::sync::Arc::new(AtomicU64::new(0));
-    let noted = last.clone();
-    std::thread::spawn(move || {
-        while let Some(frame) = try_read_raw_frame(&mut r) {
-            if let ServerMsg::Reply { id, .. } = interlock_proto::decode(&frame).unwrap() {
-                noted.store(id, Ordering::Relaxed);
-            }
-        }
-    });
-    let meta = |id, op| ClientMsg::Request { id, op: interlock_proto::Op::Meta { cred: Cred::root(), op, once: None } };
-    // 200 reads of 128 KiB: 25 MiB unacknowledged, past the stream's 16.
-    for id in 1..=200 {
-        s.write_all(&raw_frame(&meta(id, MetaOp::Read { ino, offset: 0, size: 128 << 10, opened: false }))).unwrap();
-    }
-    let data = vec![1u8; 1 << 20];
     let writes = 400;
-    for id in 1000..1000 + writes {
-        let write = MetaOp::Write { ino, offset: 0, append: false, data: data.clone(), opened: false };
-        s.write_all(&raw_frame(&meta(id, write))).unwrap();
-    }
+    let lagging = Unacknowledging::start(&server.addr, file_to_read(&server.addr), writes);
     let bound = 256 << 20;
     let pid = server.child.id();
     // All but the last 16 MiB of them (held until acknowledgements come)
     // are answered.
-    let answered = 999 + writes - 17;
+    let answered = Unacknowledging::WRITES + writes - 18;
     wait_for("the writes answered, or the server past the bound", || {
-        last.load(Ordering::Relaxed) >= answered || peak_rss(pid) > bound
+        lagging.answered(answered) || peak_rss(pid) > bound
     });
     let peak = peak_rss(pid);
     assert!(peak < bound, "the server held {} MiB for one connection's {writes} MiB of writes", peak >> 20);
+    assert!(!lagging.closed(), "under the server's budget for all streams, a lagging session is not cut");
+}
+
+/// Many such clients together are held to the server's budget for all
+/// streams (`--max-output-memory`): past it each is held to a share, and
+/// one that holds back more than its share is cut. Before it (session
+/// 47), each connection could keep 80 MiB, whatever the number of
+/// connections: here 32 took the server to 1.4 GiB, where they now take
+/// it to 260-300 MiB. A client that
+/// acknowledges what it reads is served throughout.
+#[test]
+fn many_clients_that_never_acknowledge_are_held_to_the_servers_budget() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = ServerProc::start(dir.path(), "127.0.0.1:0", &["--max-output-memory", "64MiB"]);
+    let ino = file_to_read(&server.addr);
+    let writes = 24;
+    let lagging: Vec<_> = (0..32).map(|_| Unacknowledging::start(&server.addr, ino, writes)).collect();
+    let bound = 512 << 20;
+    let pid = server.child.id();
+    // Each is cut, or has its writes answered but for the 16 MiB held.
+    let answered = Unacknowledging::WRITES + writes - 18;
+    wait_for("every lagging client cut or answered, or the server past the bound", || {
+        lagging.iter().all(|l| l.closed() || l.answered(answered)) || peak_rss(pid) > bound
+    });
+    let peak = peak_rss(pid);
+    assert!(peak < bound, "16 lagging clients made the server hold {} MiB", peak >> 20);
+    assert!(lagging.iter().any(Unacknowledging::closed), "past the budget, a lagging client is cut");
+    let kept = status(&server.addr).output_bytes;
+    assert!(kept <= 2 * (64 << 20), "the streams keep {} MiB, past twice the budget", kept >> 20);
+    // A client that acknowledges is served: 64 reads of 128 KiB, past
+    // any share the lagging clients left it.
+    rt().block_on(async {
+        use interlock_client::meta::Cred;
+        let c = client(&server.addr).await;
+        for _ in 0..64 {
+            assert_eq!(c.read(&Cred::root(), ino, 0, 128 << 10).await.unwrap().len(), 128 << 10);
+        }
+    });
 }

@@ -38,7 +38,7 @@ pub use frame::{DecodeError, FrameTooLarge, ReadError, Reader, decode, encode, r
 pub use unacked::Unacked;
 
 /// The protocol version this build speaks.
-pub const VERSION: u32 = 21;
+pub const VERSION: u32 = 22;
 /// The largest frame either side accepts, in bytes: room for the largest
 /// write ([`meta::MAX_WRITE`], version 18; 256 KiB before), an extended
 /// attribute's largest value (64 KiB), and a page of directory entries.
@@ -294,6 +294,12 @@ pub struct StatusInfo {
     /// are refused with `ENOSPC` (`u64::MAX`: none) (version 20).
     pub namespace_bytes: u64,
     pub namespace_budget: u64,
+    /// The bytes all sessions' streams keep (answers not yet acknowledged
+    /// or on their way, requests held back; to 64 KiB), and the limit
+    /// past which each is held to a share (`u64::MAX`: none) (version
+    /// 22).
+    pub output_bytes: u64,
+    pub max_output_memory: u64,
 }
 
 /// A server's root squash, as [`StatusInfo`] reports it.

@@ -34,6 +34,12 @@ pub struct Limits {
     /// opens many sessions (thousands of connections each holding 100,000
     /// locks). See [`default_max_total_locks`].
     pub max_total_locks: usize,
+    /// Bytes all sessions' streams may keep together (answers not yet
+    /// acknowledged, answers on their way, requests held back) before
+    /// each is held to a share of them (see `budget`). Each stream is
+    /// bounded on its own (80 MiB), but not the thousands a client may
+    /// open. See [`default_max_output_memory`].
+    pub max_output_memory: usize,
 }
 
 impl Default for Limits {
@@ -44,6 +50,7 @@ impl Default for Limits {
             max_in_flight: 4096,
             max_connections: 4096,
             max_total_locks: default_max_total_locks(),
+            max_output_memory: default_max_output_memory(),
         }
     }
 }
@@ -59,6 +66,15 @@ const LOCK_BYTES: u64 = 512;
 /// [`usize::MAX`] if the memory cannot be read.
 pub fn default_max_total_locks() -> usize {
     memory().map_or(usize::MAX, |bytes| (bytes / 4 / LOCK_BYTES) as usize)
+}
+
+/// The streams' limit unless told: an eighth of the memory the server may
+/// use (the namespace takes half, the lock table a quarter), at least 256
+/// MiB: 3 GiB on a machine of 24 GiB. As the streams keep up to about
+/// twice it under an attack, a quarter in all. [`usize::MAX`] if the
+/// memory cannot be read.
+pub fn default_max_output_memory() -> usize {
+    memory().map_or(usize::MAX, |bytes| (bytes / 8).max(256 << 20) as usize)
 }
 
 /// How a server runs.

@@ -17,7 +17,7 @@ use crate::dispatch::{Gate, handle, later, recovery_gate};
 use crate::peer::{self, LocalUser, ServedAs};
 use crate::session::{self, same_secret};
 use crate::transport::{self, Reader, Writer};
-use crate::wire::{self, Wire};
+use crate::wire::{self, Admit, Wire};
 use crate::{Inner, end_session};
 
 /// How long a new connection has to say hello.
@@ -236,7 +236,7 @@ enum Next {
 /// replies is held back. Between bursts it writes what other tasks pushed
 /// and could not write themselves. `served` counts the bytes of the
 /// client's stream served, request by request. While the session's
-/// stream is full ([`Wire::full`]: the client's acknowledgements come
+/// stream is full ([`Wire::admit`]: the client's acknowledgements come
 /// behind its requests) it serves no more requests but reads on, holding
 /// them and applying acknowledgements as they come; held requests are
 /// not served yet, so a lost connection or a clean stop leaves them
@@ -254,7 +254,7 @@ async fn serve_connection(
     let Some(_reading) = inner.stop.reading() else { return Ended::Stopping };
     let limit = inner.config.limits.max_in_flight.max(1);
     let mut unflushed = 0usize;
-    // Requests read while the session's stream was full ([`Wire::full`]),
+    // Requests read while the session's stream was full ([`Wire::admit`]),
     // not yet served, each with where it ends in the client's stream.
     let mut held: VecDeque<(u64, Op, u64)> = VecDeque::new();
     let mut touched = false;
@@ -315,8 +315,14 @@ async fn serve_connection(
         // While the stream is full, requests wait here for the client's
         // acknowledgements, which come behind them: served now, their
         // answers would pile up unacknowledged. Past `limit` of them, or
-        // [`HELD`] bytes of them, they are served anyway.
-        while held.len() > limit || held_bytes(&held, *served) > HELD || (!held.is_empty() && !wire.full()) {
+        // too many bytes of them, they are served anyway, or the stream
+        // is cut (see [`Wire::admit`]).
+        while !held.is_empty() {
+            match wire.admit(held_bytes(&held, *served), held.len() > limit) {
+                Admit::Hold => break,
+                Admit::Cut => return Ended::Closed,
+                Admit::Serve => {}
+            }
             let (id, op, end) = held.pop_front().expect("not empty");
             let bye = matches!(op, Op::Bye);
             serve(inner, sid, id, op, served_as, wire);
@@ -329,14 +335,6 @@ async fn serve_connection(
         }
     }
 }
-
-/// Bytes of requests a connection holds back while its session's stream
-/// is full, past which it serves them anyway (as past `max_in_flight` of
-/// them). Without it, a client that takes in its answers but never
-/// acknowledges them, then sends 1 MiB writes, made the server hold every
-/// write it sent: one connection held 2.3 GB in session 47's probe.
-/// With it a connection holds at most this and its stream's bound.
-const HELD: usize = wire::FULL;
 
 /// Bytes of the client's stream the `held` requests take, `served` being
 /// where the first of them begins. O(1).

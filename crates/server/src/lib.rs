@@ -35,6 +35,7 @@
 
 #![forbid(unsafe_code)]
 
+mod budget;
 mod config;
 mod connection;
 mod datadir;
@@ -61,8 +62,10 @@ use parking_lot::Mutex;
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 
+use budget::Budget;
 pub use config::{
-    Config, Limits, ServerError, TlsFiles, default_max_total_locks, default_namespace_memory, default_threads, runtime,
+    Config, Limits, ServerError, TlsFiles, default_max_output_memory, default_max_total_locks,
+    default_namespace_memory, default_threads, runtime,
 };
 use datadir::{DataDir, Evictions, FENCE_BLOCK, Fences};
 pub use meta::now;
@@ -221,7 +224,7 @@ impl Server {
         tracing::info!(addr = %listener.local_addr().map(|a| a.to_string()).unwrap_or_default(), boot = start.boot, recovering = recovery_until.is_some(), "interlock server listening");
         let inner = Arc::new_cyclic(|me| Inner {
             space: LockSpace::default(),
-            sessions: Arc::default(),
+            sessions: Arc::new(Sessions::new(Budget::new(config.limits.max_output_memory))),
             store,
             acker: Arc::default(),
             opens: meta::Opens::default(),
@@ -500,6 +503,8 @@ impl Inner {
             replay_clients: self.store.ns().replies().clients() as u64,
             namespace_bytes: self.store.ns().memory().0,
             namespace_budget: self.store.ns().memory().1,
+            output_bytes: self.sessions.output() as u64,
+            max_output_memory: self.config.limits.max_output_memory as u64,
             consumers: self
                 .store
                 .changelog()

@@ -148,6 +148,12 @@ fn render(inner: &Inner, m: &Metrics) -> String {
         Unit::Bytes,
         gauge(s.namespace_budget),
     );
+    r.register_with_unit(
+        "output",
+        "Memory the sessions' streams keep: answers not yet acknowledged or on their way, requests held back",
+        Unit::Bytes,
+        gauge(s.output_bytes),
+    );
     r.register(
         "replay_clients",
         "Clients with changes in the replay cache (they may ask about them again after a crash)",

@@ -20,6 +20,7 @@ use interlock_proto::{GrantInfo, Kind, Secret, ServerMsg, Target};
 use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
+use crate::budget::Budget;
 use crate::wire::Wire;
 use crate::{Limits, Shared};
 
@@ -137,9 +138,21 @@ struct State {
 pub(crate) struct Sessions {
     state: Shared<State>,
     ids: RandomState,
+    /// What the sessions' streams may take together.
+    budget: Arc<Budget>,
 }
 
 impl Sessions {
+    /// Sessions whose streams may take `budget` together.
+    pub fn new(budget: Budget) -> Sessions {
+        Sessions { budget: Arc::new(budget), ..Sessions::default() }
+    }
+
+    /// Bytes the sessions' streams take together, to 64 KiB. O(1).
+    pub fn output(&self) -> usize {
+        self.budget.used()
+    }
+
     pub fn len(&self) -> usize {
         self.state.lock().sessions.len()
     }
@@ -182,7 +195,7 @@ impl Sessions {
         };
         let session = Session {
             secret: fresh(),
-            wire: Arc::default(),
+            wire: Arc::new(Wire::new(self.budget.clone())),
             turn: Arc::default(),
             stop: CancellationToken::new(),
             last_seen: now,

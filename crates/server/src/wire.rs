@@ -36,6 +36,7 @@ use interlock_proto::{self as proto, Reply, ServerMsg, Unacked};
 use parking_lot::Mutex;
 use tokio::sync::Notify;
 
+use crate::budget::Budget;
 use crate::transport::Writer;
 
 /// Unacknowledged bytes a session may pile up. Past it the session can no
@@ -55,7 +56,15 @@ const MAX_UNACKED: usize = 64 << 20;
 /// Bytes kept (written and unacknowledged, or waiting to be written) past
 /// which the connection's task serves no more requests until the client
 /// acknowledges some.
-pub(crate) const FULL: usize = 16 << 20;
+const FULL: usize = 16 << 20;
+
+/// Bytes of requests a connection holds back while its session's stream
+/// is full, past which it serves them anyway (as past `max_in_flight` of
+/// them). Without it, a client that takes in its answers but never
+/// acknowledges them, then sends 1 MiB writes, made the server hold every
+/// write it sent: one connection held 2.3 GB in session 47's probe.
+/// With it a connection holds at most this and its stream's bound.
+const HELD: usize = FULL;
 
 #[derive(Default)]
 struct Out {
@@ -72,6 +81,10 @@ struct Out {
     /// Bytes of answers being made on other threads (reads from the
     /// disk), to be pushed.
     promised: usize,
+    /// Bytes of requests the connection holds back (see [`Wire::admit`]).
+    held: usize,
+    /// What the session's stream is charged in the server's [`Budget`].
+    charged: usize,
 }
 
 impl Out {
@@ -86,6 +99,31 @@ impl Out {
     fn kept(&self) -> usize {
         (self.unacked.end() - self.unacked.start()) as usize + self.pending.len()
     }
+
+    /// Whether the connection should serve no more requests: [`FULL`]
+    /// bytes kept or promised, or, while the server's streams together
+    /// are past their budget, this stream's `share` of it taken.
+    fn full(&self, share: Option<usize>) -> bool {
+        self.kept() + self.promised >= FULL || share.is_some_and(|s| self.footprint() >= s)
+    }
+
+    /// Bytes the stream takes: kept, promised and held back.
+    fn footprint(&self) -> usize {
+        self.kept() + self.promised + self.held
+    }
+}
+
+/// What the connection does with the first request it holds back (see
+/// [`Wire::admit`]).
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Admit {
+    /// Serves it.
+    Serve,
+    /// Holds it (and those behind it) until the client acknowledges more.
+    Hold,
+    /// Closes: the stream was cut, the client holding back too much while
+    /// the server's streams are past their budget.
+    Cut,
 }
 
 #[derive(Default)]
@@ -93,9 +131,35 @@ pub(crate) struct Wire {
     out: Mutex<Out>,
     /// Tells the connection's task that bytes wait in the buffer.
     ready: Notify,
+    /// What all sessions' streams may take together.
+    budget: Arc<Budget>,
+}
+
+impl Drop for Wire {
+    fn drop(&mut self) {
+        self.budget.charge(self.out.get_mut().charged, 0);
+    }
 }
 
 impl Wire {
+    /// A stream charged to `budget`.
+    pub fn new(budget: Arc<Budget>) -> Wire {
+        Wire { out: Mutex::default(), ready: Notify::new(), budget }
+    }
+
+    /// Charges the stream for what it takes now. O(1).
+    fn settle(&self, out: &mut Out) {
+        out.charged = self.budget.charge(out.charged, out.footprint());
+    }
+
+    /// Drops what the stream keeps: it can no longer resume, and its
+    /// connection's task closes the connection.
+    fn cut(&self, out: &mut Out, why: &str) {
+        tracing::warn!("{why}; the session can no longer resume");
+        self.budget.charge(out.charged, 0);
+        *out = Out { broken: true, ..Out::default() };
+        self.ready.notify_one();
+    }
     /// Gives the session connection `wr`, whose client took in the stream
     /// up to `received`: what follows is written to `wr` (after
     /// [`Wire::open`]). `false` if that cannot be: the bytes after
@@ -114,22 +178,46 @@ impl Wire {
         true
     }
 
-    /// Whether the stream is full: [`FULL`] bytes kept (written and not
-    /// acknowledged, or waiting to be written) or promised. O(1).
-    pub fn full(&self) -> bool {
-        let out = self.out.lock();
-        out.kept() + out.promised >= FULL
+    /// Whether the connection, holding back `held` bytes of requests
+    /// (`many`: more of them than it may), serves the first of them now.
+    /// It holds them while the stream is full: [`FULL`] bytes kept
+    /// (written and not acknowledged, or waiting to be written) or
+    /// promised, or its share of the [`Budget`] taken while all streams
+    /// are past it. Past [`HELD`] bytes held, or `many`, it serves them
+    /// anyway; but while the streams are past their budget, holding more
+    /// than a share cuts the stream. O(1).
+    pub fn admit(&self, held: usize, many: bool) -> Admit {
+        let mut out = self.out.lock();
+        let share = self.budget.share();
+        let over = many || held > share.map_or(HELD, |s| s.min(HELD));
+        let admit = match (out.full(share), over) {
+            (false, _) => Admit::Serve,
+            (true, false) => Admit::Hold,
+            (true, true) if share.is_some() => Admit::Cut,
+            (true, true) => Admit::Serve,
+        };
+        match admit {
+            Admit::Cut => self.cut(&mut out, "a session held back past its share of max-output-memory"),
+            Admit::Hold => out.held = held,
+            // What remains held is told again before it is held.
+            Admit::Serve => out.held = 0,
+        }
+        self.settle(&mut out);
+        admit
     }
 
     /// An answer of up to `bytes` is being made elsewhere, to be pushed.
     pub fn promise(&self, bytes: usize) {
-        self.out.lock().promised += bytes;
+        let mut out = self.out.lock();
+        out.promised += bytes;
+        self.settle(&mut out);
     }
 
     /// The answer promised with `bytes` was pushed.
     pub fn fulfil(&self, bytes: usize) {
         let mut out = self.out.lock();
         out.promised = out.promised.saturating_sub(bytes);
+        self.settle(&mut out);
     }
 
     /// The welcome is out: bytes may go.
@@ -161,13 +249,11 @@ impl Wire {
             }
             put(&mut out.pending, msg.borrow());
             if out.kept() > MAX_UNACKED {
-                tracing::warn!("a session's unacknowledged output passed {MAX_UNACKED} bytes; it can no longer resume");
-                *out = Out { broken: true, ..Out::default() };
-                drop(out);
-                self.ready.notify_one();
+                self.cut(&mut out, &format!("a session's unacknowledged output passed {MAX_UNACKED} bytes"));
                 return;
             }
         }
+        self.settle(&mut out);
     }
 
     /// The client took in the stream up to `received`: what is before it
@@ -179,6 +265,7 @@ impl Wire {
             return Err(format!("acknowledges {received} bytes; {sent} were sent"));
         }
         out.unacked.ack(received);
+        self.settle(&mut out);
         Ok(())
     }
 
@@ -372,6 +459,28 @@ mod tests {
         assert_eq!(wire.out.lock().kept(), 0, "nothing kept past the break");
         let (wr2, _rd2, _frames) = connection().await;
         assert!(!wire.attach(wr2, 0));
+    }
+
+    /// Past the budget of all streams, a stream at its share holds its
+    /// requests back and is cut when it would hold more than a share,
+    /// which gives its charge back; under the budget, it serves.
+    #[test]
+    fn past_the_budget_a_stream_is_held_to_its_share() {
+        let budget = Arc::new(Budget::new(1 << 20));
+        let (a, b) = (Wire::new(budget.clone()), Wire::new(budget.clone()));
+        let big = ServerMsg::Reply { id: 9, reply: Reply::Error("x".repeat(64 << 10)) };
+        // No connection: what is appended stays.
+        a.append_all(std::iter::repeat_n(&big, 12));
+        assert_eq!(a.admit(1000, false), Admit::Serve, "768 KiB of a budget of 1 MiB");
+        b.append_all(std::iter::repeat_n(&big, 8));
+        // 1.25 MiB together: a share is 512 KiB.
+        assert_eq!(a.admit(1000, false), Admit::Hold);
+        assert_eq!(b.admit(1000, false), Admit::Hold);
+        assert_eq!(a.admit(600 << 10, false), Admit::Cut, "holding more than its share");
+        assert!(a.out.lock().broken);
+        assert_eq!(b.admit(1000, false), Admit::Serve, "the cut stream gave its charge back");
+        drop(b);
+        assert_eq!(budget.used(), 0, "a dropped stream gives its charge back");
     }
 
     /// A new connection gets again what the client had not taken in,

@@ -120,6 +120,16 @@ struct ServeSettings {
     #[arg(long, value_name = "SIZE", value_parser = args::bytes)]
     #[serde(default, deserialize_with = "bytes_setting")]
     max_namespace_memory: Option<u64>,
+    /// Memory all sessions' streams may keep together (answers not yet
+    /// acknowledged, requests held back while a client lags), e.g. 2GiB.
+    /// Past it, each session is held to a share, and one that holds back
+    /// more than its share (a client that takes in its answers and never
+    /// acknowledges them) is cut: it can no longer resume. `interlock
+    /// status` shows what they keep [default: an eighth of the machine's
+    /// memory, or of its control group's limit if lower; at least 256MiB].
+    #[arg(long, value_name = "SIZE", value_parser = args::bytes)]
+    #[serde(default, deserialize_with = "bytes_setting")]
+    max_output_memory: Option<u64>,
     /// Clients at these addresses are not squashed (e.g. 127.0.0.1, for
     /// setting the tree up from the server's own host; 10.1.0.0/16).
     /// Needs --root-squash (here or in the config file).
@@ -164,6 +174,7 @@ impl ServeSettings {
             root_squash: self.root_squash.or(file.root_squash),
             no_squash_from: self.no_squash_from.or(file.no_squash_from),
             max_namespace_memory: self.max_namespace_memory.or(file.max_namespace_memory),
+            max_output_memory: self.max_output_memory.or(file.max_output_memory),
         }
     }
 
@@ -224,6 +235,9 @@ impl ServeSettings {
                 max_total_locks: self.max_total_locks.unwrap_or(defaults.max_total_locks),
                 max_in_flight: self.max_in_flight.unwrap_or(defaults.max_in_flight),
                 max_connections: self.max_connections.unwrap_or_else(|| default_max_connections(fd_limit)),
+                max_output_memory: self
+                    .max_output_memory
+                    .map_or(defaults.max_output_memory, |b| usize::try_from(b).unwrap_or(usize::MAX)),
             },
             tls: match (self.tls_cert, self.tls_key) {
                 (Some(cert), Some(key)) => Some(interlock_server::TlsFiles { cert, key }),

@@ -106,6 +106,14 @@ fn print_status(s: &StatusInfo, json: bool) {
             size(budget)
         ),
     }
+    match s.max_output_memory {
+        u64::MAX => println!("output      {} kept for clients (no limit)", size(s.output_bytes)),
+        limit => println!(
+            "output      {} kept for clients (past {}, each session is held to a share: max-output-memory)",
+            size(s.output_bytes),
+            size(limit)
+        ),
+    }
     if s.namespace_bytes >= s.namespace_budget {
         println!(
             "memory full FULL: new files, names and extended attributes get ENOSPC; removals and writes still work \
@@ -210,6 +218,8 @@ fn status_json(s: &StatusInfo, rate: f64) -> serde_json::Value {
         "disk_full": s.disk_full, "replay_clients": s.replay_clients,
         "namespace_bytes": s.namespace_bytes,
         "namespace_budget": (s.namespace_budget != u64::MAX).then_some(s.namespace_budget),
+        "output_bytes": s.output_bytes,
+        "max_output_memory": (s.max_output_memory != u64::MAX).then_some(s.max_output_memory),
         "root_squash": s.root_squash.as_ref().map(|q| serde_json::json!({"uid": q.uid, "gid": q.gid, "except": q.except})),
         "consumers": s.consumers.iter().map(|c| serde_json::json!({
             "id": c.id, "name": c.name, "cleared": c.cleared, "mask": c.mask,
