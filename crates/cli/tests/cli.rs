@@ -232,6 +232,7 @@ fn bad_arguments_get_clear_errors() {
         &["bench", "flocks", "--repeat", "0"],
         &["bench", "handover", "--repeat", "0"],
         &["serve", "--max-namespace-memory", "1k"],
+        &["serve", "--max-output-memory", "1k"],
         &["serve", "--max-total-locks", "0"],
     ] {
         let (code, _, err) = interlock(args, "");

@@ -314,7 +314,7 @@ fn config_file(dir: &std::path::Path, more: &str) -> String {
 #[test]
 fn serve_reads_a_config_file_and_flags_override_it() {
     let data = tempfile::tempdir().unwrap();
-    let config = &config_file(data.path(), "max-locks = 1\n");
+    let config = &config_file(data.path(), "max-locks = 1\nmax-output-memory = \"300MiB\"\n");
     let two_locks = |server: &ServerProc| {
         rt().block_on(async {
             let c = client(&server.addr).await;
@@ -325,6 +325,8 @@ fn serve_reads_a_config_file_and_flags_override_it() {
     let from_file = ServerProc::spawn(&["--config", config]);
     let err = two_locks(&from_file).unwrap_err().to_string();
     assert!(err.contains("max-locks"), "the file's max-locks = 1 applies: {err}");
+    let limit = rt().block_on(async { client(&from_file.addr).await.status().await.unwrap().max_output_memory });
+    assert_eq!(limit, 300 << 20, "the file's max-output-memory, a size");
     drop(from_file);
     // A restart on the same data: clients that come during the recovery
     // window wait for it to end (1 s here), with their sessions kept.
