@@ -160,6 +160,7 @@ impl Wire {
         *out = Out { broken: true, ..Out::default() };
         self.ready.notify_one();
     }
+
     /// Gives the session connection `wr`, whose client took in the stream
     /// up to `received`: what follows is written to `wr` (after
     /// [`Wire::open`]). `false` if that cannot be: the bytes after
@@ -175,6 +176,9 @@ impl Wire {
         out.pending = again;
         out.wr = Some(wr);
         out.writing = true;
+        // The requests held back were the last connection's.
+        out.held = 0;
+        self.settle(out);
         true
     }
 
@@ -231,6 +235,8 @@ impl Wire {
         if out.wr.as_ref().is_some_and(|w| Arc::ptr_eq(w, wr)) {
             out.wr = None;
             out.writing = false;
+            out.held = 0;
+            self.settle(&mut out);
         }
     }
 
