@@ -18,7 +18,7 @@ use crate::peer::{self, LocalUser, ServedAs};
 use crate::session::{self, same_secret};
 use crate::transport::{self, Reader, Writer};
 use crate::wire::{self, Admit, Wire};
-use crate::{Inner, end_session};
+use crate::{Inner, end_session, ms_left};
 
 /// How long a new connection has to say hello.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
@@ -113,7 +113,7 @@ pub(crate) async fn connection(
             session: session.sid,
             lease_ms: inner.config.lease.as_millis() as u64,
             resumed: session.resumed,
-            recovering_ms: recovering.map_or(0, |d| d.as_millis() as u64),
+            recovering_ms: recovering.map_or(0, ms_left),
             received: *turn,
             secret: session.secret,
             boot: inner.boot,
@@ -359,7 +359,7 @@ fn serve(inner: &Inner, sid: u64, id: u64, op: Op, served_as: &ServedAs, wire: &
                 later(inner, sid, id, op, left);
                 None
             }
-            Gate::Refuse(left) => Some(Reply::Recovering { left_ms: left.as_millis().max(1) as u64 }),
+            Gate::Refuse(left) => Some(Reply::Recovering { left_ms: ms_left(left).max(1) }),
         },
     };
     if let Some(reply) = reply {
