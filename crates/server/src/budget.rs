@@ -6,7 +6,7 @@
 //! requests), but a client may open thousands of sessions. While the
 //! streams together keep less than the limit (`max-output-memory`),
 //! nothing changes. Past it, each stream gets a share of the limit (the
-//! limit over the streams that keep anything): a stream at its share
+//! limit over the streams that keep 64 KiB or more): a stream at its share
 //! serves no more requests until its client acknowledges what it took
 //! in, and a connection that would hold more than a share of requests
 //! back has its session's stream cut (it can no longer resume, as past

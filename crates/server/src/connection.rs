@@ -359,7 +359,7 @@ fn serve(inner: &Inner, sid: u64, id: u64, op: Op, served_as: &ServedAs, wire: &
                 later(inner, sid, id, op, left);
                 None
             }
-            Gate::Refuse(left) => Some(Reply::Recovering { left_ms: ms_left(left).max(1) }),
+            Gate::Refuse(left) => Some(Reply::Recovering { left_ms: ms_left(left) }),
         },
     };
     if let Some(reply) = reply {

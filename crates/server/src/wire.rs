@@ -489,6 +489,29 @@ mod tests {
         assert_eq!(budget.used(), 0, "a dropped stream gives its charge back");
     }
 
+    /// The requests a connection held back are charged while it holds
+    /// them, and no longer once it is gone or another connection takes
+    /// the session over (they were that connection's to serve).
+    #[tokio::test]
+    async fn held_requests_stop_counting_when_their_connection_goes() {
+        let budget = Arc::new(Budget::new(1 << 20));
+        let wire = Wire::new(budget.clone());
+        let big = ServerMsg::Reply { id: 9, reply: Reply::Error("x".repeat(64 << 10)) };
+        let (wr, _rd, _frames) = connection().await;
+        assert!(wire.attach(wr.clone(), 0));
+        wire.append_all(std::iter::repeat_n(&big, 20));
+        // Past the budget alone: its share is the whole of it.
+        assert_eq!(wire.admit(128 << 10, false), Admit::Hold);
+        let holding = budget.used();
+        wire.detach(&wr);
+        assert_eq!(budget.used(), holding - (128 << 10), "gone with its connection");
+        let (wr2, _rd2, _frames2) = connection().await;
+        assert!(wire.attach(wr2.clone(), 0));
+        assert_eq!(wire.admit(128 << 10, false), Admit::Hold);
+        assert!(wire.attach(wr2, 0));
+        assert_eq!(budget.used(), holding - (128 << 10), "gone when another connection takes over");
+    }
+
     /// A new connection gets again what the client had not taken in,
     /// from where it stopped; acknowledged bytes are gone for good.
     #[tokio::test]
