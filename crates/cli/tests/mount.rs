@@ -2557,6 +2557,28 @@ fn a_list_of_extended_attributes_past_64_kib_is_e2big_as_on_tmpfs() {
     as_on_tmpfs("a_list_of_extended_attributes_past_64_kib_is_e2big_as_on_tmpfs", "xattr_list.py", 5);
 }
 
+/// `lsattr` and `chattr` on a mount (`tests/scripts/fileattr.py`): a
+/// file's and a directory's flags read as none, as a fresh tmpfs file's
+/// do; clearing them succeeds; other ioctls are `ENOTTY`, as on tmpfs.
+/// The mount keeps no flag, so setting the immutable one, which tmpfs
+/// keeps (and then refuses the write), is `EOPNOTSUPP`, and the file
+/// stays writable: a flag that would not be enforced is not pretended.
+/// Before session 48 every one of these was `ENOTTY`, and `lsattr`
+/// failed on every file of a mount.
+#[test]
+fn file_attribute_flags_read_as_none_and_none_can_be_set() {
+    let Some((_data, _server, m)) = one_mount("file_attribute_flags_read_as_none_and_none_can_be_set") else {
+        return;
+    };
+    let Some((kernel, mount)) = script_on_both("fileattr.py", m.path()) else { return };
+    let (kernel, mount): (Vec<&str>, Vec<&str>) = (kernel.lines().collect(), mount.lines().collect());
+    assert_eq!(kernel.len(), 10, "{kernel:?}");
+    assert_eq!(mount[..6], kernel[..6]);
+    assert!(kernel[0].starts_with("getflags file ok") && kernel[6].starts_with("set immutable ok"), "{kernel:?}");
+    assert_eq!(kernel[8], "write EPERM");
+    assert_eq!(mount[6..], ["set immutable ENOTSUP", "flags now ok 0000000000000000", "write ok", kernel[9]]);
+}
+
 /// Test `test`: script `name` (see `script_on_both`) prints its `n`
 /// lines on a mount as on tmpfs, the first that differs named.
 fn as_on_tmpfs(test: &str, name: &str, n: usize) {

@@ -50,6 +50,7 @@ pub mod op {
     pub const CREATE: u32 = 35;
     pub const INTERRUPT: u32 = 36;
     pub const DESTROY: u32 = 38;
+    pub const IOCTL: u32 = 39;
     pub const BATCH_FORGET: u32 = 42;
     pub const FALLOCATE: u32 = 43;
     pub const READDIRPLUS: u32 = 44;

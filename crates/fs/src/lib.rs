@@ -17,6 +17,7 @@
 //! - `locks`: the kernel's lock owners → the client's owners; what
 //!   `FUSE_FLUSH` and `FUSE_RELEASE` release.
 //! - `handles`: open files.
+//! - `fileattr`: `FUSE_IOCTL`, the file attribute flags (none kept).
 //! - `acls`: which inodes have POSIX ACLs, so the kernel's look for a
 //!   file's ACL is answered here for the many that have none.
 //! - `unsynced`: writes not yet synced, so that an `fsync` after the
@@ -45,6 +46,7 @@
 mod abi;
 mod acls;
 mod creds;
+mod fileattr;
 mod handles;
 mod locks;
 pub mod mountpoint;

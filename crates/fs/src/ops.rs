@@ -219,6 +219,7 @@ impl Fs {
             op::SETLKW => self.setlk(ino, &mut a, cancel).await,
             op::CREATE => self.create(&cred, ino, &mut a).await,
             op::TMPFILE => self.tmpfile(&cred, ino, &mut a).await,
+            op::IOCTL => crate::fileattr::answer(&mut a),
             _ => Err(libc::ENOSYS),
         };
         Some(r)
