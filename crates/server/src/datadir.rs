@@ -157,6 +157,9 @@ impl DataDir {
             Ok(_) => {}
             Err(_) => std::fs::DirBuilder::new().recursive(true).mode(0o700).create(path).map_err(err(path))?,
         }
+        if let Some(caveat) = file_system_caveat(path) {
+            tracing::warn!(path = %path.display(), "{caveat}");
+        }
         let lock_path = path.join("lock");
         let lock =
             File::options().create(true).truncate(false).write(true).open(&lock_path).map_err(err(&lock_path))?;
@@ -221,6 +224,30 @@ struct StateFile {
     verifier: u64,
     machine: Option<String>,
     synced: bool,
+}
+
+/// What a machine crash may cost on the file system that holds `dir`,
+/// if more than the guarantees' (`docs/namespace.md`, "What is assumed
+/// of the disk": among them, that syncing a new data file makes its name
+/// durable, as ext4, XFS and btrfs do). One `statfs`.
+fn file_system_caveat(dir: &Path) -> Option<&'static str> {
+    const EXT4: i64 = 0xef53;
+    const XFS: i64 = 0x5846_5342;
+    const BTRFS: i64 = 0x9123_683e;
+    const TMPFS: i64 = 0x0102_1994;
+    const RAMFS: i64 = 0x8584_58f6;
+    // `f_type` is an `i64` here, an `i32` or `u32` on other targets.
+    #[allow(clippy::useless_conversion)]
+    let kind = i64::from(rustix::fs::statfs(dir).ok()?.f_type);
+    match kind {
+        EXT4 | XFS | BTRFS => None,
+        TMPFS | RAMFS => Some("the data directory is in memory: every file in it is lost when the machine restarts"),
+        _ => Some(
+            "the data directory is on a file system other than ext4, XFS or btrfs, which may not make a new file's \
+             name durable when its data is synced: after a machine crash, a file made and synced just before it \
+             may read as zeros (docs/namespace.md)",
+        ),
+    }
 }
 
 impl StateFile {
@@ -368,6 +395,20 @@ fn ids_of(evicted: &[(Evicted, Instant)]) -> HashSet<u64> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_data_directory_off_the_disks_it_is_meant_for_is_told() {
+        assert_eq!(super::file_system_caveat(std::env::temp_dir().as_path()).is_none(), on_disk(&std::env::temp_dir()));
+        assert!(super::file_system_caveat("/dev/shm".as_ref()).is_some_and(|c| c.contains("in memory")));
+        assert!(super::file_system_caveat("/proc".as_ref()).is_some_and(|c| c.contains("other than ext4")));
+    }
+
+    /// Whether `df` calls `dir`'s file system one of those meant for data.
+    fn on_disk(dir: &std::path::Path) -> bool {
+        let out = std::process::Command::new("df").args(["--output=fstype"]).arg(dir).output().unwrap();
+        let kind = String::from_utf8(out.stdout).unwrap();
+        ["ext4", "xfs", "btrfs"].contains(&kind.lines().nth(1).unwrap().trim())
+    }
+
     use super::*;
 
     fn start(dir: &Path, block: u64) -> (Start, DataDir) {
