@@ -273,7 +273,9 @@ impl Namespace {
         }
         let guard = scc::Guard::new();
         let mut out = Vec::new();
-        for e in self.entries.range(ino, cookie.max(FIRST_COOKIE - 1) + 1, &guard) {
+        // After the largest cookie there is nothing (it must not wrap to
+        // the start: a client's made-up cookie would list it again).
+        for e in self.entries.range(ino, cookie.max(FIRST_COOKIE - 1).saturating_add(1), &guard) {
             if out.len() == max {
                 break;
             }

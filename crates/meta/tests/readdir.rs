@@ -131,3 +131,19 @@ fn listing_the_root_of_a_large_namespace_does_not_scan_it() {
     rx.recv_timeout(std::time::Duration::from_secs(30)).expect("50 listings of the root took over 30 s");
     lister.join().unwrap();
 }
+
+/// A listing resumed after any cookie a client may send, the largest
+/// included, ends there. Until session 48 `u64::MAX` wrapped to the
+/// start and listed the directory again (and panicked where overflow is
+/// checked: the server's fuzz test found it).
+#[test]
+fn a_listing_after_the_largest_cookie_is_empty() {
+    let (ns, d) = namespace_with_dir();
+    let root = Cred::root();
+    ns.create(&root, d.ino, b"a", file(), b"", 1).unwrap();
+    let all = ns.readdir(&root, d.ino, 0, 10).unwrap();
+    assert_eq!(all.len(), 1);
+    assert!(ns.readdir(&root, d.ino, all[0].cookie, 10).unwrap().is_empty());
+    assert!(ns.readdir(&root, d.ino, u64::MAX, 10).unwrap().is_empty());
+    assert!(ns.readdirplus(&root, d.ino, u64::MAX, 10).unwrap().is_empty());
+}
