@@ -1112,3 +1112,42 @@ fn many_clients_that_never_acknowledge_are_held_to_the_servers_budget() {
         }
     });
 }
+
+/// Changelog reads that ask to wait as long as the protocol lets them
+/// (`u32::MAX` ms: 49 days), more of them than tokio's pool has blocking
+/// threads (512), take from no one: another client's `fsync`, which the
+/// disk's work runs on such a thread, is answered, and the server stops
+/// at SIGTERM. Before session 48 each such read held a thread for as long
+/// as it asked: the `fsync` waited behind them, and the stopped server
+/// waited to exit.
+#[test]
+fn changelog_reads_that_wait_for_weeks_hold_up_neither_disk_work_nor_a_stop() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = ServerProc::start(dir.path(), "127.0.0.1:0", &[]);
+    let root = interlock_meta::Cred::root();
+    rt().block_on(async {
+        let follower = client(&server.addr).await;
+        let cl = follower.changelog_register(None, u32::MAX).await.unwrap();
+        let end = follower.changelog_read(&cl.id, None, 1, Duration::ZERO).await.unwrap().last().map(|r| r.index);
+        let from = end.map_or(0, |i| i + 1) + 1_000_000;
+        let waits: Vec<_> = (0..600)
+            .map(|_| {
+                let (c, id) = (follower.clone(), cl.id.clone());
+                tokio::spawn(async move { c.changelog_read(&id, Some(from), 1, Duration::MAX).await })
+            })
+            .collect();
+        let addr = server.addr.clone();
+        tokio::task::spawn_blocking(move || wait_for("the reads taken in", || status(&addr).requests >= 602))
+            .await
+            .unwrap();
+        let other = client(&server.addr).await;
+        let f = other.create_open(&root, interlock_meta::ROOT, b"f", (0o644, 0)).await.unwrap();
+        other.write(&root, f.ino, 0, b"data").await.unwrap();
+        let fsync = tokio::time::timeout(Duration::from_secs(20), other.fsync(&root, f.ino)).await;
+        assert!(matches!(fsync, Ok(Ok(()))), "an fsync behind 600 waiting changelog reads: {fsync:?}");
+        drop(waits);
+    });
+    let t = Instant::now();
+    server.terminate();
+    assert!(t.elapsed() < Duration::from_secs(15), "the stop took {:?}", t.elapsed());
+}

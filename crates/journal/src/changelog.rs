@@ -356,13 +356,15 @@ impl Changelog {
             let c = &p.consumers[&find(&p, who)?];
             (Mask(c.mask.0 & self.options.mask.0), c.cleared)
         };
-        let from = from.unwrap_or(cursor + 1).max(self.journal.first_index());
+        // Any `from` a client sends, the largest included, is taken
+        // without wrapping (a wrapped one would not wait).
+        let from = from.unwrap_or(cursor.saturating_add(1)).max(self.journal.first_index());
         if let Some(w) = wait
             && self.journal.durable_end() <= from
-            && self.journal.watch_for(from + 1, Some(w))? > from
+            && self.journal.watch_for(from.saturating_add(1), Some(w))? > from
         {
             // Woken by the first new record: more get a moment to come.
-            self.journal.watch_for(from + FOLLOW_BATCH, Some(FOLLOW_LINGER))?;
+            self.journal.watch_for(from.saturating_add(FOLLOW_BATCH), Some(FOLLOW_LINGER))?;
         }
         let mut out = Vec::new();
         let mut next = from;

@@ -103,6 +103,8 @@ pub(crate) struct Inner {
     /// recovery window are freed (the checkpointer's sweep): the recovery
     /// is over only then.
     orphans_pending: AtomicBool,
+    /// Changelog reads waiting on a blocking thread (`meta::changelog`).
+    pub followers: std::sync::atomic::AtomicUsize,
     requests: AtomicU64,
     conns: Conns,
     /// Set when the server speaks TLS.
@@ -239,6 +241,7 @@ impl Server {
             started,
             recovery_until,
             orphans_pending: AtomicBool::new(start.restarted),
+            followers: Default::default(),
             owners_known,
             requests: AtomicU64::new(0),
             conns: Conns::default(),

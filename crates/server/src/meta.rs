@@ -35,6 +35,17 @@ pub(crate) const CHECKPOINT_EVERY: u64 = 1_000_000;
 /// Most records in one changelog read (each at most ~600 bytes: under a
 /// frame).
 const MAX_RECORDS: u32 = 256;
+/// The longest a changelog read waits for its first record (a follower
+/// asks again: `interlock changelog read --follow` waits 5 s a read).
+/// Until session 48 a client could ask for 49 days.
+const FOLLOW_WAIT_MAX: Duration = Duration::from_secs(30);
+/// Changelog reads that wait on a blocking thread at once, woken by the
+/// first record. Each holds a thread of tokio's pool (512), which the
+/// `fsync`s, disk reads and copies of every client share: until session
+/// 48 a client's 512 reads that waited took them all, and every such call
+/// of every client waited behind them. Past this a read waits its time
+/// without a thread, then answers with what came.
+const FOLLOWERS_MAX: usize = 64;
 /// A listing stops when its entries reach this many bytes (estimated):
 /// under a frame.
 const LISTING_BYTES: usize = 192 << 10;
@@ -413,11 +424,20 @@ pub(crate) fn changelog(inner: &Inner, sid: u64, id: u64, op: ChangelogOp) -> Op
         ChangelogOp::Clear { id, upto } => cl.clear(&id, upto, now).map(|()| ChangelogReply::Done),
         ChangelogOp::Read { id: who, from, max, wait_ms } if wait_ms > 0 => {
             let server = inner.me.upgrade()?;
-            tokio::task::spawn_blocking(move || {
-                let wait = Some(Duration::from_millis(u64::from(wait_ms)));
-                let reply = read(&server, &who, from, max, wait);
-                durable::push(&server.sessions, sid, id, reply);
-            });
+            let wait = Duration::from_millis(u64::from(wait_ms)).min(FOLLOW_WAIT_MAX);
+            if inner.followers.fetch_add(1, Ordering::SeqCst) < FOLLOWERS_MAX {
+                tokio::task::spawn_blocking(move || {
+                    let reply = read(&server, &who, from, max, Some(wait));
+                    server.followers.fetch_sub(1, Ordering::SeqCst);
+                    durable::push(&server.sessions, sid, id, reply);
+                });
+            } else {
+                inner.followers.fetch_sub(1, Ordering::SeqCst);
+                tokio::spawn(async move {
+                    tokio::time::sleep(wait).await;
+                    durable::push(&server.sessions, sid, id, read(&server, &who, from, max, None));
+                });
+            }
             return None;
         }
         ChangelogOp::Read { id, from, max, .. } => return Some(read(inner, &id, from, max, None)),

@@ -326,12 +326,20 @@ pub fn serve(args: ServeArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match rt.block_on(interlock_server::run(config, |addr, metrics| {
+    let served = rt.block_on(interlock_server::run(config, |addr, metrics| {
         println!("interlock: listening on {addr}");
         if let Some(m) = metrics {
             println!("interlock: metrics at http://{m}/metrics");
         }
-    })) {
+    }));
+    // The clean stop has waited for every connection and for the disk's
+    // work it owes answers to; what may be left on the blocking threads
+    // is changelog reads waiting for records nobody will now make (up to
+    // 30 s each), which a runtime dropped would wait out. Until session
+    // 48 a client's read that asked to wait 49 days kept a stopped
+    // server from exiting for as long.
+    rt.shutdown_timeout(Duration::from_secs(1));
+    match served {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("interlock serve: {e}");
