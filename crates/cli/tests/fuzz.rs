@@ -1,0 +1,451 @@
+//! The server under requests that decode but make no sense: every request
+//! of the protocol, with fields drawn at random (inodes that do not
+//! exist, offsets at `u64::MAX`, names with `/`, NUL or 300 bytes, modes
+//! past EX, ranges backwards, acknowledgements of bytes never sent,
+//! evictions of other sessions, ids used twice), from clients that said
+//! hello. The server must answer each with a reply or an error, or close
+//! that one connection, and nothing else: no panic in any task, every
+//! frame it sends decodes, a normal client is served throughout, and the
+//! namespace it leaves is sound (`fsck`) and opens again.
+//!
+//! The requests come from a serde `Deserializer` that makes up whatever
+//! value it is asked for (`Made`), so every variant of every message,
+//! including those added later, is drawn without a list to keep. Its
+//! numbers lean to the ones that find edges (0, 1, the first inodes,
+//! powers of two, the top of each width). The run's seed is printed and
+//! `FUZZ_SEED` repeats it; `FUZZ_REQUESTS` sets the length.
+
+mod common;
+
+use std::collections::VecDeque;
+use std::io::Write;
+use std::net::TcpStream;
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::{BIN, Tmpfs, lock_cmd, raw_frame, raw_hello, try_read_raw_frame};
+use interlock_proto::meta::MetaReply;
+use interlock_proto::{ClientMsg, Op, Reply, ServerMsg};
+use serde::de::{self, DeserializeSeed, Deserializer, EnumAccess, IntoDeserializer, SeqAccess, VariantAccess, Visitor};
+
+/// The inode numbers the server's answers named, most recent last (at
+/// most 256): made-up requests name them often, so that they act on
+/// files that exist rather than fail at the first look-up.
+type Seen = Arc<Mutex<VecDeque<u64>>>;
+
+/// xorshift64*: small, seeded, enough for drawing requests; and the
+/// inodes seen.
+struct Rng(u64, Seen);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+
+    fn chance(&mut self, one_in: u64) -> bool {
+        self.below(one_in) == 0
+    }
+
+    /// A number that finds edges more often than a uniform one would.
+    fn number(&mut self) -> u64 {
+        let seen = self.1.lock().unwrap().len() as u64;
+        match self.below(10) {
+            8 | 9 if seen > 0 => {
+                let at = self.below(seen) as usize;
+                self.1.lock().unwrap()[at]
+            }
+            0 | 1 => self.below(4),
+            2 => self.below(40),
+            3 => 1 << self.below(64),
+            4 => u64::MAX - self.below(3),
+            5 => (i64::MAX as u64) - self.below(3),
+            6 => u64::from(u32::MAX) - self.below(3),
+            _ => self.next(),
+        }
+    }
+
+    /// Bytes for a name, a value or a resource: often short and plain,
+    /// sometimes `.`, `..`, with `/` or NUL, 255 or 256 bytes long.
+    fn bytes(&mut self) -> Vec<u8> {
+        match self.below(10) {
+            0 => Vec::new(),
+            1 => b".".to_vec(),
+            2 => b"..".to_vec(),
+            3 => b"a/b".to_vec(),
+            4 => b"a\0b".to_vec(),
+            5 => vec![b'n'; 255 + self.below(2) as usize],
+            6 => (0..self.below(64)).map(|_| self.next() as u8).collect(),
+            _ => format!("f{}", self.below(6)).into_bytes(),
+        }
+    }
+}
+
+/// A value of any type serde asks for, made up from `rng`: a
+/// `Deserializer` with no input.
+struct Made<'r> {
+    rng: &'r mut Rng,
+    depth: u32,
+}
+
+type Error = de::value::Error;
+
+macro_rules! number {
+    ($($method:ident => $visit:ident as $t:ty),*) => {
+        $(fn $method<V: Visitor<'de>>(self, v: V) -> Result<V::Value, Error> {
+            v.$visit(self.rng.number() as $t)
+        })*
+    };
+}
+
+impl<'de> Deserializer<'de> for &mut Made<'_> {
+    type Error = Error;
+
+    number!(deserialize_u8 => visit_u8 as u8, deserialize_u16 => visit_u16 as u16,
+        deserialize_u32 => visit_u32 as u32, deserialize_u64 => visit_u64 as u64,
+        deserialize_i8 => visit_i8 as i8, deserialize_i16 => visit_i16 as i16,
+        deserialize_i32 => visit_i32 as i32, deserialize_i64 => visit_i64 as i64,
+        deserialize_u128 => visit_u128 as u128, deserialize_i128 => visit_i128 as i128,
+        deserialize_f32 => visit_f32 as f32, deserialize_f64 => visit_f64 as f64);
+
+    fn deserialize_any<V: Visitor<'de>>(self, _: V) -> Result<V::Value, Error> {
+        Err(de::Error::custom("the messages are not self-describing"))
+    }
+
+    fn deserialize_bool<V: Visitor<'de>>(self, v: V) -> Result<V::Value, Error> {
+        v.visit_bool(self.rng.chance(2))
+    }
+
+    fn deserialize_char<V: Visitor<'de>>(self, v: V) -> Result<V::Value, Error> {
+        v.visit_char('a')
+    }
+
+    fn deserialize_str<V: Visitor<'de>>(self, v: V) -> Result<V::Value, Error> {
+        self.deserialize_string(v)
+    }
+
+    fn deserialize_string<V: Visitor<'de>>(self, v: V) -> Result<V::Value, Error> {
+        v.visit_string(String::from_utf8_lossy(&self.rng.bytes()).into_owned())
+    }
+
+    fn deserialize_bytes<V: Visitor<'de>>(self, v: V) -> Result<V::Value, Error> {
+        self.deserialize_byte_buf(v)
+    }
+
+    fn deserialize_byte_buf<V: Visitor<'de>>(self, v: V) -> Result<V::Value, Error> {
+        v.visit_byte_buf(self.rng.bytes())
+    }
+
+    fn deserialize_option<V: Visitor<'de>>(self, v: V) -> Result<V::Value, Error> {
+        if self.rng.chance(3) { v.visit_none() } else { v.visit_some(self) }
+    }
+
+    fn deserialize_unit<V: Visitor<'de>>(self, v: V) -> Result<V::Value, Error> {
+        v.visit_unit()
+    }
+
+    fn deserialize_unit_struct<V: Visitor<'de>>(self, _: &'static str, v: V) -> Result<V::Value, Error> {
+        v.visit_unit()
+    }
+
+    fn deserialize_newtype_struct<V: Visitor<'de>>(self, _: &'static str, v: V) -> Result<V::Value, Error> {
+        v.visit_newtype_struct(self)
+    }
+
+    fn deserialize_seq<V: Visitor<'de>>(self, v: V) -> Result<V::Value, Error> {
+        // Deep in a value, sequences stay short: the value stays finite.
+        let n = if self.depth > 4 { 0 } else { self.rng.below(4) as usize };
+        self.deserialize_tuple(n, v)
+    }
+
+    fn deserialize_tuple<V: Visitor<'de>>(self, n: usize, v: V) -> Result<V::Value, Error> {
+        self.depth += 1;
+        let r = v.visit_seq(Fields { made: self, left: n });
+        self.depth -= 1;
+        r
+    }
+
+    fn deserialize_tuple_struct<V: Visitor<'de>>(self, _: &'static str, n: usize, v: V) -> Result<V::Value, Error> {
+        self.deserialize_tuple(n, v)
+    }
+
+    fn deserialize_map<V: Visitor<'de>>(self, _: V) -> Result<V::Value, Error> {
+        Err(de::Error::custom("no maps in the messages"))
+    }
+
+    fn deserialize_struct<V: Visitor<'de>>(
+        self,
+        _: &'static str,
+        fields: &'static [&'static str],
+        v: V,
+    ) -> Result<V::Value, Error> {
+        self.deserialize_tuple(fields.len(), v)
+    }
+
+    fn deserialize_enum<V: Visitor<'de>>(
+        self,
+        _: &'static str,
+        variants: &'static [&'static str],
+        v: V,
+    ) -> Result<V::Value, Error> {
+        let index = self.rng.below(variants.len() as u64) as u32;
+        v.visit_enum(Variant { made: self, index })
+    }
+
+    fn deserialize_identifier<V: Visitor<'de>>(self, _: V) -> Result<V::Value, Error> {
+        Err(de::Error::custom("identifiers come from deserialize_enum"))
+    }
+
+    fn deserialize_ignored_any<V: Visitor<'de>>(self, v: V) -> Result<V::Value, Error> {
+        v.visit_unit()
+    }
+}
+
+/// The fields of a struct, tuple or sequence, each made up.
+struct Fields<'a, 'r> {
+    made: &'a mut Made<'r>,
+    left: usize,
+}
+
+impl<'de> SeqAccess<'de> for Fields<'_, '_> {
+    type Error = Error;
+
+    fn next_element_seed<T: DeserializeSeed<'de>>(&mut self, seed: T) -> Result<Option<T::Value>, Error> {
+        if self.left == 0 {
+            return Ok(None);
+        }
+        self.left -= 1;
+        seed.deserialize(&mut *self.made).map(Some)
+    }
+}
+
+/// An enum's variant, chosen at random, and its fields.
+struct Variant<'a, 'r> {
+    made: &'a mut Made<'r>,
+    index: u32,
+}
+
+impl<'de, 'a, 'r> EnumAccess<'de> for Variant<'a, 'r> {
+    type Error = Error;
+    type Variant = &'a mut Made<'r>;
+
+    fn variant_seed<T: DeserializeSeed<'de>>(self, seed: T) -> Result<(T::Value, Self::Variant), Error> {
+        let index: de::value::U32Deserializer<Error> = self.index.into_deserializer();
+        Ok((seed.deserialize(index)?, self.made))
+    }
+}
+
+impl<'de> VariantAccess<'de> for &mut Made<'_> {
+    type Error = Error;
+
+    fn unit_variant(self) -> Result<(), Error> {
+        Ok(())
+    }
+
+    fn newtype_variant_seed<T: DeserializeSeed<'de>>(self, seed: T) -> Result<T::Value, Error> {
+        seed.deserialize(self)
+    }
+
+    fn tuple_variant<V: Visitor<'de>>(self, n: usize, v: V) -> Result<V::Value, Error> {
+        self.deserialize_tuple(n, v)
+    }
+
+    fn struct_variant<V: Visitor<'de>>(self, fields: &'static [&'static str], v: V) -> Result<V::Value, Error> {
+        self.deserialize_tuple(fields.len(), v)
+    }
+}
+
+/// A request: half of them namespace operations, most of those by root
+/// (whom permissions stop least, so they go deepest), a tenth changelog
+/// requests, the rest any request.
+fn request(rng: &mut Rng) -> Op {
+    match rng.below(10) {
+        0..=4 => {
+            let cred = if rng.chance(4) { made(rng) } else { interlock_meta::Cred::root() };
+            Op::Meta { cred, op: made(rng), once: made(rng) }
+        }
+        5 => Op::Changelog(made(rng)),
+        _ => loop {
+            // Requests that end a session (its own, or another's) come a
+            // tenth as often, so that sessions live long enough to hold
+            // locks and files.
+            match made(rng) {
+                Op::Bye | Op::Evict { .. } if !rng.chance(10) => {}
+                op => break op,
+            }
+        },
+    }
+}
+
+/// A value made up from `rng` (drawn again where a type refuses what
+/// was drawn, as one that checks its value may).
+fn made<T: serde::de::DeserializeOwned>(rng: &mut Rng) -> T {
+    loop {
+        if let Ok(v) = T::deserialize(&mut Made { rng: &mut *rng, depth: 0 }) {
+            return v;
+        }
+    }
+}
+
+/// Notes the inodes an answer names (see [`Seen`]).
+fn note_inodes(m: &ServerMsg, seen: &Seen) {
+    let ServerMsg::Reply { reply: Reply::Meta(reply), .. } = m else { return };
+    let inos: Vec<u64> = match reply {
+        MetaReply::Attr(a) => vec![a.ino],
+        MetaReply::Entries { entries, .. } => entries.iter().map(|e| e.ino).collect(),
+        _ => return,
+    };
+    let mut seen = seen.lock().unwrap();
+    for ino in inos {
+        if seen.len() == 256 {
+            seen.pop_front();
+        }
+        seen.push_back(ino);
+    }
+}
+
+/// A raw session: requests go out on `stream`; a thread reads every
+/// frame the server sends, checks that it decodes, and counts its bytes.
+struct Session {
+    stream: TcpStream,
+    received: Arc<AtomicU64>,
+    closed: Arc<AtomicBool>,
+    reader: std::thread::JoinHandle<Result<(), String>>,
+}
+
+impl Session {
+    fn open(addr: &str, origin: u64, seen: &Seen) -> Session {
+        let mut stream = TcpStream::connect(addr).unwrap();
+        let mut r = stream.try_clone().unwrap();
+        raw_hello(&mut stream, &mut r, origin);
+        stream.set_write_timeout(Some(Duration::from_secs(5))).unwrap();
+        let (received, closed) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicBool::new(false)));
+        let reader = {
+            let (received, closed, seen) = (received.clone(), closed.clone(), seen.clone());
+            std::thread::spawn(move || {
+                let r = (|| {
+                    while let Some(body) = try_read_raw_frame(&mut r) {
+                        let m = interlock_proto::decode::<ServerMsg>(&body)
+                            .map_err(|e| format!("a frame of {} bytes does not decode: {e}", body.len()))?;
+                        received.fetch_add(4 + body.len() as u64, Ordering::Relaxed);
+                        note_inodes(&m, &seen);
+                    }
+                    Ok(())
+                })();
+                closed.store(true, Ordering::Relaxed);
+                r
+            })
+        };
+        Session { stream, received, closed, reader }
+    }
+
+    /// Sends `op` as request `id`; false once the connection is gone.
+    fn send(&mut self, id: u64, op: Op) -> bool {
+        !self.closed.load(Ordering::Relaxed)
+            && self.stream.write_all(&raw_frame(&ClientMsg::Request { id, op })).is_ok()
+    }
+
+    /// Acknowledges what was taken in, as a client does, so that the
+    /// server's stream for the session stays small.
+    fn acknowledge(&mut self, id: u64) -> bool {
+        let received = self.received.load(Ordering::Relaxed);
+        self.send(id, Op::Renew { received })
+    }
+
+    fn close(self) {
+        let _ = self.stream.shutdown(std::net::Shutdown::Both);
+        if let Err(e) = self.reader.join().unwrap() {
+            panic!("{e}");
+        }
+    }
+}
+
+/// The server survives made-up requests from several sessions, with no
+/// panic, every answer decoding and a normal client served throughout;
+/// then `fsck` finds its namespace sound, and it opens again.
+#[test]
+fn requests_with_any_fields_are_answered_or_close_only_their_connection() {
+    let seed = std::env::var("FUZZ_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64 | 1
+    });
+    let total: u64 = std::env::var("FUZZ_REQUESTS").ok().and_then(|s| s.parse().ok()).unwrap_or(20_000);
+    eprintln!("fuzz seed {seed} (FUZZ_SEED repeats it), {total} requests");
+    // A small tmpfs: a made-up `fallocate` of a terabyte takes no more
+    // than it from the machine.
+    if !nix::unistd::Uid::effective().is_root() {
+        eprintln!("!! SKIPPED requests_with_any_fields_are_answered_or_close_only_their_connection: needs root");
+        return;
+    }
+    let data = Tmpfs::of("256m");
+    let log = tempfile::NamedTempFile::new().unwrap();
+    let serve = |log: &std::fs::File| {
+        let mut child = Command::new(BIN)
+            .args(["serve", "--listen", "127.0.0.1:0", "--data"])
+            .arg(data.path())
+            .env("INTERLOCK_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(log.try_clone().unwrap())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufRead::read_line(&mut std::io::BufReader::new(child.stdout.as_mut().unwrap()), &mut line).unwrap();
+        let addr = line.trim().strip_prefix("interlock: listening on ").expect("listening line").to_string();
+        common::ServerProc { child, addr }
+    };
+    let mut server = serve(log.as_file());
+    let addr = server.addr.clone();
+    let seen = Seen::default();
+    let mut rng = Rng(seed, seen.clone());
+    let mut sessions: Vec<Session> = (1..=3).map(|o| Session::open(&addr, o, &seen)).collect();
+    let (mut reopened, mut origin) = (0, 3);
+    for id in 1..=total {
+        let which = rng.below(sessions.len() as u64) as usize;
+        let s = &mut sessions[which];
+        let sent = if id % 64 == 0 {
+            s.acknowledge(id)
+        } else if rng.chance(200) {
+            // Any message: a second hello, a request with any id.
+            let msg: ClientMsg = made(&mut rng);
+            s.stream.write_all(&raw_frame(&msg)).is_ok()
+        } else {
+            s.send(id, request(&mut rng))
+        };
+        if !sent {
+            // Ended by its own request (a `Bye`, an acknowledgement of
+            // bytes never sent, an eviction by another): a new one.
+            origin += 1;
+            reopened += 1;
+            std::mem::replace(s, Session::open(&addr, origin, &seen)).close();
+        }
+        if id % 5_000 == 0 {
+            assert_eq!(lock_cmd(&addr, &["fuzz-alive", "--", "true"]).status().unwrap().code(), Some(0));
+        }
+    }
+    for s in sessions {
+        s.close();
+    }
+    eprintln!("{reopened} sessions ended by their requests and were opened again");
+    let status = Command::new(BIN).args(["status", "--server", &addr]).output().unwrap();
+    assert!(status.status.success(), "{}", String::from_utf8_lossy(&status.stderr));
+    server.terminate();
+    let said = std::fs::read_to_string(log.path()).unwrap();
+    assert!(!said.contains("panicked"), "the server panicked (seed {seed}):\n{said}");
+    let fsck = |what: &str| {
+        let out = Command::new(BIN).arg("fsck").arg(data.path()).output().unwrap();
+        assert!(out.status.success(), "fsck {what} (seed {seed}): {}", String::from_utf8_lossy(&out.stdout));
+    };
+    fsck("after the run");
+    // It opens again on what it left, replaying its journal.
+    let mut again = serve(log.as_file());
+    assert_eq!(lock_cmd(&again.addr, &["fuzz-alive", "--", "true"]).status().unwrap().code(), Some(0));
+    again.terminate();
+    fsck("after a restart");
+}
