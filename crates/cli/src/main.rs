@@ -18,12 +18,20 @@ use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 #[global_allocator]
 static ALLOC: alloc::Counting = alloc::Counting;
 
+/// The version, and the protocol's: a server serves only clients and
+/// mounts of its own protocol version (`docs/protocol.md`).
+fn version() -> &'static str {
+    static VERSION: std::sync::LazyLock<String> =
+        std::sync::LazyLock::new(|| format!("{} (protocol {})", env!("CARGO_PKG_VERSION"), interlock_proto::VERSION));
+    &VERSION
+}
+
 /// interlock: a lock and metadata service for shared file systems.
 ///
 /// POSIX, OFD, flock and DLM locks with exact Linux semantics, where every
 /// lock operation costs O(log n + k) however many locks a file holds.
 #[derive(Parser)]
-#[command(name = "interlock", version, propagate_version = true)]
+#[command(name = "interlock", version = version(), propagate_version = true)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

@@ -57,6 +57,15 @@ fn bench_mdtest_redis_rows_give_set_and_get_each_a_rate_and_a_cost() {
     assert!(rows.iter().any(|r| r["server_cpu_us_per_op"].as_f64().is_some_and(|us| us > 0.0)), "{out}");
 }
 
+/// `--version` names the protocol version, which server and clients
+/// must share (a server refuses any other).
+#[test]
+fn the_version_names_the_protocol() {
+    let (code, out, _) = interlock(&["--version"], "");
+    assert_eq!(code, 0);
+    assert!(out.trim_end().ends_with(&format!(" (protocol {})", interlock_proto::VERSION)), "{out}");
+}
+
 #[test]
 fn posix_replay_exit_status_reports_bad_lines() {
     let (code, out, err) = interlock(&["debug", "posix-replay"], "1 setlk wr 0 10\n2 getlk rd 5 1\n");
