@@ -13,19 +13,19 @@
 //! including those added later, is drawn without a list to keep. Its
 //! numbers lean to the ones that find edges (0, 1, the first inodes,
 //! powers of two, the top of each width). The run's seed is printed and
-//! `FUZZ_SEED` repeats it; `FUZZ_REQUESTS` sets the length.
+//! `FUZZ_SEED` repeats it; `FUZZ_REQUESTS` sets the length (100,000).
 
 mod common;
 
 use std::collections::VecDeque;
 use std::io::Write;
 use std::net::TcpStream;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{BIN, Tmpfs, lock_cmd, raw_frame, raw_hello, try_read_raw_frame};
+use common::{BIN, ServerProc, Tmpfs, lock_cmd, raw_frame, raw_hello, try_read_raw_frame};
 use interlock_proto::meta::MetaReply;
 use interlock_proto::{ClientMsg, Op, Reply, ServerMsg};
 use serde::de::{self, DeserializeSeed, Deserializer, EnumAccess, IntoDeserializer, SeqAccess, VariantAccess, Visitor};
@@ -376,7 +376,7 @@ fn requests_with_any_fields_are_answered_or_close_only_their_connection() {
     let seed = std::env::var("FUZZ_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64 | 1
     });
-    let total: u64 = std::env::var("FUZZ_REQUESTS").ok().and_then(|s| s.parse().ok()).unwrap_or(20_000);
+    let total: u64 = std::env::var("FUZZ_REQUESTS").ok().and_then(|s| s.parse().ok()).unwrap_or(100_000);
     eprintln!("fuzz seed {seed} (FUZZ_SEED repeats it), {total} requests");
     // A small tmpfs: a made-up `fallocate` of a terabyte takes no more
     // than it from the machine.
@@ -386,20 +386,8 @@ fn requests_with_any_fields_are_answered_or_close_only_their_connection() {
     }
     let data = Tmpfs::of("256m");
     let log = tempfile::NamedTempFile::new().unwrap();
-    let serve = |log: &std::fs::File| {
-        let mut child = Command::new(BIN)
-            .args(["serve", "--listen", "127.0.0.1:0", "--data"])
-            .arg(data.path())
-            .env("INTERLOCK_LOG", "warn")
-            .stdout(Stdio::piped())
-            .stderr(log.try_clone().unwrap())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        std::io::BufRead::read_line(&mut std::io::BufReader::new(child.stdout.as_mut().unwrap()), &mut line).unwrap();
-        let addr = line.trim().strip_prefix("interlock: listening on ").expect("listening line").to_string();
-        common::ServerProc { child, addr }
-    };
+    let data_dir = data.path().to_str().unwrap();
+    let serve = |log: &std::fs::File| ServerProc::spawn_logged(&["--listen", "127.0.0.1:0", "--data", data_dir], log);
     let mut server = serve(log.as_file());
     let addr = server.addr.clone();
     let seen = Seen::default();

@@ -34,12 +34,22 @@ impl ServerProc {
     /// `interlock serve ARGS` and the first `n` lines it prints (the
     /// first says where it listens).
     pub fn spawn_lines(args: &[&str], n: usize) -> (ServerProc, Vec<String>) {
+        ServerProc::spawn_to(args, n, Stdio::null())
+    }
+
+    /// `interlock serve ARGS`, its warnings and errors (and any panic)
+    /// written to `log`, once it listens.
+    pub fn spawn_logged(args: &[&str], log: &std::fs::File) -> ServerProc {
+        ServerProc::spawn_to(args, 1, log.try_clone().unwrap().into()).0
+    }
+
+    fn spawn_to(args: &[&str], n: usize, stderr: Stdio) -> (ServerProc, Vec<String>) {
         let mut child = Command::new(BIN)
             .arg("serve")
             .args(args)
             .env("INTERLOCK_LOG", "warn")
             .stdout(Stdio::piped())
-            .stderr(Stdio::null())
+            .stderr(stderr)
             .spawn()
             .unwrap();
         let mut out = BufReader::new(child.stdout.as_mut().unwrap());
