@@ -395,20 +395,6 @@ fn ids_of(evicted: &[(Evicted, Instant)]) -> HashSet<u64> {
 
 #[cfg(test)]
 mod tests {
-    #[test]
-    fn a_data_directory_off_the_disks_it_is_meant_for_is_told() {
-        assert_eq!(super::file_system_caveat(std::env::temp_dir().as_path()).is_none(), on_disk(&std::env::temp_dir()));
-        assert!(super::file_system_caveat("/dev/shm".as_ref()).is_some_and(|c| c.contains("in memory")));
-        assert!(super::file_system_caveat("/proc".as_ref()).is_some_and(|c| c.contains("other than ext4")));
-    }
-
-    /// Whether `df` calls `dir`'s file system one of those meant for data.
-    fn on_disk(dir: &std::path::Path) -> bool {
-        let out = std::process::Command::new("df").args(["--output=fstype"]).arg(dir).output().unwrap();
-        let kind = String::from_utf8(out.stdout).unwrap();
-        ["ext4", "xfs", "btrfs"].contains(&kind.lines().nth(1).unwrap().trim())
-    }
-
     use super::*;
 
     fn start(dir: &Path, block: u64) -> (Start, DataDir) {
@@ -565,5 +551,19 @@ mod tests {
         let file = dir.path().join("f");
         std::fs::write(&file, "").unwrap();
         assert!(matches!(DataDir::open(&file), Err(ServerError::DataNotDir(_))));
+    }
+
+    #[test]
+    fn a_data_directory_off_the_disks_it_is_meant_for_is_told() {
+        assert_eq!(file_system_caveat(std::env::temp_dir().as_path()).is_none(), on_disk(&std::env::temp_dir()));
+        assert!(file_system_caveat("/dev/shm".as_ref()).is_some_and(|c| c.contains("in memory")));
+        assert!(file_system_caveat("/proc".as_ref()).is_some_and(|c| c.contains("other than ext4")));
+    }
+
+    /// Whether `df` calls `dir`'s file system one of those meant for data.
+    fn on_disk(dir: &std::path::Path) -> bool {
+        let out = std::process::Command::new("df").args(["--output=fstype"]).arg(dir).output().unwrap();
+        let kind = String::from_utf8(out.stdout).unwrap();
+        ["ext4", "xfs", "btrfs"].contains(&kind.lines().nth(1).unwrap().trim())
     }
 }
