@@ -1116,8 +1116,8 @@ fn many_clients_that_never_acknowledge_are_held_to_the_servers_budget() {
 /// Changelog reads that ask to wait as long as the protocol lets them
 /// (`u32::MAX` ms: 49 days), more of them than tokio's pool has blocking
 /// threads (512), take from no one: another client's `fsync`, which the
-/// disk's work runs on such a thread, is answered, and the server stops
-/// at SIGTERM. Before session 48 each such read held a thread for as long
+/// disk's work runs on such a thread, is answered, a read with records to
+/// read gets them at once, and the server stops at SIGTERM. Before session 48 each such read held a thread for as long
 /// as it asked: the `fsync` waited behind them, and the stopped server
 /// waited to exit.
 #[test]
@@ -1145,6 +1145,14 @@ fn changelog_reads_that_wait_for_weeks_hold_up_neither_disk_work_nor_a_stop() {
         other.write(&root, f.ino, 0, b"data").await.unwrap();
         let fsync = tokio::time::timeout(Duration::from_secs(20), other.fsync(&root, f.ino)).await;
         assert!(matches!(fsync, Ok(Ok(()))), "an fsync behind 600 waiting changelog reads: {fsync:?}");
+        // A read past the waiting ones, with records to read (the
+        // create's), is answered at once, not at the end of its wait.
+        let read = tokio::time::timeout(
+            Duration::from_secs(10),
+            follower.changelog_read(&cl.id, end.map(|i| i + 1), 10, Duration::MAX),
+        )
+        .await;
+        assert!(matches!(&read, Ok(Ok(records)) if !records.is_empty()), "a read with records to read: {read:?}");
         drop(waits);
     });
     let t = Instant::now();

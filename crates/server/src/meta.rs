@@ -43,8 +43,9 @@ const FOLLOW_WAIT_MAX: Duration = Duration::from_secs(30);
 /// first record. Each holds a thread of tokio's pool (512), which the
 /// `fsync`s, disk reads and copies of every client share: until session
 /// 48 a client's 512 reads that waited took them all, and every such call
-/// of every client waited behind them. Past this a read waits its time
-/// without a thread, then answers with what came.
+/// of every client waited behind them. Past this a read with no record
+/// to answer at once waits its time without a thread, then answers with
+/// what came.
 const FOLLOWERS_MAX: usize = 64;
 /// A listing stops when its entries reach this many bytes (estimated):
 /// under a frame.
@@ -433,9 +434,15 @@ pub(crate) fn changelog(inner: &Inner, sid: u64, id: u64, op: ChangelogOp) -> Op
                 });
             } else {
                 inner.followers.fetch_sub(1, Ordering::SeqCst);
+                // Without a thread: the records there now, else those that
+                // came by the end of the wait.
                 tokio::spawn(async move {
-                    tokio::time::sleep(wait).await;
-                    durable::push(&server.sessions, sid, id, read(&server, &who, from, max, None));
+                    let mut reply = read(&server, &who, from, max, None);
+                    if matches!(&reply, Reply::Changelog(ChangelogReply::Records(r)) if r.is_empty()) {
+                        tokio::time::sleep(wait).await;
+                        reply = read(&server, &who, from, max, None);
+                    }
+                    durable::push(&server.sessions, sid, id, reply);
                 });
             }
             return None;
