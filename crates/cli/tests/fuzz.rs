@@ -10,6 +10,8 @@
 //! that replays its journal must come back with the very tree it left
 //! (every path, attribute, symlink target and extended attribute): each
 //! kind of change the run made, however odd, is replayed as it was made.
+//! And no two owners ever hold one byte of a lock resource in conflicting
+//! modes (looked at every 5,000 requests).
 //!
 //! The requests come from a serde `Deserializer` that makes up whatever
 //! value it is asked for (`Made`), so every variant of every message,
@@ -25,32 +27,42 @@ use std::io::Write;
 use std::net::TcpStream;
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, LazyLock, Mutex};
 use std::time::Duration;
 
 use common::{BIN, ServerProc, Tmpfs, client, lock_cmd, raw_frame, raw_hello, rt, try_read_raw_frame, wait_for};
+use interlock_core::Mode;
 use interlock_proto::meta::{Asking, MetaReply, Once};
-use interlock_proto::{ClientMsg, Op, Reply, ServerMsg};
+use interlock_proto::{ClientMsg, GrantInfo, Kind, Op, Reply, ServerMsg, Target};
 use serde::de::{self, DeserializeSeed, Deserializer, EnumAccess, IntoDeserializer, SeqAccess, VariantAccess, Visitor};
 
 /// What the sessions' readers learn from the answers, shared by all.
 #[derive(Default)]
 struct Answers {
-    /// The inode numbers the answers named, most recent last (at most
-    /// 256): made-up requests name them often, so that they act on files
-    /// that exist rather than fail at the first look-up.
+    /// The inodes, DLM handles and queued requests the answers named,
+    /// most recent last (at most 256): made-up requests name them often,
+    /// so that they act on files, locks and waits that exist rather than
+    /// fail at the first look-up.
     seen: Mutex<VecDeque<u64>>,
     /// Answers to requests: all, to namespace requests, and those of
     /// them that succeeded (how deep the run went).
     any: AtomicU64,
     meta: AtomicU64,
     meta_ok: AtomicU64,
+    /// Locks granted, at once or later.
+    granted: AtomicU64,
 }
 
 impl Answers {
-    /// Counts `m` and notes the inodes it names.
+    /// Counts `m` and notes the inodes, DLM handles and queued requests
+    /// it names.
     fn note(&self, m: &ServerMsg) {
-        let ServerMsg::Reply { reply, .. } = m else { return };
+        let reply = match m {
+            ServerMsg::Granted { grant, .. } => return self.granted(grant),
+            ServerMsg::Reply { id, reply: Reply::Queued } => return self.saw([*id]),
+            ServerMsg::Reply { reply, .. } => reply,
+            _ => return,
+        };
         self.any.fetch_add(1, Ordering::Relaxed);
         let reply = match reply {
             Reply::Meta(reply) => reply,
@@ -58,21 +70,31 @@ impl Answers {
                 self.meta.fetch_add(1, Ordering::Relaxed);
                 return;
             }
+            Reply::Granted(grant) => return self.granted(grant),
             _ => return,
         };
         self.meta.fetch_add(1, Ordering::Relaxed);
         self.meta_ok.fetch_add(1, Ordering::Relaxed);
-        let inos: Vec<u64> = match reply {
-            MetaReply::Attr(a) => vec![a.ino],
-            MetaReply::Entries { entries, .. } => entries.iter().map(|e| e.ino).collect(),
-            _ => return,
-        };
+        match reply {
+            MetaReply::Attr(a) => self.saw([a.ino]),
+            MetaReply::Entries { entries, .. } => self.saw(entries.iter().map(|e| e.ino)),
+            _ => {}
+        }
+    }
+
+    fn granted(&self, grant: &GrantInfo) {
+        self.granted.fetch_add(1, Ordering::Relaxed);
+        self.saw(grant.handle);
+    }
+
+    /// Adds `numbers` to those seen, forgetting the oldest past 256.
+    fn saw(&self, numbers: impl IntoIterator<Item = u64>) {
         let mut seen = self.seen.lock().unwrap();
-        for ino in inos {
+        for n in numbers {
             if seen.len() == 256 {
                 seen.pop_front();
             }
-            seen.push_back(ino);
+            seen.push_back(n);
         }
     }
 }
@@ -119,29 +141,36 @@ impl Rng {
         }
     }
 
-    /// Bytes for a name, a value or a resource: often short and plain,
-    /// sometimes `.`, `..`, with `/` or NUL, 255 or 256 bytes long, or
-    /// an extended attribute's name in a namespace (`user.`, `trusted.`,
-    /// an ACL's).
+    /// Bytes for a name, a value or a resource: one of [`NAMES`], or
+    /// random bytes.
     fn bytes(&mut self) -> Vec<u8> {
-        match self.below(12) {
-            0 => Vec::new(),
-            1 => b".".to_vec(),
-            2 => b"..".to_vec(),
-            3 => b"a/b".to_vec(),
-            4 => b"a\0b".to_vec(),
-            5 => vec![b'n'; 255 + self.below(2) as usize],
-            6 => (0..self.below(64)).map(|_| self.next() as u8).collect(),
-            7 | 8 => {
-                let space = ["user.", "trusted.", "security.", "system.posix_acl_access", "system.posix_acl_default"];
-                let space = space[self.below(space.len() as u64) as usize];
-                let name = if space.starts_with("system.") { String::new() } else { format!("x{}", self.below(3)) };
-                format!("{space}{name}").into_bytes()
-            }
-            _ => format!("f{}", self.below(6)).into_bytes(),
-        }
+        let [odd, xattrs, plain] = &*NAMES;
+        let drawn = match self.below(12) {
+            0 => return (0..self.below(64)).map(|_| self.next() as u8).collect(),
+            1..=6 => odd,
+            7 | 8 => xattrs,
+            _ => plain,
+        };
+        drawn[self.below(drawn.len() as u64) as usize].clone()
     }
 }
+
+/// The names, values and lock resources drawn, besides random bytes:
+/// odd ones (empty, `.`, `..`, with `/` or NUL, 255 and 256 bytes long),
+/// extended attributes' names in each namespace (`user.`, `trusted.`,
+/// `security.`, the ACLs'), and plain ones. Drawn from a few, names
+/// meet again: a file made is found, a lock taken is met by another.
+static NAMES: LazyLock<[Vec<Vec<u8>>; 3]> = LazyLock::new(|| {
+    let odd = [&b""[..], b".", b"..", b"a/b", b"a\0b", &[b'n'; 255], &[b'n'; 256]];
+    let xattrs =
+        ["user.", "trusted.", "security."].iter().flat_map(|space| (0..3).map(move |i| format!("{space}x{i}")));
+    let acls = ["system.posix_acl_access", "system.posix_acl_default"].map(String::from);
+    [
+        odd.map(<[u8]>::to_vec).to_vec(),
+        xattrs.chain(acls).map(String::into_bytes).collect(),
+        (0..6).map(|i| format!("f{i}").into_bytes()).collect(),
+    ]
+});
 
 /// A value of any type serde asks for, made up from `rng`: a
 /// `Deserializer` with no input.
@@ -320,7 +349,7 @@ impl<'de> VariantAccess<'de> for &mut Made<'_> {
 /// A request: half of them namespace operations, most of those by root
 /// (whom permissions stop least, so they go deepest) and with most of
 /// their numbers inodes the server named, a tenth changelog requests,
-/// the rest any request.
+/// the rest any request, most lock requests made [`lockable`].
 fn request(rng: &mut Rng, id: u64) -> Op {
     match rng.below(10) {
         0..=4 => {
@@ -343,9 +372,41 @@ fn request(rng: &mut Rng, id: u64) -> Op {
             // locks and files.
             match made(rng) {
                 Op::Bye | Op::Evict { .. } if !rng.chance(10) => {}
-                op => break op,
+                op if rng.chance(4) => break op,
+                op => break lockable(op),
             }
         },
+    }
+}
+
+/// `op`, if a lock request, made one that is granted or meets a
+/// conflict rather than refused at once: a mode its kind has (read or
+/// write but for DLM), a range that runs forward within a file's bytes,
+/// an owner among a few (so that owners meet), no reclaim outside a
+/// recovery window. Any other request as it is.
+fn lockable(op: Op) -> Op {
+    const LAST: u64 = i64::MAX as u64;
+    let target = |t: Target| {
+        let (start, end) = (t.start.min(t.end).min(LAST), t.start.max(t.end).min(LAST));
+        Target { start, end, owner: t.owner % 4, ..t }
+    };
+    let mode = |kind: Kind, m: u8| match kind {
+        Kind::Dlm => m % 6,
+        _ if m.is_multiple_of(2) => Mode::PR as u8,
+        _ => Mode::EX as u8,
+    };
+    match op {
+        Op::Lock { target: t, mode: m, wait, .. } => {
+            Op::Lock { mode: mode(t.kind, m), target: target(t), wait, reclaim: false }
+        }
+        Op::Unlock { target: t } => Op::Unlock { target: target(t) },
+        Op::Test { target: t, mode: m } => Op::Test { mode: mode(t.kind, m), target: target(t) },
+        Op::Close { resource, kind, owner } => Op::Close { resource, kind, owner: owner % 4 },
+        Op::DlmConvert { resource, owner, handle, mode: m, wait, lvb } => {
+            Op::DlmConvert { resource, owner: owner % 4, handle, mode: m % 6, wait, lvb }
+        }
+        Op::DlmUnlock { resource, owner, handle, lvb } => Op::DlmUnlock { resource, owner: owner % 4, handle, lvb },
+        op => op,
     }
 }
 
@@ -449,7 +510,7 @@ fn requests_with_any_fields_are_answered_or_close_only_their_connection() {
     let answers = Arc::new(Answers::default());
     let mut rng = Rng { state: seed, answers: answers.clone(), pool: 2 };
     let mut sessions: Vec<Session> = (1..=3).map(|o| Session::open(&addr, o, &answers)).collect();
-    let (mut reopened, mut origin) = (0, 3);
+    let (mut reopened, mut origin, mut held_at_checks) = (0, 3, 0);
     for id in 1..=total {
         let which = rng.below(sessions.len() as u64) as usize;
         let s = &mut sessions[which];
@@ -471,14 +532,18 @@ fn requests_with_any_fields_are_answered_or_close_only_their_connection() {
         }
         if id % 5_000 == 0 {
             assert_eq!(lock_cmd(&addr, &["fuzz-alive", "--", "true"]).status().unwrap().code(), Some(0));
+            held_at_checks += assert_one_holder(&addr, seed);
         }
     }
     for s in sessions {
         s.close();
     }
-    let [any, meta, meta_ok] = [&answers.any, &answers.meta, &answers.meta_ok].map(|n| n.load(Ordering::Relaxed));
+    held_at_checks += assert_one_holder(&addr, seed);
+    let [any, meta, meta_ok, granted] =
+        [&answers.any, &answers.meta, &answers.meta_ok, &answers.granted].map(|n| n.load(Ordering::Relaxed));
     eprintln!(
         "{any} requests answered, {meta} of them namespace requests, of which {meta_ok} succeeded; \
+         {granted} locks granted, {held_at_checks} found held by the checks for two holders; \
          {reopened} sessions ended by their requests and were opened again"
     );
     // A run whose requests all fail at the first look-up tests little:
@@ -517,6 +582,35 @@ fn requests_with_any_fields_are_answered_or_close_only_their_connection() {
     again.terminate();
     fsck("after the last stop");
     assert!(!said().contains("panicked"), "the server panicked (seed {seed}):\n{}", said());
+}
+
+/// Fails unless, on each lock resource the run draws often ([`NAMES`]),
+/// the holders of each lock map (record, flock, DLM) are compatible
+/// wherever their ranges overlap: no two owners hold one byte in
+/// conflicting modes, whatever cancels, conversions, closes, evictions
+/// and session ends the run made. A DLM lock conflicts even with its
+/// owner's others. The holders looked at.
+fn assert_one_holder(addr: &str, seed: u64) -> usize {
+    use interlock_core::LockKind;
+    rt().block_on(async {
+        let c = client(addr).await;
+        let mut looked = 0;
+        for resource in NAMES.iter().flatten() {
+            let held = c.inspect(resource).await.unwrap().holders;
+            looked += held.len();
+            for (i, a) in held.iter().enumerate() {
+                for b in &held[i + 1..] {
+                    let (ka, kb) = (LockKind::from(a.kind), LockKind::from(b.kind));
+                    let one_owner = ka != LockKind::Dlm && (a.session, ka, a.owner) == (b.session, kb, b.owner);
+                    let meet = ka.namespace() == kb.namespace() && a.start <= b.end && b.start <= a.end;
+                    let compatible = Mode::ALL[usize::from(a.mode)].compatible(Mode::ALL[usize::from(b.mode)]);
+                    let name = String::from_utf8_lossy(resource);
+                    assert!(!meet || one_owner || compatible, "two holders of {name:?} (seed {seed}): {a:?} and {b:?}");
+                }
+            }
+        }
+        looked
+    })
 }
 
 /// Every path of the namespace as root sees it, with what it names: its
