@@ -382,8 +382,9 @@ fn request(rng: &mut Rng, id: u64) -> Op {
 /// `op`, if a lock request, made one that is granted or meets a
 /// conflict rather than refused at once: a mode its kind has (read or
 /// write but for DLM), a range that runs forward within a file's bytes,
-/// an owner among a few (so that owners meet), no reclaim outside a
-/// recovery window. Any other request as it is.
+/// an owner among a few (so that owners meet), a reclaim rarely (it is
+/// refused but in the recovery window after a restart). Any other
+/// request as it is.
 fn lockable(op: Op) -> Op {
     const LAST: u64 = i64::MAX as u64;
     let target = |t: Target| {
@@ -396,8 +397,9 @@ fn lockable(op: Op) -> Op {
         _ => Mode::EX as u8,
     };
     match op {
-        Op::Lock { target: t, mode: m, wait, .. } => {
-            Op::Lock { mode: mode(t.kind, m), target: target(t), wait, reclaim: false }
+        Op::Lock { target: t, mode: m, wait, reclaim } => {
+            let reclaim = reclaim && t.owner.is_multiple_of(8);
+            Op::Lock { mode: mode(t.kind, m), target: target(t), wait, reclaim }
         }
         Op::Unlock { target: t } => Op::Unlock { target: target(t) },
         Op::Test { target: t, mode: m } => Op::Test { mode: mode(t.kind, m), target: target(t) },
@@ -487,7 +489,8 @@ impl Session {
 /// The server survives made-up requests from several sessions, with no
 /// panic, every answer decoding and a normal client served throughout;
 /// then `fsck` finds its namespace sound, and a `kill -9`, a clean stop
-/// and a restart after each change nothing in it.
+/// and a restart after each change nothing in it. Half the requests come
+/// after the first `kill -9`, to a server that replayed its journal.
 #[test]
 fn requests_with_any_fields_are_answered_or_close_only_their_connection() {
     let seed = std::env::var("FUZZ_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
@@ -504,76 +507,55 @@ fn requests_with_any_fields_are_answered_or_close_only_their_connection() {
     let data = Tmpfs::of("256m");
     let log = tempfile::NamedTempFile::new().unwrap();
     let data_dir = data.path().to_str().unwrap();
-    let serve = |log: &std::fs::File| ServerProc::spawn_logged(&["--listen", "127.0.0.1:0", "--data", data_dir], log);
-    let mut server = serve(log.as_file());
-    let addr = server.addr.clone();
+    // A short recovery window: the run goes on through the one after
+    // its first restart, reclaims and all.
+    let serve = |log: &std::fs::File| {
+        ServerProc::spawn_logged(&["--listen", "127.0.0.1:0", "--data", data_dir, "--recovery-ms", "2000"], log)
+    };
+    let said = || std::fs::read_to_string(log.path()).unwrap();
+    let fsck = |what: &str| {
+        let out = Command::new(BIN).arg("fsck").arg(data.path()).output().unwrap();
+        assert!(out.status.success(), "fsck {what} (seed {seed}): {}", String::from_utf8_lossy(&out.stdout));
+    };
     let answers = Arc::new(Answers::default());
     let mut rng = Rng { state: seed, answers: answers.clone(), pool: 2 };
-    let mut sessions: Vec<Session> = (1..=3).map(|o| Session::open(&addr, o, &answers)).collect();
-    let (mut reopened, mut origin, mut held_at_checks) = (0, 3, 0);
-    for id in 1..=total {
-        let which = rng.below(sessions.len() as u64) as usize;
-        let s = &mut sessions[which];
-        let sent = if id % 64 == 0 {
-            s.acknowledge(id)
-        } else if rng.chance(200) {
-            // Any message: a second hello, a request with any id.
-            let msg: ClientMsg = made(&mut rng);
-            s.stream.write_all(&raw_frame(&msg)).is_ok()
-        } else {
-            s.send(id, request(&mut rng, id))
-        };
-        if !sent {
-            // Ended by its own request (a `Bye`, an acknowledgement of
-            // bytes never sent, an eviction by another): a new one.
-            origin += 1;
-            reopened += 1;
-            std::mem::replace(s, Session::open(&addr, origin, &answers)).close();
-        }
-        if id % 5_000 == 0 {
-            assert_eq!(lock_cmd(&addr, &["fuzz-alive", "--", "true"]).status().unwrap().code(), Some(0));
-            held_at_checks += assert_one_holder(&addr, seed);
-        }
+    let mut server = serve(log.as_file());
+    let (mut made, mut reopened, mut held) = (Tree::new(), 0, 0);
+    // Two halves, each ended by a `kill -9`: the second runs on what
+    // the first one's journal replays to.
+    for half in [1..=total / 2, total / 2 + 1..=total] {
+        let (r, h) = fuzz(&server.addr, &mut rng, half, seed);
+        (reopened, held) = (reopened + r, held + h);
+        let status = Command::new(BIN).args(["status", "--server", &server.addr]).output().unwrap();
+        assert!(status.status.success(), "{}", String::from_utf8_lossy(&status.stderr));
+        // What the run made, once the server has finished with its last
+        // requests; then a `kill -9`: the server that replays its
+        // journal must come back with exactly that, every change having
+        // been answered (a process's writes outlive it).
+        made = settled_tree(&server.addr);
+        server.kill9();
+        assert!(!said().contains("panicked"), "the server panicked (seed {seed}):\n{}", said());
+        fsck("after a kill -9");
+        server = serve(log.as_file());
+        // The next half starts in the recovery window.
+        assert_same_tree(&made, &tree_of(&server.addr), "after a kill -9 and a restart", seed);
     }
-    for s in sessions {
-        s.close();
-    }
-    held_at_checks += assert_one_holder(&addr, seed);
+    assert_eq!(lock_cmd(&server.addr, &["fuzz-alive", "--", "true"]).status().unwrap().code(), Some(0));
     let [any, meta, meta_ok, granted] =
         [&answers.any, &answers.meta, &answers.meta_ok, &answers.granted].map(|n| n.load(Ordering::Relaxed));
+    let kinds: std::collections::BTreeSet<_> = made.values().map(|v| v.split(',').nth(1).unwrap_or_default()).collect();
     eprintln!(
         "{any} requests answered, {meta} of them namespace requests, of which {meta_ok} succeeded; \
-         {granted} locks granted, {held_at_checks} found held by the checks for two holders; \
-         {reopened} sessions ended by their requests and were opened again"
+         {granted} locks granted, {held} found held by the checks for two holders; \
+         {reopened} sessions ended by their requests and were opened again; \
+         the run left {} paths ({kinds:?}), {} with extended attributes",
+        made.len(),
+        made.values().filter(|v| v.contains('=')).count()
     );
     // A run whose requests all fail at the first look-up tests little:
     // about a fifth succeed (one in twelve before the inodes seen were
     // drawn this often and sessions known to be over were replaced).
     assert!(meta_ok * 10 >= meta, "too few namespace requests succeeded to test much (seed {seed})");
-    let status = Command::new(BIN).args(["status", "--server", &addr]).output().unwrap();
-    assert!(status.status.success(), "{}", String::from_utf8_lossy(&status.stderr));
-    // What the run made, once the server has finished with its last
-    // requests; then a `kill -9`: the server that replays its journal
-    // must come back with exactly that, every change having been
-    // answered (a process's writes outlive it).
-    let made = settled_tree(&addr);
-    let kinds: std::collections::BTreeSet<_> = made.values().map(|v| v.split(',').nth(1).unwrap_or_default()).collect();
-    eprintln!(
-        "the run left {} paths ({kinds:?}), {} with extended attributes",
-        made.len(),
-        made.values().filter(|v| v.contains('=')).count()
-    );
-    server.kill9();
-    let said = || std::fs::read_to_string(log.path()).unwrap();
-    assert!(!said().contains("panicked"), "the server panicked (seed {seed}):\n{}", said());
-    let fsck = |what: &str| {
-        let out = Command::new(BIN).arg("fsck").arg(data.path()).output().unwrap();
-        assert!(out.status.success(), "fsck {what} (seed {seed}): {}", String::from_utf8_lossy(&out.stdout));
-    };
-    fsck("after a kill -9");
-    let mut server = serve(log.as_file());
-    assert_same_tree(&made, &tree_of(&server.addr), "after a kill -9 and a restart", seed);
-    assert_eq!(lock_cmd(&server.addr, &["fuzz-alive", "--", "true"]).status().unwrap().code(), Some(0));
     // And after a clean stop: sound, and the same again once opened.
     server.terminate();
     fsck("after a clean stop");
@@ -582,6 +564,47 @@ fn requests_with_any_fields_are_answered_or_close_only_their_connection() {
     again.terminate();
     fsck("after the last stop");
     assert!(!said().contains("panicked"), "the server panicked (seed {seed}):\n{}", said());
+}
+
+/// Sends requests `ids` to the server at `addr`, made up from `rng`,
+/// from three sessions, each opened again when its requests end it;
+/// checks that a normal client is served, and that no lock has two
+/// holders, every 5,000 requests and at the end. The sessions ended and
+/// the holders the checks looked at.
+fn fuzz(addr: &str, rng: &mut Rng, ids: std::ops::RangeInclusive<u64>, seed: u64) -> (u64, usize) {
+    let answers = rng.answers.clone();
+    let mut origin = ids.start() * 10;
+    let mut sessions: Vec<Session> = (1..=3).map(|o| Session::open(addr, origin + o, &answers)).collect();
+    let (mut reopened, mut held) = (0, 0);
+    origin += 3;
+    for id in ids {
+        let which = rng.below(sessions.len() as u64) as usize;
+        let s = &mut sessions[which];
+        let sent = if id % 64 == 0 {
+            s.acknowledge(id)
+        } else if rng.chance(200) {
+            // Any message: a second hello, a request with any id.
+            let msg: ClientMsg = made(rng);
+            s.stream.write_all(&raw_frame(&msg)).is_ok()
+        } else {
+            s.send(id, request(rng, id))
+        };
+        if !sent {
+            // Ended by its own request (a `Bye`, an acknowledgement of
+            // bytes never sent, an eviction by another): a new one.
+            origin += 1;
+            reopened += 1;
+            std::mem::replace(s, Session::open(addr, origin, &answers)).close();
+        }
+        if id % 5_000 == 0 {
+            assert_eq!(lock_cmd(addr, &["fuzz-alive", "--", "true"]).status().unwrap().code(), Some(0));
+            held += assert_one_holder(addr, seed);
+        }
+    }
+    for s in sessions {
+        s.close();
+    }
+    (reopened, held + assert_one_holder(addr, seed))
 }
 
 /// Fails unless, on each lock resource the run draws often ([`NAMES`]),
