@@ -9,7 +9,8 @@
 //! namespace it leaves is sound (`fsck`). After a `kill -9`, the server
 //! that replays its journal must come back with the very tree it left
 //! (every path, attribute, symlink target and extended attribute): each
-//! kind of change the run made, however odd, is replayed as it was made.
+//! kind of change the run made, however odd, is replayed as it was made;
+//! and with the changelog it had, in order, each record once.
 //! And no two owners ever hold one byte of a lock resource in conflicting
 //! modes (looked at every 5,000 requests).
 //!
@@ -32,7 +33,7 @@ use std::time::Duration;
 
 use common::{BIN, ServerProc, Tmpfs, client, lock_cmd, raw_frame, raw_hello, rt, try_read_raw_frame, wait_for};
 use interlock_core::Mode;
-use interlock_proto::meta::{Asking, MetaReply, Once};
+use interlock_proto::meta::{Asking, ChangelogRecord, MetaReply, Once};
 use interlock_proto::{ClientMsg, GrantInfo, Kind, Op, Reply, ServerMsg, Target};
 use serde::de::{self, DeserializeSeed, Deserializer, EnumAccess, IntoDeserializer, SeqAccess, VariantAccess, Visitor};
 
@@ -158,8 +159,10 @@ impl Rng {
 /// The names, values and lock resources drawn, besides random bytes:
 /// odd ones (empty, `.`, `..`, with `/` or NUL, 255 and 256 bytes long),
 /// extended attributes' names in each namespace (`user.`, `trusted.`,
-/// `security.`, the ACLs'), and plain ones. Drawn from a few, names
-/// meet again: a file made is found, a lock taken is met by another.
+/// `security.`, the ACLs'), and plain ones (changelog consumers' among
+/// them, but never [`OWN`]). Drawn from a few, names meet again: a file made is
+/// found, a lock taken is met by another, a consumer registered is read
+/// and cleared.
 static NAMES: LazyLock<[Vec<Vec<u8>>; 3]> = LazyLock::new(|| {
     let odd = [&b""[..], b".", b"..", b"a/b", b"a\0b", &[b'n'; 255], &[b'n'; 256]];
     let xattrs =
@@ -168,7 +171,7 @@ static NAMES: LazyLock<[Vec<Vec<u8>>; 3]> = LazyLock::new(|| {
     [
         odd.map(<[u8]>::to_vec).to_vec(),
         xattrs.chain(acls).map(String::into_bytes).collect(),
-        (0..6).map(|i| format!("f{i}").into_bytes()).collect(),
+        (0..6).map(|i| format!("f{i}")).chain((2..5).map(|i| format!("cl{i}"))).map(String::into_bytes).collect(),
     ]
 });
 
@@ -520,7 +523,9 @@ fn requests_with_any_fields_are_answered_or_close_only_their_connection() {
     let answers = Arc::new(Answers::default());
     let mut rng = Rng { state: seed, answers: answers.clone(), pool: 2 };
     let mut server = serve(log.as_file());
-    let (mut made, mut reopened, mut held) = (Tree::new(), 0, 0);
+    let own = rt().block_on(async { client(&server.addr).await.changelog_register(None, u32::MAX).await.unwrap() });
+    assert_eq!(own.id, OWN);
+    let (mut made, mut reopened, mut held, mut changelog_records) = (Tree::new(), 0, 0, 0);
     // Two halves, each ended by a `kill -9`: the second runs on what
     // the first one's journal replays to.
     for half in [1..=total / 2, total / 2 + 1..=total] {
@@ -533,12 +538,16 @@ fn requests_with_any_fields_are_answered_or_close_only_their_connection() {
         // journal must come back with exactly that, every change having
         // been answered (a process's writes outlive it).
         made = settled_tree(&server.addr);
+        let records = changelog_of(&server.addr, seed);
         server.kill9();
         assert!(!said().contains("panicked"), "the server panicked (seed {seed}):\n{}", said());
         fsck("after a kill -9");
         server = serve(log.as_file());
         // The next half starts in the recovery window.
         assert_same_tree(&made, &tree_of(&server.addr), "after a kill -9 and a restart", seed);
+        let replayed = changelog_of(&server.addr, seed);
+        assert!(replayed.starts_with(&records), "the changelog lost records in a kill -9 (seed {seed})");
+        changelog_records = records.len();
     }
     assert_eq!(lock_cmd(&server.addr, &["fuzz-alive", "--", "true"]).status().unwrap().code(), Some(0));
     let [any, meta, meta_ok, granted] =
@@ -548,7 +557,7 @@ fn requests_with_any_fields_are_answered_or_close_only_their_connection() {
         "{any} requests answered, {meta} of them namespace requests, of which {meta_ok} succeeded; \
          {granted} locks granted, {held} found held by the checks for two holders; \
          {reopened} sessions ended by their requests and were opened again; \
-         the run left {} paths ({kinds:?}), {} with extended attributes",
+         the run left {} paths ({kinds:?}), {} with extended attributes, and {changelog_records} changelog records",
         made.len(),
         made.values().filter(|v| v.contains('=')).count()
     );
@@ -633,6 +642,31 @@ fn assert_one_holder(addr: &str, seed: u64) -> usize {
             }
         }
         looked
+    })
+}
+
+/// The test's own changelog consumer: registered before the run, it
+/// sees every type, and the run never names it (nor clears it).
+const OWN: &str = "cl1";
+
+/// Every record of [`OWN`], checked to be in order, each once. (Not
+/// without gaps: an orphan's end is a journal record no consumer sees.)
+fn changelog_of(addr: &str, seed: u64) -> Vec<ChangelogRecord> {
+    rt().block_on(async {
+        let c = client(addr).await;
+        let mut all: Vec<ChangelogRecord> = Vec::new();
+        loop {
+            let from = all.last().map(|r| r.index + 1);
+            let page = c.changelog_read(OWN, from, 4096, Duration::ZERO).await.unwrap();
+            if page.is_empty() {
+                break;
+            }
+            all.extend(page);
+        }
+        for pair in all.windows(2) {
+            assert!(pair[0].index < pair[1].index, "a repeat or a step back in the changelog (seed {seed})");
+        }
+        all
     })
 }
 
