@@ -31,10 +31,12 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, Mutex};
 use std::time::Duration;
 
-use common::{BIN, ServerProc, Tmpfs, client, lock_cmd, raw_frame, raw_hello, rt, try_read_raw_frame, wait_for};
+use common::{
+    BIN, ServerProc, Tmpfs, client, lock_cmd, raw_frame, raw_hello_resuming, rt, try_read_raw_frame, wait_for,
+};
 use interlock_core::Mode;
 use interlock_proto::meta::{Asking, ChangelogRecord, MetaReply, Once};
-use interlock_proto::{ClientMsg, GrantInfo, Kind, Op, Reply, ServerMsg, Target};
+use interlock_proto::{ClientMsg, GrantInfo, Kind, Op, Reply, Secret, ServerMsg, Target};
 use serde::de::{self, DeserializeSeed, Deserializer, EnumAccess, IntoDeserializer, SeqAccess, VariantAccess, Visitor};
 
 /// What the sessions' readers learn from the answers, shared by all.
@@ -429,18 +431,32 @@ fn made<T: serde::de::DeserializeOwned>(rng: &mut Rng) -> T {
 /// frame the server sends, checks that it decodes, and counts its bytes.
 struct Session {
     stream: TcpStream,
+    /// The session's id and secret, and its client's.
+    id: u64,
+    secret: Secret,
+    origin: u64,
     received: Arc<AtomicU64>,
     closed: Arc<AtomicBool>,
     reader: std::thread::JoinHandle<Result<(), String>>,
 }
 
 impl Session {
-    fn open(addr: &str, origin: u64, answers: &Arc<Answers>) -> Session {
+    /// A new session of client `origin`, or with `resume` (a session,
+    /// its secret, the bytes of its stream taken in) that one; `None` if
+    /// the server refuses it, or closes the connection without a word (a
+    /// resume of a session that its last request was ending, a `Bye`).
+    fn open(addr: &str, origin: u64, answers: &Arc<Answers>, resume: Option<(u64, Secret, u64)>) -> Option<Session> {
         let mut stream = TcpStream::connect(addr).unwrap();
         let mut r = stream.try_clone().unwrap();
-        raw_hello(&mut stream, &mut r, origin);
+        let Some(ServerMsg::Welcome { session, secret, resumed, .. }) =
+            raw_hello_resuming(&mut stream, &mut r, origin, resume)
+        else {
+            return None;
+        };
         stream.set_write_timeout(Some(Duration::from_secs(5))).unwrap();
-        let (received, closed) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicBool::new(false)));
+        // The server's stream goes on from where the resume said.
+        let from = resume.filter(|_| resumed).map_or(0, |(_, _, received)| received);
+        let (received, closed) = (Arc::new(AtomicU64::new(from)), Arc::new(AtomicBool::new(false)));
         let reader = {
             let (received, closed, answers) = (received.clone(), closed.clone(), answers.clone());
             std::thread::spawn(move || {
@@ -461,7 +477,7 @@ impl Session {
                 r
             })
         };
-        Session { stream, received, closed, reader }
+        Some(Session { stream, received, closed, reader, id: session, secret, origin })
     }
 
     /// Sends `op` as request `id`; false once the connection is gone, or
@@ -525,12 +541,14 @@ fn requests_with_any_fields_are_answered_or_close_only_their_connection() {
     let mut server = serve(log.as_file());
     let own = rt().block_on(async { client(&server.addr).await.changelog_register(None, u32::MAX).await.unwrap() });
     assert_eq!(own.id, OWN);
-    let (mut made, mut reopened, mut held, mut changelog_records) = (Tree::new(), 0, 0, 0);
+    let (mut made, mut counts, mut changelog_records) = (Tree::new(), Counts::default(), 0);
     // Two halves, each ended by a `kill -9`: the second runs on what
     // the first one's journal replays to.
     for half in [1..=total / 2, total / 2 + 1..=total] {
-        let (r, h) = fuzz(&server.addr, &mut rng, half, seed);
-        (reopened, held) = (reopened + r, held + h);
+        let half = fuzz(&server.addr, &mut rng, half, seed);
+        counts.reopened += half.reopened;
+        counts.resumed += half.resumed;
+        counts.held += half.held;
         let status = Command::new(BIN).args(["status", "--server", &server.addr]).output().unwrap();
         assert!(status.status.success(), "{}", String::from_utf8_lossy(&status.stderr));
         // What the run made, once the server has finished with its last
@@ -555,9 +573,12 @@ fn requests_with_any_fields_are_answered_or_close_only_their_connection() {
     let kinds: std::collections::BTreeSet<_> = made.values().map(|v| v.split(',').nth(1).unwrap_or_default()).collect();
     eprintln!(
         "{any} requests answered, {meta} of them namespace requests, of which {meta_ok} succeeded; \
-         {granted} locks granted, {held} found held by the checks for two holders; \
-         {reopened} sessions ended by their requests and were opened again; \
+         {granted} locks granted, {} found held by the checks for two holders; \
+         {} sessions ended by their requests and were opened again, {} of them resumed; \
          the run left {} paths ({kinds:?}), {} with extended attributes, and {changelog_records} changelog records",
+        counts.held,
+        counts.reopened,
+        counts.resumed,
         made.len(),
         made.values().filter(|v| v.contains('=')).count()
     );
@@ -575,16 +596,27 @@ fn requests_with_any_fields_are_answered_or_close_only_their_connection() {
     assert!(!said().contains("panicked"), "the server panicked (seed {seed}):\n{}", said());
 }
 
+/// What a run did, besides its answers.
+#[derive(Default)]
+struct Counts {
+    /// Sessions its requests ended (or whose connection closed), and of
+    /// them those resumed.
+    reopened: u64,
+    resumed: u64,
+    /// Holders the checks for two looked at.
+    held: usize,
+}
+
 /// Sends requests `ids` to the server at `addr`, made up from `rng`,
 /// from three sessions, each opened again when its requests end it;
 /// checks that a normal client is served, and that no lock has two
-/// holders, every 5,000 requests and at the end. The sessions ended and
-/// the holders the checks looked at.
-fn fuzz(addr: &str, rng: &mut Rng, ids: std::ops::RangeInclusive<u64>, seed: u64) -> (u64, usize) {
+/// holders, every 5,000 requests and at the end.
+fn fuzz(addr: &str, rng: &mut Rng, ids: std::ops::RangeInclusive<u64>, seed: u64) -> Counts {
     let answers = rng.answers.clone();
     let mut origin = ids.start() * 10;
-    let mut sessions: Vec<Session> = (1..=3).map(|o| Session::open(addr, origin + o, &answers)).collect();
-    let (mut reopened, mut held) = (0, 0);
+    let new = |origin| Session::open(addr, origin, &answers, None).expect("a new session is welcome");
+    let mut sessions: Vec<Session> = (1..=3).map(|o| new(origin + o)).collect();
+    let mut counts = Counts::default();
     origin += 3;
     for id in ids {
         let which = rng.below(sessions.len() as u64) as usize;
@@ -600,20 +632,47 @@ fn fuzz(addr: &str, rng: &mut Rng, ids: std::ops::RangeInclusive<u64>, seed: u64
         };
         if !sent {
             // Ended by its own request (a `Bye`, an acknowledgement of
-            // bytes never sent, an eviction by another): a new one.
-            origin += 1;
-            reopened += 1;
-            std::mem::replace(s, Session::open(addr, origin, &answers)).close();
+            // bytes never sent, an eviction by another), or its
+            // connection closed: a third of the time resumed, as a
+            // client whose connection dropped does (now and then with a
+            // made-up secret or position), else a new one. A client's
+            // own requests after a resume are new ones: none is sent
+            // again.
+            let old = sessions.swap_remove(which);
+            let (session, secret, received) = (old.id, old.secret, old.received.load(Ordering::Relaxed));
+            let old_origin = old.origin;
+            old.close();
+            counts.reopened += 1;
+            let resume = rng.chance(3).then(|| {
+                let secret = if rng.chance(10) { made(rng) } else { secret };
+                // A made-up position is the start (gone if acknowledged
+                // since) or past what was ever sent: one inside a frame
+                // would have the server resend from there, as the client
+                // asked, and what it read would not decode.
+                let received = match rng.below(20) {
+                    0 => 0,
+                    1 => received.saturating_add(1 << 32).saturating_add(rng.number() >> 1),
+                    _ => received,
+                };
+                (session, secret, received)
+            });
+            let resumed = resume.and_then(|resume| Session::open(addr, old_origin, &answers, Some(resume)));
+            counts.resumed += u64::from(resumed.as_ref().is_some_and(|s| s.id == session));
+            sessions.push(resumed.unwrap_or_else(|| {
+                origin += 1;
+                new(origin)
+            }));
         }
         if id % 5_000 == 0 {
             assert_eq!(lock_cmd(addr, &["fuzz-alive", "--", "true"]).status().unwrap().code(), Some(0));
-            held += assert_one_holder(addr, seed);
+            counts.held += assert_one_holder(addr, seed);
         }
     }
     for s in sessions {
         s.close();
     }
-    (reopened, held + assert_one_holder(addr, seed))
+    counts.held += assert_one_holder(addr, seed);
+    counts
 }
 
 /// Fails unless, on each lock resource the run draws often ([`NAMES`]),

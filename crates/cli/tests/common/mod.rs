@@ -129,17 +129,33 @@ pub fn read_raw_frame(r: &mut impl std::io::Read) -> Vec<u8> {
 /// Says hello for a new session of client `origin` on a raw connection
 /// and reads the welcome.
 pub fn raw_hello(w: &mut impl std::io::Write, r: &mut impl std::io::Read, origin: u64) {
+    let welcome = raw_hello_resuming(w, r, origin, None);
+    assert!(matches!(welcome, Some(interlock_proto::ServerMsg::Welcome { .. })), "{welcome:?}");
+}
+
+/// Says hello on a raw connection for client `origin`: for a new
+/// session, or with `resume` (a session, its secret, the bytes of the
+/// server's stream taken in) for that one; the answer, a welcome or a
+/// refusal, or `None` if the connection closed without one (a resume
+/// that lost a race with the session's end or with a newer connection).
+pub fn raw_hello_resuming(
+    w: &mut impl std::io::Write,
+    r: &mut impl std::io::Read,
+    origin: u64,
+    resume: Option<(u64, interlock_proto::Secret, u64)>,
+) -> Option<interlock_proto::ServerMsg> {
+    let (session, secret, received) =
+        resume.map_or((None, [0; 16], 0), |(s, secret, received)| (Some(s), secret, received));
     let hello = interlock_proto::ClientMsg::Hello {
         version: interlock_proto::VERSION,
         token: None,
-        session: None,
-        received: 0,
-        secret: [0; 16],
+        session,
+        received,
+        secret,
         origin,
     };
     w.write_all(&raw_frame(&hello)).unwrap();
-    let welcome: interlock_proto::ServerMsg = interlock_proto::decode(&read_raw_frame(r)).unwrap();
-    assert!(matches!(welcome, interlock_proto::ServerMsg::Welcome { .. }), "{welcome:?}");
+    try_read_raw_frame(r).map(|answer| interlock_proto::decode(&answer).unwrap())
 }
 
 /// Polls `done` until it holds (at most 30 s).
