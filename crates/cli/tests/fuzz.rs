@@ -444,7 +444,7 @@ impl Session {
     /// A new session of client `origin`, or with `resume` (a session,
     /// its secret, the bytes of its stream taken in) that one; `None` if
     /// the server refuses it, or closes the connection without a word (a
-    /// resume of a session that its last request was ending, a `Bye`).
+    /// newer connection took the session over).
     fn open(addr: &str, origin: u64, answers: &Arc<Answers>, resume: Option<(u64, Secret, u64)>) -> Option<Session> {
         let mut stream = TcpStream::connect(addr).unwrap();
         let mut r = stream.try_clone().unwrap();

@@ -365,3 +365,45 @@ fn a_session_that_never_acknowledges_cannot_resume() {
         other => panic!("the new session's change, asked about again: {other:?}"),
     }
 }
+
+/// A resume that races the end of its session (its `Bye` still on its
+/// way, or its lease running out) is welcomed with a new session, as a
+/// resume of a session that had already ended is: the client learns at
+/// once that its locks are gone. Before, the connection was closed
+/// without a word, and the client had to try again to find out.
+#[test]
+fn a_resume_that_races_its_sessions_end_is_welcomed_with_a_new_session() {
+    use interlock_proto::{ClientMsg, Op, ServerMsg};
+    use std::io::Write;
+    let data = tempfile::tempdir().unwrap();
+    let server = ServerProc::start(data.path(), "127.0.0.1:0", &[]);
+    let (mut won, mut lost) = (0, 0);
+    for origin in 1..=500 {
+        let ahead = origin % 50;
+        let old = std::net::TcpStream::connect(&server.addr).unwrap();
+        let Some(ServerMsg::Welcome { session, secret, .. }) = raw_hello_resuming(&mut &old, &mut &old, origin, None)
+        else {
+            panic!("a new session is welcome")
+        };
+        // Requests ahead of the `Bye`, so that the resume comes while
+        // they are served.
+        let mut burst: Vec<u8> =
+            (1..=ahead).flat_map(|id| raw_frame(&ClientMsg::Request { id, op: Op::Status })).collect();
+        burst.extend(raw_frame(&ClientMsg::Request { id: ahead + 1, op: Op::Bye }));
+        (&old).write_all(&burst).unwrap();
+        let new = std::net::TcpStream::connect(&server.addr).unwrap();
+        let answer = raw_hello_resuming(&mut &new, &mut &new, origin, Some((session, secret, 0)));
+        let Some(ServerMsg::Welcome { resumed, session: now, .. }) = answer else {
+            panic!("no welcome for a resume racing its session's end (round {origin}): {answer:?}")
+        };
+        // Resumed before the `Bye` ended it, or a new one after.
+        if resumed {
+            assert_eq!(now, session);
+            won += 1;
+        } else {
+            assert_ne!(now, session);
+            lost += 1;
+        }
+    }
+    eprintln!("{won} resumes came before the session's end, {lost} after");
+}

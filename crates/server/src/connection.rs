@@ -192,8 +192,8 @@ enum Ended {
 /// session keeps them until its lease runs out (the reaper ends it, a
 /// lease from this hello), as a client that went silent does; its end
 /// then leaves the client's replay cache, which the new session uses,
-/// alone (see `meta::Origins`). `None`: a newer connection took over
-/// meanwhile.
+/// alone (see `meta::Origins`). So is a session that ended meanwhile.
+/// `None`: a newer connection took over meanwhile.
 async fn take_over(
     inner: &Inner,
     mut session: session::Attached,
@@ -204,6 +204,15 @@ async fn take_over(
     loop {
         let turn = session.turn.clone().lock_owned().await;
         if session.stop.is_cancelled() {
+            // Ended while the last connection served its last requests
+            // (its `Bye`, its lease): a new session, as for a resume of
+            // one that had ended before the hello, so that the client
+            // learns at once that its locks are gone.
+            if inner.sessions.wire(session.sid).is_none() {
+                drop(turn);
+                session = attach(inner, None, &session.secret).ok()?;
+                continue;
+            }
             return None;
         }
         if session.wire.attach(wr.clone(), if session.resumed { received } else { 0 }) {

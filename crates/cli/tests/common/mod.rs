@@ -137,7 +137,7 @@ pub fn raw_hello(w: &mut impl std::io::Write, r: &mut impl std::io::Read, origin
 /// session, or with `resume` (a session, its secret, the bytes of the
 /// server's stream taken in) for that one; the answer, a welcome or a
 /// refusal, or `None` if the connection closed without one (a resume
-/// that lost a race with the session's end or with a newer connection).
+/// that lost a race with a newer connection).
 pub fn raw_hello_resuming(
     w: &mut impl std::io::Write,
     r: &mut impl std::io::Read,
