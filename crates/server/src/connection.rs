@@ -207,8 +207,12 @@ async fn take_over(
             // Ended while the last connection served its last requests
             // (its `Bye`, its lease): a new session, as for a resume of
             // one that had ended before the hello, so that the client
-            // learns at once that its locks are gone.
-            if inner.sessions.wire(session.sid).is_none() {
+            // learns at once that its locks are gone. Not from a server
+            // that is stopping: a session from it would end at once, and
+            // the client would count as lost the locks it may reclaim
+            // from the next server (it finds that server again after
+            // the close).
+            if inner.sessions.wire(session.sid).is_none() && !inner.stop.is_stopping() {
                 drop(turn);
                 session = attach(inner, None, &session.secret).ok()?;
                 continue;
