@@ -527,9 +527,12 @@ fn requests_with_any_fields_are_answered_or_close_only_their_connection() {
     let log = tempfile::NamedTempFile::new().unwrap();
     let data_dir = data.path().to_str().unwrap();
     // A short recovery window: the run goes on through the one after
-    // its first restart, reclaims and all.
+    // its first restart, reclaims and all. Checkpoints while it runs, so
+    // that each restart loads an image and replays the journal after it.
     let serve = |log: &std::fs::File| {
-        ServerProc::spawn_logged(&["--listen", "127.0.0.1:0", "--data", data_dir, "--recovery-ms", "2000"], log)
+        let args =
+            ["--listen", "127.0.0.1:0", "--data", data_dir, "--recovery-ms", "2000", "--checkpoint-every", "500"];
+        ServerProc::spawn_logged(&args, log)
     };
     let said = || std::fs::read_to_string(log.path()).unwrap();
     let fsck = |what: &str| {

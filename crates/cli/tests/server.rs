@@ -341,6 +341,37 @@ fn serve_reads_a_config_file_and_flags_override_it() {
     assert!(stderr.contains("unknown field `max-lock`"), "{stderr}");
 }
 
+/// `checkpoint-every` (file) or `--checkpoint-every`: once that many
+/// journal records came since the last checkpoint, the checkpointer
+/// writes one, so a restart replays no more than about that many; 0 is
+/// refused with the reason. (By default a checkpoint comes every
+/// 1,000,000 records: 300 changes would stay to replay.)
+#[test]
+fn checkpoint_every_bounds_what_a_restart_replays() {
+    use interlock_client::meta::{Cred, FileType, ROOT};
+    let data = tempfile::tempdir().unwrap();
+    let config = &config_file(data.path(), "checkpoint-every = 100\n");
+    let server = ServerProc::spawn(&["--config", config]);
+    rt().block_on(async {
+        let c = client(&server.addr).await;
+        for i in 0..300 {
+            c.create(&Cred::root(), ROOT, format!("f{i}").as_bytes(), FileType::Regular, 0o644, b"").await.unwrap();
+        }
+        let until = Instant::now() + Duration::from_secs(30);
+        while c.status().await.unwrap().since_checkpoint >= 100 {
+            assert!(Instant::now() < until, "no checkpoint after 300 changes with checkpoint-every = 100");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    });
+    std::fs::write(data.path().join("bad.toml"), "checkpoint-every = 0\n").unwrap();
+    for args in [vec!["--checkpoint-every", "0"], vec!["--config", data.path().join("bad.toml").to_str().unwrap()]] {
+        let out = Command::new(BIN).arg("serve").args(&args).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains("at least 1"), "{args:?}: {stderr}");
+    }
+}
+
 /// `threads` (file) and `--threads` (command line, winning) set how
 /// many workers serve connections; out of range is refused with the
 /// reason.

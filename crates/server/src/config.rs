@@ -120,7 +120,17 @@ pub struct Config {
     /// which loads the same namespace). See
     /// [`default_namespace_memory`].
     pub namespace_memory: u64,
+    /// Journal records after which the checkpointer writes a new image
+    /// of the namespace ([`CHECKPOINT_EVERY`] unless told): a restart
+    /// replays at most about this many. Fewer make restarts shorter and
+    /// images more frequent (an image of 10M files is ~700 MB). At least 1.
+    pub checkpoint_every: u64,
 }
+
+/// Journal records between two checkpoints unless told: about 100 MB of
+/// journal, which a restart replays in a few seconds after loading the
+/// image.
+pub const CHECKPOINT_EVERY: u64 = 1_000_000;
 
 /// The threads that serve connections unless told: one per core, as
 /// tokio's default. Fewer can be faster where the server shares its cores
@@ -223,7 +233,8 @@ pub struct TlsFiles {
 impl Default for Config {
     /// Loopback on port 7420, `./interlock-data`, no token, a 5 s lease,
     /// a 10 s recovery window, the default limits, no TLS, no metrics,
-    /// every change synced, [`default_threads`], root not squashed.
+    /// every change synced, [`default_threads`], root not squashed, a
+    /// checkpoint every [`CHECKPOINT_EVERY`] records.
     fn default() -> Self {
         Config {
             listen: SocketAddr::from(([127, 0, 0, 1], 7420)),
@@ -239,6 +250,7 @@ impl Default for Config {
             threads: default_threads(),
             root_squash: None,
             namespace_memory: default_namespace_memory(),
+            checkpoint_every: CHECKPOINT_EVERY,
         }
     }
 }

@@ -64,7 +64,7 @@ use tokio_util::sync::CancellationToken;
 
 use budget::Budget;
 pub use config::{
-    Config, Limits, ServerError, TlsFiles, default_max_output_memory, default_max_total_locks,
+    CHECKPOINT_EVERY, Config, Limits, ServerError, TlsFiles, default_max_output_memory, default_max_total_locks,
     default_namespace_memory, default_threads, runtime,
 };
 use datadir::{DataDir, Evictions, FENCE_BLOCK, Fences};

@@ -28,10 +28,6 @@ use parking_lot::Mutex;
 
 use crate::{Inner, durable};
 
-/// Records since the last checkpoint that make the checkpointer write a
-/// new one (about 100 MB of journal; a restart replays at most this many
-/// records after loading the image).
-pub(crate) const CHECKPOINT_EVERY: u64 = 1_000_000;
 /// Most records in one changelog read (each at most ~600 bytes: under a
 /// frame).
 const MAX_RECORDS: u32 = 256;
@@ -480,7 +476,7 @@ fn read(inner: &Inner, who: &str, from: Option<u64>, max: u32, wait: Option<Dura
 }
 
 /// The checkpointer's thread: freed files' data removed once their
-/// records are durable, a checkpoint every [`CHECKPOINT_EVERY`] records
+/// records are durable, a checkpoint every `checkpoint_every` records
 /// (which also purges the journal behind it and the slowest consumer;
 /// none while the journal's disk is full, and after a failure not again
 /// for a wait that doubles up to [`CHECKPOINT_BACKOFF_MAX`] ticks),
@@ -522,7 +518,9 @@ pub(crate) fn checkpointer(inner: std::sync::Weak<Inner>) {
         store.collect_freed();
         // Not while the journal's disk is full: an image needs more room
         // than a record (see `docs/namespace.md`).
-        if store.since_checkpoint() >= CHECKPOINT_EVERY && ticks >= retry_at && !store.changelog().journal().space_low()
+        if store.since_checkpoint() >= server.config.checkpoint_every
+            && ticks >= retry_at
+            && !store.changelog().journal().space_low()
         {
             match store.checkpoint() {
                 Ok(_) => backoff = 1,

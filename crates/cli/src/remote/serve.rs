@@ -135,6 +135,12 @@ struct ServeSettings {
     /// Needs --root-squash (here or in the config file).
     #[arg(long, value_name = "ADDR[/LEN],...", value_delimiter = ',')]
     no_squash_from: Option<Vec<interlock_server::IpPrefix>>,
+    /// Journal records after which a new checkpoint (an image of the
+    /// namespace) is written while changes go on: a restart replays at
+    /// most about this many after loading it. Fewer make restarts
+    /// shorter and images more frequent [default: 1000000].
+    #[arg(long, value_name = "RECORDS", value_parser = args::count)]
+    checkpoint_every: Option<usize>,
 }
 
 /// A config file's `max-namespace-memory = "8GiB"`, checked as the
@@ -175,6 +181,7 @@ impl ServeSettings {
             no_squash_from: self.no_squash_from.or(file.no_squash_from),
             max_namespace_memory: self.max_namespace_memory.or(file.max_namespace_memory),
             max_output_memory: self.max_output_memory.or(file.max_output_memory),
+            checkpoint_every: self.checkpoint_every.or(file.checkpoint_every),
         }
     }
 
@@ -202,6 +209,7 @@ impl ServeSettings {
             ("max-total-locks", s.max_total_locks),
             ("max-in-flight", s.max_in_flight),
             ("max-connections", s.max_connections),
+            ("checkpoint-every", s.checkpoint_every),
         ] {
             if let Some(v) = v {
                 args::count(&v.to_string()).map_err(|e| bad(key, e))?;
@@ -254,6 +262,7 @@ impl ServeSettings {
                 (None, Some(_)) => return Err("no-squash-from needs root-squash".into()),
             },
             namespace_memory: self.max_namespace_memory.unwrap_or_else(interlock_server::default_namespace_memory),
+            checkpoint_every: self.checkpoint_every.map_or(interlock_server::CHECKPOINT_EVERY, |n| n as u64),
         })
     }
 }
