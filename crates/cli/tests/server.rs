@@ -363,12 +363,19 @@ fn checkpoint_every_bounds_what_a_restart_replays() {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     });
-    std::fs::write(data.path().join("bad.toml"), "checkpoint-every = 0\n").unwrap();
-    for args in [vec!["--checkpoint-every", "0"], vec!["--config", data.path().join("bad.toml").to_str().unwrap()]] {
-        let out = Command::new(BIN).arg("serve").args(&args).output().unwrap();
+    serve_refuses(data.path(), ["--checkpoint-every", "0"], "checkpoint-every = 0", "at least 1");
+}
+
+/// `serve` with the flag and value `flag`, and then with a config file
+/// saying `setting`, exits 2 with `reason` in its message.
+fn serve_refuses(dir: &std::path::Path, flag: [&str; 2], setting: &str, reason: &str) {
+    let bad = dir.join("bad.toml");
+    std::fs::write(&bad, format!("{setting}\n")).unwrap();
+    for args in [&flag[..], &["--config", bad.to_str().unwrap()]] {
+        let out = Command::new(BIN).arg("serve").args(args).output().unwrap();
         assert_eq!(out.status.code(), Some(2), "{args:?}");
         let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(stderr.contains("at least 1"), "{args:?}: {stderr}");
+        assert!(stderr.contains(reason), "{args:?}: {stderr}");
     }
 }
 
@@ -388,13 +395,7 @@ fn serve_runs_as_many_workers_as_threads_says() {
     };
     assert_eq!(workers(&ServerProc::spawn(&["--config", config])), 3, "the file's threads = 3");
     assert_eq!(workers(&ServerProc::spawn(&["--config", config, "--threads", "2"])), 2, "--threads wins");
-    std::fs::write(data.path().join("bad.toml"), "threads = 5000\n").unwrap();
-    for args in [vec!["--threads", "0"], vec!["--config", data.path().join("bad.toml").to_str().unwrap()]] {
-        let out = Command::new(BIN).arg("serve").args(&args).output().unwrap();
-        assert_eq!(out.status.code(), Some(2), "{args:?}");
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(stderr.contains("threads from 1 to 1024"), "{args:?}: {stderr}");
-    }
+    serve_refuses(data.path(), ["--threads", "0"], "threads = 5000", "threads from 1 to 1024");
 }
 
 /// After a restart, a new request waits for the recovery window to end,
