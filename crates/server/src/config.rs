@@ -128,8 +128,7 @@ pub struct Config {
 }
 
 /// Journal records between two checkpoints unless told: about 100 MB of
-/// journal, which a restart replays in a few seconds after loading the
-/// image.
+/// journal, the most a restart replays after loading the image.
 pub const CHECKPOINT_EVERY: u64 = 1_000_000;
 
 /// The threads that serve connections unless told: one per core, as
