@@ -161,14 +161,14 @@ async fn hello(inner: &Inner, stream: TcpStream) -> Result<Welcomed, ClientError
 /// server refuses the client (`Err` with the refusal: see [`refused`]) or
 /// the client is dropped (`Err(None)`). While it has a session, no
 /// attempt or pause outlasts the point its lease is trusted until: there
-/// the session is given up ([`give_up`]), and the attempts go on for a
-/// new one.
-pub(crate) async fn reconnect(inner: &Arc<Inner>) -> Result<Welcomed, Option<ClientError>> {
+/// the session is given up ([`give_up`], which takes the last server's
+/// `goodbye`), and the attempts go on for a new one.
+pub(crate) async fn reconnect(inner: &Arc<Inner>, goodbye: &mut Option<u64>) -> Result<Welcomed, Option<ClientError>> {
     let mut delay = Duration::from_millis(50);
     while !inner.closed() {
         let until = (inner.session.load(Ordering::Relaxed) != 0).then(|| inner.lease.lock().trusted_until());
         let Ok(attempt) = within(until, handshake(inner)).await else {
-            give_up(inner);
+            give_up(inner, goodbye.take());
             continue;
         };
         match attempt {
@@ -180,7 +180,7 @@ pub(crate) async fn reconnect(inner: &Arc<Inner>) -> Result<Welcomed, Option<Cli
             Err(e) => tracing::debug!(error = %e, "reconnect failed; retrying"),
         }
         if within(until, tokio::time::sleep(delay)).await.is_err() {
-            give_up(inner);
+            give_up(inner, goodbye.take());
         }
         delay = (delay * 2).min(Duration::from_secs(2));
     }
@@ -218,11 +218,19 @@ async fn within<F: std::future::Future>(until: Option<Moment>, f: F) -> Result<F
 /// grant answered in it is refused from now on. What is sent from now on
 /// waits for the new session, which the next hello opens (the old one is
 /// never resumed: a server that kept it ends it by its lease). The
-/// caller no longer uses the old session's connection.
-fn give_up(inner: &Arc<Inner>) {
-    let t = inner.tables.lock();
+/// caller no longer uses the old session's connection. If the last
+/// server stopped cleanly, the requests past where it stopped reading
+/// (`goodbye`) had no effect and are told so (`NoReply::Unread`), as
+/// [`settle`] tells them: a change among them may be made again. Until
+/// session 50 they failed with `ConnectionLost` (a mount's `EIO`) when
+/// the next server took more than three quarters of a lease to answer.
+fn give_up(inner: &Arc<Inner>, goodbye: Option<u64>) {
+    let mut t = inner.tables.lock();
     inner.session.store(0, Ordering::Relaxed);
     tracing::warn!("no answer from the server for three quarters of the lease: the session's locks are lost");
+    if let Some(served) = goodbye {
+        t.unread_past(served);
+    }
     begin(inner, t, false);
     resend_waits(inner);
 }
@@ -375,7 +383,7 @@ pub(crate) async fn run(inner: Arc<Inner>, conn: Conn, settled: Settled) -> Opti
         // Gone for good before the new session's stream begins, so that
         // nothing of it goes out in this one.
         let _ = writer.await;
-        give_up(&inner);
+        give_up(&inner, goodbye);
         return None;
     }
     goodbye

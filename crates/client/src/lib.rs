@@ -419,7 +419,7 @@ impl Client {
             while !inner.closed() {
                 let (c, settled) = match conn.take() {
                     Some(c) => c,
-                    None => match connection::reconnect(&inner).await {
+                    None => match connection::reconnect(&inner, &mut goodbye).await {
                         Ok(w) => match connection::settle(&inner, &w, Moment::now(), goodbye.take()) {
                             Some(settled) => (w.conn, settled),
                             // Cannot happen with a sound server; not in a hot loop.
