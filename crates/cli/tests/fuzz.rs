@@ -32,7 +32,7 @@ use std::sync::{Arc, LazyLock, Mutex};
 use std::time::Duration;
 
 use common::{
-    BIN, ServerProc, Tmpfs, client, lock_cmd, raw_frame, raw_hello_resuming, rt, try_read_raw_frame, wait_for,
+    BIN, Draw, ServerProc, Tmpfs, client, lock_cmd, raw_frame, raw_hello_resuming, rt, try_read_raw_frame, wait_for,
 };
 use interlock_core::Mode;
 use interlock_proto::meta::{Asking, ChangelogRecord, MetaReply, Once};
@@ -102,28 +102,25 @@ impl Answers {
     }
 }
 
-/// xorshift64*: small, seeded, enough for drawing requests; and the
-/// answers, whose inodes a number is drawn from `pool` times in ten.
+/// The seeded draw, and the answers, whose inodes a number is drawn from
+/// `pool` times in ten.
 struct Rng {
-    state: u64,
+    draw: Draw,
     answers: Arc<Answers>,
     pool: u64,
 }
 
 impl Rng {
     fn next(&mut self) -> u64 {
-        self.state ^= self.state >> 12;
-        self.state ^= self.state << 25;
-        self.state ^= self.state >> 27;
-        self.state.wrapping_mul(0x2545_f491_4f6c_dd1d)
+        self.draw.next()
     }
 
     fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
+        self.draw.below(n)
     }
 
     fn chance(&mut self, one_in: u64) -> bool {
-        self.below(one_in) == 0
+        self.draw.chance(one_in)
     }
 
     /// A number that finds edges more often than a uniform one would.
@@ -512,11 +509,10 @@ impl Session {
 /// after the first `kill -9`, to a server that replayed its journal.
 #[test]
 fn requests_with_any_fields_are_answered_or_close_only_their_connection() {
-    let seed = std::env::var("FUZZ_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64 | 1
-    });
+    let draw = Draw::seeded("FUZZ_SEED", "fuzz");
+    let seed = draw.seed;
     let total: u64 = std::env::var("FUZZ_REQUESTS").ok().and_then(|s| s.parse().ok()).unwrap_or(100_000);
-    eprintln!("fuzz seed {seed} (FUZZ_SEED repeats it), {total} requests");
+    eprintln!("fuzz: {total} requests");
     // A small tmpfs: a made-up `fallocate` of a terabyte takes no more
     // than it from the machine.
     if !nix::unistd::Uid::effective().is_root() {
@@ -540,7 +536,7 @@ fn requests_with_any_fields_are_answered_or_close_only_their_connection() {
         assert!(out.status.success(), "fsck {what} (seed {seed}): {}", String::from_utf8_lossy(&out.stdout));
     };
     let answers = Arc::new(Answers::default());
-    let mut rng = Rng { state: seed, answers: answers.clone(), pool: 2 };
+    let mut rng = Rng { draw, answers: answers.clone(), pool: 2 };
     let mut server = serve(log.as_file());
     let own = rt().block_on(async { client(&server.addr).await.changelog_register(None, u32::MAX).await.unwrap() });
     assert_eq!(own.id, OWN);

@@ -229,12 +229,15 @@ pub fn runnable_by_anyone() -> (tempfile::TempDir, std::path::PathBuf) {
 }
 
 /// A TCP relay that can stop passing bytes both ways (a partition): while
-/// frozen, neither side hears of the other's close either. A client it
+/// frozen, neither side hears of the other's close either. It can also
+/// cut its connections. A client it
 /// cannot connect onward (the server is down) is closed, and the relay
 /// goes on.
 pub struct Relay {
     pub addr: String,
     frozen: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// Both ends of each connection relayed since the last cut.
+    open: std::sync::Arc<std::sync::Mutex<Vec<std::net::TcpStream>>>,
 }
 
 impl Relay {
@@ -243,11 +246,13 @@ impl Relay {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = l.local_addr().unwrap().to_string();
         let frozen = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let (to, f) = (to.to_string(), frozen.clone());
+        let open = std::sync::Arc::<std::sync::Mutex<Vec<std::net::TcpStream>>>::default();
+        let (to, f, o) = (to.to_string(), frozen.clone(), open.clone());
         std::thread::spawn(move || {
             for c in l.incoming() {
                 let Ok(c) = c else { return };
                 let Ok(s) = std::net::TcpStream::connect(&to) else { continue };
+                o.lock().unwrap().extend([c.try_clone().unwrap(), s.try_clone().unwrap()]);
                 for (mut from, mut into) in [(c.try_clone().unwrap(), s.try_clone().unwrap()), (s, c)] {
                     let f = f.clone();
                     let thawed = move || {
@@ -273,7 +278,15 @@ impl Relay {
                 }
             }
         });
-        Relay { addr, frozen }
+        Relay { addr, frozen, open }
+    }
+
+    /// Closes every connection relayed so far, both ways; what a frozen
+    /// relay holds of them is dropped at the thaw. New ones pass.
+    pub fn cut(&self) {
+        for s in self.open.lock().unwrap().drain(..) {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }
     }
 
     pub fn freeze(&self) {
@@ -282,5 +295,40 @@ impl Relay {
 
     pub fn thaw(&self) {
         self.frozen.store(false, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// xorshift64*: small and seeded, for a test that draws at random and
+/// prints the seed that repeats its run.
+pub struct Draw {
+    state: u64,
+    /// The seed, for messages.
+    pub seed: u64,
+}
+
+impl Draw {
+    /// Seeded from environment variable `var` if set, else from the clock;
+    /// prints the seed, and how to use it, for `test`.
+    pub fn seeded(var: &str, test: &str) -> Draw {
+        let seed = std::env::var(var).ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64
+        }) | 1;
+        eprintln!("{test}: seed {seed} ({var} repeats it)");
+        Draw { state: seed, seed }
+    }
+
+    pub fn next(&mut self) -> u64 {
+        self.state ^= self.state >> 12;
+        self.state ^= self.state << 25;
+        self.state ^= self.state >> 27;
+        self.state.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+
+    pub fn chance(&mut self, one_in: u64) -> bool {
+        self.below(one_in) == 0
     }
 }

@@ -1,0 +1,208 @@
+//! Faults in any order lose no acknowledged change and make none twice.
+//!
+//! Two clients, one straight to the server and one through a relay,
+//! append numbered lines to a log per task, while a seeded schedule of
+//! faults runs (`FAULTS_SEED` repeats one):
+//!
+//! - a cut of the relayed connections: the client resumes its session;
+//! - a partition of the relay longer than the client's lease: the client
+//!   gives its session up, then opens a new one;
+//! - a clean stop of the server, restarted at once, or once its clients
+//!   have given their sessions up;
+//! - a `kill -9` of the server, restarted the same two ways.
+//!
+//! Every append answered is in its log once; none is there twice, or out
+//! of order; an append told it had no effect (`Unread`, made again by the
+//! task) had none. An append may fail only when the client cannot know
+//! whether it was made (`ConnectionLost`), and only after a fault that
+//! outlasted the lease: faults within it (the first half of the run) fail
+//! no call.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use common::*;
+use interlock_client::meta::{Cred, FileType, ROOT};
+use interlock_client::{Client, ClientError};
+
+/// Long enough that a restart fits well within it on a loaded machine.
+const LEASE: [&str; 4] = ["--lease-ms", "5000", "--recovery-ms", "0"];
+const TASKS_PER_CLIENT: usize = 4;
+
+#[derive(Clone, Copy, Debug)]
+enum Fault {
+    Cut,
+    Partition,
+    Stop,
+    StopPastLease,
+    Kill,
+    KillPastLease,
+}
+
+impl Fault {
+    /// The faults that leave every session within its lease.
+    const WITHIN: [Fault; 3] = [Fault::Cut, Fault::Stop, Fault::Kill];
+    const ALL: [Fault; 6] =
+        [Fault::Cut, Fault::Partition, Fault::Stop, Fault::StopPastLease, Fault::Kill, Fault::KillPastLease];
+}
+
+/// What a task's appends came to.
+#[derive(Default)]
+struct Outcome {
+    answered: BTreeSet<u64>,
+    /// Failed with `ConnectionLost`: made or not.
+    unknown: BTreeSet<u64>,
+    unread: u64,
+    failed: Vec<String>,
+}
+
+/// Appends lines 0, 1, … to `log` until `stop`, making again each append
+/// told `Unread`. A `ConnectionLost` before `past_lease` is a failure.
+async fn appender(
+    c: Client,
+    log: u64,
+    flags: Arc<(AtomicBool, AtomicBool)>,
+    done: Arc<[AtomicU64; 2]>,
+    client: usize,
+) -> Outcome {
+    let mut out = Outcome::default();
+    let mut i = 0;
+    while !flags.0.load(Ordering::Relaxed) {
+        match c.append(&Cred::root(), log, format!("{i}\n").as_bytes()).await {
+            Ok(_) => {
+                out.answered.insert(i);
+            }
+            Err(ClientError::Unread) => {
+                out.unread += 1;
+                continue;
+            }
+            Err(ClientError::ConnectionLost) if flags.1.load(Ordering::Relaxed) => {
+                out.unknown.insert(i);
+            }
+            Err(e) => out.failed.push(format!("append {i} to inode {log}: {e}")),
+        }
+        done[client].fetch_add(1, Ordering::Relaxed);
+        i += 1;
+    }
+    out
+}
+
+/// Notes each client's session now; the closure returned waits until
+/// each gave it up (the server is down, or the relay frozen: none can
+/// open a new one meanwhile).
+fn given_up(clients: Vec<Client>) -> impl FnOnce() {
+    let sessions: Vec<u64> = clients.iter().map(|c| c.settled()).collect();
+    move || {
+        wait_for("the clients to give their sessions up", || {
+            clients.iter().zip(&sessions).all(|(c, &s)| c.settled() != s)
+        })
+    }
+}
+
+#[test]
+fn faults_in_any_order_lose_no_answered_append_and_make_none_twice() {
+    let mut draw = Draw::seeded("FAULTS_SEED", "faults");
+    let seed = draw.seed;
+    let data = tempfile::tempdir().unwrap();
+    let mut server = ServerProc::start(data.path(), "127.0.0.1:0", &LEASE);
+    let addr = server.addr.clone();
+    let relay = Relay::start(&addr);
+    let rt = rt();
+    let (direct, relayed) = rt.block_on(async { (client(&addr).await, client(&relay.addr).await) });
+    // (stop, past the lease)
+    let flags = Arc::new((AtomicBool::new(false), AtomicBool::new(false)));
+    // Appends made by each client.
+    let done: Arc<[AtomicU64; 2]> = Arc::default();
+    let tasks: Vec<_> = (0..2 * TASKS_PER_CLIENT)
+        .map(|t| {
+            let c = if t < TASKS_PER_CLIENT { direct.clone() } else { relayed.clone() };
+            let log =
+                rt.block_on(c.create(&Cred::root(), ROOT, format!("log{t}").as_bytes(), FileType::Regular, 0o644, b""));
+            let log = log.unwrap().ino;
+            (log, rt.spawn(appender(c, log, flags.clone(), done.clone(), t / TASKS_PER_CLIENT)))
+        })
+        .collect();
+    // Each client made appends since: so each has a session (one that
+    // gave its session up has none until the next server answers, and
+    // nothing to give up).
+    let progress = |what: &str| {
+        let before: Vec<u64> = done.iter().map(|d| d.load(Ordering::Relaxed)).collect();
+        wait_for(what, || done.iter().zip(&before).all(|(d, b)| d.load(Ordering::Relaxed) >= b + 50));
+    };
+    let mut schedule = Vec::new();
+    for half in [&Fault::WITHIN[..], &Fault::ALL[..]] {
+        flags.1.store(half.len() == Fault::ALL.len(), Ordering::Relaxed);
+        // Each fault of the half once, and more drawn from it, shuffled.
+        let mut faults = half.to_vec();
+        faults.extend((0..4).map(|_| half[draw.below(half.len() as u64) as usize]));
+        for i in (1..faults.len()).rev() {
+            faults.swap(i, draw.below(i as u64 + 1) as usize);
+        }
+        for fault in faults {
+            schedule.push(fault);
+            progress("the appends to go on");
+            eprintln!("faults: {fault:?}, {:?} appends so far", done);
+            match fault {
+                Fault::Cut => relay.cut(),
+                Fault::Partition => {
+                    let wait = given_up(vec![relayed.clone()]);
+                    relay.freeze();
+                    wait();
+                    relay.cut();
+                    relay.thaw();
+                }
+                Fault::Stop | Fault::StopPastLease | Fault::Kill | Fault::KillPastLease => {
+                    let wait = given_up(vec![direct.clone(), relayed.clone()]);
+                    if matches!(fault, Fault::Stop | Fault::StopPastLease) {
+                        server.terminate()
+                    } else {
+                        server.kill9()
+                    }
+                    if matches!(fault, Fault::StopPastLease | Fault::KillPastLease) {
+                        wait();
+                    }
+                    server = ServerProc::start(data.path(), &addr, &LEASE);
+                }
+            }
+        }
+    }
+    progress("the appends to go on after the last fault");
+    flags.0.store(true, Ordering::Relaxed);
+    eprintln!("faults: {schedule:?}");
+    rt.block_on(async {
+        let (mut failed, mut unread, mut unknown) = (Vec::new(), 0, 0);
+        for (log, task) in tasks {
+            let out = task.await.unwrap();
+            failed.extend(out.failed);
+            unread += out.unread;
+            unknown += out.unknown.len();
+            let mut text = Vec::new();
+            loop {
+                let part = direct.read(&Cred::root(), log, text.len() as u64, 1 << 20).await.unwrap();
+                if part.is_empty() {
+                    break;
+                }
+                text.extend(part);
+            }
+            let lines: Vec<u64> = String::from_utf8(text).unwrap().lines().map(|l| l.parse().unwrap()).collect();
+            let wrong = lines.windows(2).position(|w| w[0] >= w[1]);
+            let around = |at: usize| &lines[at.saturating_sub(3)..(at + 5).min(lines.len())];
+            assert!(
+                wrong.is_none(),
+                "inode {log}: a line twice or out of order (seed {seed}): {:?}",
+                wrong.map(around)
+            );
+            let made: BTreeSet<u64> = lines.into_iter().collect();
+            let lost: Vec<_> = out.answered.difference(&made).collect();
+            assert!(lost.is_empty(), "inode {log}: answered appends lost (seed {seed}): {lost:?}");
+            let unasked: Vec<_> =
+                made.iter().filter(|i| !out.answered.contains(i) && !out.unknown.contains(i)).collect();
+            assert!(unasked.is_empty(), "inode {log}: lines made that were failed (seed {seed}): {unasked:?}");
+        }
+        assert!(failed.is_empty(), "appends failed (seed {seed}):\n{}", failed.join("\n"));
+        eprintln!("faults: {unread} appends told unread and made again; {unknown} failed, made or not");
+    });
+}
