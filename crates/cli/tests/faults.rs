@@ -9,14 +9,19 @@
 //!   gives its session up, then opens a new one;
 //! - a clean stop of the server, restarted at once, or once its clients
 //!   have given their sessions up;
-//! - a `kill -9` of the server, restarted the same two ways.
+//! - a `kill -9` of the server, restarted the same two ways;
+//! - either, with the relay partitioned until the restarted server's
+//!   recovery window is over (that server lets go of the relayed client's
+//!   replay cache).
 //!
 //! Every append answered is in its log once; none is there twice, or out
 //! of order; an append told it had no effect (`Unread`, made again by the
-//! task) had none. An append may fail only when the client cannot know
-//! whether it was made (`ConnectionLost`), and only after a fault that
-//! outlasted the lease: faults within it (the first half of the run) fail
-//! no call.
+//! task) had none. An append may fail only where the client cannot know
+//! whether it was made (`ConnectionLost`): in a partition, where its
+//! copy may still be on its way to a server that lives on, and past the
+//! recovery window of a server that died. Every other fault fails no
+//! call: before session 50, a clean stop or a kill that outlasted the
+//! lease failed the appends on their way.
 
 mod common;
 
@@ -40,13 +45,27 @@ enum Fault {
     StopPastLease,
     Kill,
     KillPastLease,
+    StopPastWindow,
+    KillPastWindow,
 }
 
 impl Fault {
-    /// The faults that leave every session within its lease.
-    const WITHIN: [Fault; 3] = [Fault::Cut, Fault::Stop, Fault::Kill];
-    const ALL: [Fault; 6] =
-        [Fault::Cut, Fault::Partition, Fault::Stop, Fault::StopPastLease, Fault::Kill, Fault::KillPastLease];
+    const ALL: [Fault; 8] = [
+        Fault::Cut,
+        Fault::Partition,
+        Fault::Stop,
+        Fault::StopPastLease,
+        Fault::Kill,
+        Fault::KillPastLease,
+        Fault::StopPastWindow,
+        Fault::KillPastWindow,
+    ];
+
+    /// Whether the client may be unable to know if a change on its way
+    /// was made.
+    fn unknowable(self) -> bool {
+        matches!(self, Fault::Partition | Fault::KillPastWindow)
+    }
 }
 
 /// What a task's appends came to.
@@ -59,18 +78,20 @@ struct Outcome {
     failed: Vec<String>,
 }
 
+/// What the test tells the tasks.
+#[derive(Default)]
+struct Flags {
+    stop: AtomicBool,
+    /// The fault under way is [`Fault::unknowable`].
+    unknowable: AtomicBool,
+}
+
 /// Appends lines 0, 1, … to `log` until `stop`, making again each append
-/// told `Unread`. A `ConnectionLost` before `past_lease` is a failure.
-async fn appender(
-    c: Client,
-    log: u64,
-    flags: Arc<(AtomicBool, AtomicBool)>,
-    done: Arc<[AtomicU64; 2]>,
-    client: usize,
-) -> Outcome {
+/// told `Unread`. A `ConnectionLost` is a failure but where `unknowable`.
+async fn appender(c: Client, log: u64, flags: Arc<Flags>, done: Arc<[AtomicU64; 2]>, client: usize) -> Outcome {
     let mut out = Outcome::default();
     let mut i = 0;
-    while !flags.0.load(Ordering::Relaxed) {
+    while !flags.stop.load(Ordering::Relaxed) {
         match c.append(&Cred::root(), log, format!("{i}\n").as_bytes()).await {
             Ok(_) => {
                 out.answered.insert(i);
@@ -79,7 +100,7 @@ async fn appender(
                 out.unread += 1;
                 continue;
             }
-            Err(ClientError::ConnectionLost) if flags.1.load(Ordering::Relaxed) => {
+            Err(ClientError::ConnectionLost) if flags.unknowable.load(Ordering::Relaxed) => {
                 out.unknown.insert(i);
             }
             Err(e) => out.failed.push(format!("append {i} to inode {log}: {e}")),
@@ -112,8 +133,7 @@ fn faults_in_any_order_lose_no_answered_append_and_make_none_twice() {
     let relay = Relay::start(&addr);
     let rt = rt();
     let (direct, relayed) = rt.block_on(async { (client(&addr).await, client(&relay.addr).await) });
-    // (stop, past the lease)
-    let flags = Arc::new((AtomicBool::new(false), AtomicBool::new(false)));
+    let flags = Arc::new(Flags::default());
     // Appends made by each client.
     let done: Arc<[AtomicU64; 2]> = Arc::default();
     let tasks: Vec<_> = (0..2 * TASKS_PER_CLIENT)
@@ -132,53 +152,71 @@ fn faults_in_any_order_lose_no_answered_append_and_make_none_twice() {
         let before: Vec<u64> = done.iter().map(|d| d.load(Ordering::Relaxed)).collect();
         wait_for(what, || done.iter().zip(&before).all(|(d, b)| d.load(Ordering::Relaxed) >= b + 50));
     };
-    let mut schedule = Vec::new();
-    for half in [&Fault::WITHIN[..], &Fault::ALL[..]] {
-        flags.1.store(half.len() == Fault::ALL.len(), Ordering::Relaxed);
-        // Each fault of the half once, and more drawn from it, shuffled.
-        let mut faults = half.to_vec();
-        faults.extend((0..4).map(|_| half[draw.below(half.len() as u64) as usize]));
-        for i in (1..faults.len()).rev() {
-            faults.swap(i, draw.below(i as u64 + 1) as usize);
-        }
-        for fault in faults {
-            schedule.push(fault);
-            progress("the appends to go on");
-            eprintln!("faults: {fault:?}, {:?} appends so far", done);
-            match fault {
-                Fault::Cut => relay.cut(),
-                Fault::Partition => {
-                    let wait = given_up(vec![relayed.clone()]);
-                    relay.freeze();
+    // Each fault once, and more drawn, shuffled.
+    let mut schedule = Fault::ALL.to_vec();
+    schedule.extend((0..6).map(|_| Fault::ALL[draw.below(Fault::ALL.len() as u64) as usize]));
+    for i in (1..schedule.len()).rev() {
+        schedule.swap(i, draw.below(i as u64 + 1) as usize);
+    }
+    for &fault in &schedule {
+        // The last fault's answers are in (its clients made appends since).
+        progress("the appends to go on");
+        flags.unknowable.store(fault.unknowable(), Ordering::Relaxed);
+        eprintln!("faults: {fault:?}, {done:?} appends so far");
+        match fault {
+            Fault::Cut => relay.cut(),
+            Fault::Partition => {
+                let wait = given_up(vec![relayed.clone()]);
+                relay.freeze();
+                wait();
+                relay.cut();
+                relay.thaw();
+            }
+            Fault::Stop | Fault::StopPastLease | Fault::Kill | Fault::KillPastLease => {
+                let wait = given_up(vec![direct.clone(), relayed.clone()]);
+                if matches!(fault, Fault::Stop | Fault::StopPastLease) {
+                    server.terminate()
+                } else {
+                    server.kill9()
+                }
+                if matches!(fault, Fault::StopPastLease | Fault::KillPastLease) {
                     wait();
-                    relay.cut();
-                    relay.thaw();
                 }
-                Fault::Stop | Fault::StopPastLease | Fault::Kill | Fault::KillPastLease => {
-                    let wait = given_up(vec![direct.clone(), relayed.clone()]);
-                    if matches!(fault, Fault::Stop | Fault::StopPastLease) {
-                        server.terminate()
-                    } else {
-                        server.kill9()
-                    }
-                    if matches!(fault, Fault::StopPastLease | Fault::KillPastLease) {
-                        wait();
-                    }
-                    server = ServerProc::start(data.path(), &addr, &LEASE);
+                server = ServerProc::start(data.path(), &addr, &LEASE);
+            }
+            Fault::StopPastWindow | Fault::KillPastWindow => {
+                // Stopped, the server's goodbye reaches the relayed client
+                // first. Killed, the relayed client's appends reached it,
+                // and their answers are held in the relay.
+                if matches!(fault, Fault::StopPastWindow) {
+                    server.terminate();
+                    relay.freeze();
+                } else {
+                    relay.freeze();
+                    server.kill9();
                 }
+                server = ServerProc::start(data.path(), &addr, &LEASE);
+                wait_for("the recovery window to end", || {
+                    rt.block_on(direct.status()).is_ok_and(|s| s.recovering_ms == 0)
+                });
+                relay.cut();
+                relay.thaw();
             }
         }
     }
     progress("the appends to go on after the last fault");
-    flags.0.store(true, Ordering::Relaxed);
+    flags.stop.store(true, Ordering::Relaxed);
     eprintln!("faults: {schedule:?}");
     rt.block_on(async {
-        let (mut failed, mut unread, mut unknown) = (Vec::new(), 0, 0);
+        let mut outs = Vec::new();
         for (log, task) in tasks {
-            let out = task.await.unwrap();
-            failed.extend(out.failed);
-            unread += out.unread;
-            unknown += out.unknown.len();
+            outs.push((log, task.await.unwrap()));
+        }
+        let failed: Vec<&String> = outs.iter().flat_map(|(_, o)| &o.failed).collect();
+        assert!(failed.is_empty(), "appends failed (seed {seed}): {failed:#?}");
+        let unread: u64 = outs.iter().map(|(_, o)| o.unread).sum();
+        let unknown: usize = outs.iter().map(|(_, o)| o.unknown.len()).sum();
+        for (log, out) in outs {
             let mut text = Vec::new();
             loop {
                 let part = direct.read(&Cred::root(), log, text.len() as u64, 1 << 20).await.unwrap();
@@ -202,7 +240,6 @@ fn faults_in_any_order_lose_no_answered_append_and_make_none_twice() {
                 made.iter().filter(|i| !out.answered.contains(i) && !out.unknown.contains(i)).collect();
             assert!(unasked.is_empty(), "inode {log}: lines made that were failed (seed {seed}): {unasked:?}");
         }
-        assert!(failed.is_empty(), "appends failed (seed {seed}):\n{}", failed.join("\n"));
         eprintln!("faults: {unread} appends told unread and made again; {unknown} failed, made or not");
     });
 }

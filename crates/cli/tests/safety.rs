@@ -712,6 +712,7 @@ fn scripted_welcome(session: u64, boot: u64, resumed: bool) -> ServerMsg {
         boot,
         verifier: 1,
         namespace: 1,
+        kept: false,
     }
 }
 

@@ -44,6 +44,8 @@ pub(crate) struct Welcomed {
     pub restarted: bool,
     /// The server's recovery window is open.
     pub recovering: bool,
+    /// The server holds changes of this client in its replay cache.
+    pub kept: bool,
     /// When the hello went out, and the new session's lease length.
     pub sent: Moment,
     pub lease: Duration,
@@ -121,6 +123,7 @@ async fn hello(inner: &Inner, stream: TcpStream) -> Result<Welcomed, ClientError
             recovering_ms,
             verifier,
             namespace,
+            kept,
             ..
         }) => {
             // Inode numbers, handles and locks are the first namespace's:
@@ -145,6 +148,7 @@ async fn hello(inner: &Inner, stream: TcpStream) -> Result<Welcomed, ClientError
                 received,
                 restarted: before != 0 && before != boot,
                 recovering: recovering_ms > 0,
+                kept,
                 sent,
                 lease: Duration::from_millis(lease_ms),
             })
@@ -224,6 +228,9 @@ async fn within<F: std::future::Future>(until: Option<Moment>, f: F) -> Result<F
 /// [`settle`] tells them: a change among them may be made again. Until
 /// session 50 they failed with `ConnectionLost` (a mount's `EIO`) when
 /// the next server took more than three quarters of a lease to answer.
+/// The changes that may not be made twice and may have been made wait
+/// for the next welcome ([`Tables::park`]), which says whether they can
+/// be asked about.
 fn give_up(inner: &Arc<Inner>, goodbye: Option<u64>) {
     let mut t = inner.tables.lock();
     inner.session.store(0, Ordering::Relaxed);
@@ -231,6 +238,7 @@ fn give_up(inner: &Arc<Inner>, goodbye: Option<u64>) {
     if let Some(served) = goodbye {
         t.unread_past(served);
     }
+    t.park();
     begin(inner, t, false);
     resend_waits(inner);
 }
@@ -278,6 +286,11 @@ pub(crate) fn settle(inner: &Arc<Inner>, w: &Welcomed, now: Moment, goodbye: Opt
     let mut t = inner.tables.lock();
     if !w.named {
         *inner.lease.lock() = Lease::new(w.lease, w.sent);
+        // The changes parked when the session was given up may be asked
+        // about if the server that had them is gone (it restarted: no copy
+        // of them still on its way can reach it) and its replay cache
+        // holds this client's changes (so it let go of none of them).
+        t.unpark(w.restarted && w.kept);
         return Some(Settled::Begun);
     }
     let in_time = inner.lease.lock().holds_at(now);

@@ -442,6 +442,7 @@ impl Client {
             {
                 let mut t = inner.tables.lock();
                 t.session_lost(false);
+                t.unpark(false);
                 t.waits.clear();
             }
             if let Some(e) = refusal {

@@ -53,6 +53,9 @@ pub(crate) struct Pending {
 pub(crate) struct Tables {
     /// Request id -> where its reply goes.
     pub(crate) pending: HashMap<u64, Pending>,
+    /// Changes that may not be made twice, on their way when the session
+    /// was given up: see [`park`](Tables::park).
+    pub(crate) parked: HashMap<u64, Pending>,
     /// Blocking requests, from sending until their future is done with
     /// them: the request, to send again in a new session, or to give back
     /// a grant that races a drop.
@@ -117,6 +120,29 @@ impl Tables {
                 self.once.remove(&id);
             }
             let _ = p.tx.send(Err(NoReply::Unread));
+        }
+    }
+
+    /// The session is given up ([`give_up`](crate::connection)): the
+    /// changes that may not be made twice wait, listed apart, for the next
+    /// welcome ([`unpark`](Tables::unpark)); a change on its way when the
+    /// server died, one that may have been made, is asked about again if
+    /// the next server can tell, instead of failing with `ConnectionLost`.
+    /// Until session 50 such changes failed when a restart outlasted
+    /// three quarters of the lease. O(pending).
+    pub(crate) fn park(&mut self) {
+        self.parked.extend(self.pending.extract_if(|_, p| p.once));
+    }
+
+    /// What the next welcome after a [`park`](Tables::park) says: each
+    /// parked change is asked about again (`ask`: see
+    /// [`NoReply::AskAgain`]), or it fails with `ConnectionLost`, as
+    /// [`session_lost`](Tables::session_lost) fails it. O(parked).
+    pub(crate) fn unpark(&mut self, ask: bool) {
+        for (id, p) in self.parked.drain() {
+            if !(ask && p.tx.send(Err(NoReply::AskAgain)).is_ok()) {
+                self.once.remove(&id);
+            }
         }
     }
 

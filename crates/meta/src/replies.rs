@@ -145,6 +145,16 @@ impl Replies {
         self.0.read_sync(&origin, |_, r| r.at(id).ok().map(|at| r.done[at].1)).flatten()
     }
 
+    /// Whether client `origin` has requests kept. A client that gave its
+    /// session up with changes on their way learns so at its next hello
+    /// (`Welcome.kept`): if a restarted server kept none of its
+    /// requests, it may have let go of them all (the client did not come
+    /// back within the recovery window), and asking again could make a
+    /// change twice. O(1) expected.
+    pub fn has(&self, origin: u64) -> bool {
+        self.0.contains_sync(&origin)
+    }
+
     /// Lets go of client `origin` (it ended its session: it will ask
     /// about none of its requests again). O(1) expected.
     pub fn forget(&self, origin: u64) {

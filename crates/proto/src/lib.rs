@@ -38,7 +38,7 @@ pub use frame::{DecodeError, FrameTooLarge, ReadError, Reader, decode, encode, r
 pub use unacked::Unacked;
 
 /// The protocol version this build speaks.
-pub const VERSION: u32 = 22;
+pub const VERSION: u32 = 23;
 /// The largest frame either side accepts, in bytes: room for the largest
 /// write ([`meta::MAX_WRITE`], version 18; 256 KiB before), an extended
 /// attribute's largest value (64 KiB), and a page of directory entries.
@@ -418,7 +418,9 @@ pub enum ServerMsg {
     /// `namespace` (version 19): the identity of the namespace served,
     /// for its life; a client that finds another one after a reconnect is
     /// talking to another data directory, where its inode numbers name
-    /// other files (or none), and must not go on.
+    /// other files (or none), and must not go on. `kept` (version 23):
+    /// the server holds changes of the hello's `origin` in its replay
+    /// cache (see [`meta::Once`]).
     Welcome {
         version: u32,
         session: u64,
@@ -430,6 +432,7 @@ pub enum ServerMsg {
         boot: u64,
         verifier: u64,
         namespace: u64,
+        kept: bool,
     },
     /// The connection is refused and closes. `auth`: for a wrong or
     /// missing token (a client reports that apart from other refusals).
@@ -535,8 +538,9 @@ mod tests {
             boot: 2,
             verifier: 4,
             namespace: 5,
+            kept: true,
         };
-        assert_eq!(encode(&welcome)[..], [&[0u8, 3, 5, 1, 1, 0, 3][..], &[1; 16], &[2, 4, 5]].concat());
+        assert_eq!(encode(&welcome)[..], [&[0u8, 3, 5, 1, 1, 0, 3][..], &[1; 16], &[2, 4, 5, 1]].concat());
         assert_eq!(encode(&Reply::Recovering { left_ms: 5 }), [8, 5]);
         assert_eq!(encode(&Op::Renew { received: 1 }), [7, 1]);
         assert_eq!(encode(&Op::Inspect { resource: b"r".to_vec() }), [10, 1, b'r']);

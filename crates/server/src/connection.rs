@@ -119,6 +119,7 @@ pub(crate) async fn connection(
             boot: inner.boot,
             verifier: inner.verifier,
             namespace: inner.store.id(),
+            kept: origin != 0 && inner.store.ns().replies().has(origin),
         },
     );
     let serve = async {
