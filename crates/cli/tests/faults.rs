@@ -88,10 +88,20 @@ struct Flags {
 
 /// Appends lines 0, 1, … to `log` until `stop`, making again each append
 /// told `Unread`. A `ConnectionLost` is a failure but where `unknowable`.
-async fn appender(c: Client, log: u64, flags: Arc<Flags>, done: Arc<[AtomicU64; 2]>, client: usize) -> Outcome {
+/// If `fenced`, each append goes out only in the session it was first
+/// sent in, as a mount's does (`Client::within`): one on its way when
+/// its session ended is asked again only if made (`Asking::IfMade`).
+async fn appender(
+    c: Client,
+    (log, fenced): (u64, bool),
+    flags: Arc<Flags>,
+    done: Arc<[AtomicU64; 2]>,
+    client: usize,
+) -> Outcome {
     let mut out = Outcome::default();
     let mut i = 0;
     while !flags.stop.load(Ordering::Relaxed) {
+        let c = if fenced { c.within(c.settled()) } else { c.clone() };
         match c.append(&Cred::root(), log, format!("{i}\n").as_bytes()).await {
             Ok(_) => {
                 out.answered.insert(i);
@@ -142,7 +152,7 @@ fn faults_in_any_order_lose_no_answered_append_and_make_none_twice() {
             let log =
                 rt.block_on(c.create(&Cred::root(), ROOT, format!("log{t}").as_bytes(), FileType::Regular, 0o644, b""));
             let log = log.unwrap().ino;
-            (log, rt.spawn(appender(c, log, flags.clone(), done.clone(), t / TASKS_PER_CLIENT)))
+            (log, rt.spawn(appender(c, (log, t % 2 == 1), flags.clone(), done.clone(), t / TASKS_PER_CLIENT)))
         })
         .collect();
     // Each client made appends since: so each has a session (one that

@@ -62,8 +62,10 @@ pub enum ClientError {
     /// The request had no effect, and may be made again once the client
     /// has its next server, whatever the request: the server stopped
     /// cleanly before it read it (see `ServerMsg::Goodbye`), or died
-    /// before it made it (a change asked again [`IfMade`](interlock_proto::meta::Asking::IfMade)).
-    #[error("the server stopped before it made the request, which had no effect")]
+    /// before it made it (a change asked again [`IfMade`](interlock_proto::meta::Asking::IfMade)),
+    /// or it was never sent, its client fenced to a session that ended
+    /// ([`Client::within`](crate::Client::within)).
+    #[error("the request had no effect (the server did not make it, or it was not sent); it may be made again")]
     Unread,
     #[error("server: {0}")]
     Server(String),

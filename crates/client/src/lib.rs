@@ -204,7 +204,7 @@ impl Inner {
     /// at all.
     fn fenced(&self, fence: Option<u64>) -> Result<(), ClientError> {
         match fence {
-            Some(g) if g != self.generation.load(Ordering::Relaxed) => Err(ClientError::ConnectionLost),
+            Some(g) if g != self.generation.load(Ordering::Relaxed) => Err(ClientError::Unread),
             _ => Ok(()),
         }
     }
@@ -365,9 +365,14 @@ impl Client {
     }
 
     /// A clone whose requests go out only in session `settled` (a
-    /// [`Client::settled`] count): in any later one they fail with
-    /// [`ClientError::ConnectionLost`], unsent, as requests in flight when
-    /// a session ends do. What a program writes under a lock must not
+    /// [`Client::settled`] count): in any later one they fail unsent,
+    /// with [`ClientError::Unread`] (no effect: the caller checks its
+    /// losses and may make the request again). Until session 50 they
+    /// failed with [`ClientError::ConnectionLost`], which says a request
+    /// may have been made, and a mount failed such an append with `EIO`
+    /// when the session changed between its check and its send. A request
+    /// sent and in flight when its session ends fails as any does. What a
+    /// program writes under a lock must not
     /// reach the server after the lease that held the lock ran out and
     /// another holder took it: a write queued while the client was
     /// stopped past its lease would otherwise go out in the new session
