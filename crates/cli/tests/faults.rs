@@ -14,6 +14,11 @@
 //!   recovery window is over (that server lets go of the relayed client's
 //!   replay cache).
 //!
+//! Each client also takes one DLM lock in turn with the other, holds it
+//! (50 ms, or every fourth time across a whole fault) and gives it back,
+//! letting go at once when its client reports it lost: no client is
+//! granted it while the other holds it.
+//!
 //! Every append answered is in its log once; none is there twice, or out
 //! of order; an append told it had no effect (`Unread`, made again by the
 //! task) had none. An append may fail only where the client cannot know
@@ -26,8 +31,9 @@
 mod common;
 
 use std::collections::BTreeSet;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use common::*;
 use interlock_client::meta::{Cred, FileType, ROOT};
@@ -84,6 +90,8 @@ struct Flags {
     stop: AtomicBool,
     /// The fault under way is [`Fault::unknowable`].
     unknowable: AtomicBool,
+    /// Faults over.
+    faults: AtomicU64,
 }
 
 /// Appends lines 0, 1, … to `log` until `stop`, making again each append
@@ -121,6 +129,55 @@ async fn appender(
     out
 }
 
+/// Which client holds the lock, as the clients see it.
+type Holder = Arc<Mutex<Option<usize>>>;
+
+/// Takes the lock, holds it 50 ms (every fourth time until a whole fault
+/// is over) and gives it back, until `stop`, letting go at once when the
+/// client reports it lost; counts the grants. A grant while the other client holds the
+/// lock is a failure; a request that fails (the server down, a session
+/// given up) is made again.
+async fn locker(c: Client, me: usize, holder: Holder, flags: Arc<Flags>, grants: Arc<AtomicU64>) -> Vec<String> {
+    let (mut failed, mut mine) = (Vec::new(), 0);
+    let mut lost = c.lost_locks();
+    while !flags.stop.load(Ordering::Relaxed) {
+        let seen = *lost.borrow_and_update();
+        let g = match c.lock(&spec("L", 1)).await {
+            Ok(g) => g,
+            Err(_) => {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                continue;
+            }
+        };
+        // Not a grant of a session given up since the request.
+        if c.lost_since(seen).iter().any(|l| l.handle == g.handle) {
+            continue;
+        }
+        if let Some(other) = holder.lock().unwrap().replace(me) {
+            failed.push(format!("client {me} was granted the lock while client {other} held it"));
+        }
+        grants.fetch_add(1, Ordering::Relaxed);
+        mine += 1;
+        let held = async {
+            if mine % 4 == 0 {
+                let over = flags.faults.load(Ordering::Relaxed) + 2;
+                while flags.faults.load(Ordering::Relaxed) < over && !flags.stop.load(Ordering::Relaxed) {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            } else {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        };
+        tokio::select! {
+            () = held => {}
+            _ = lost.changed() => {}
+        }
+        holder.lock().unwrap().take_if(|h| *h == me);
+        let _ = c.dlm_unlock(b"L", 1, g.handle.unwrap(), None).await;
+    }
+    failed
+}
+
 /// Notes each client's session now; the closure returned waits until
 /// each gave it up (the server is down, or the relay frozen: none can
 /// open a new one meanwhile).
@@ -146,6 +203,12 @@ fn faults_in_any_order_lose_no_answered_append_and_make_none_twice() {
     let flags = Arc::new(Flags::default());
     // Appends made by each client.
     let done: Arc<[AtomicU64; 2]> = Arc::default();
+    let (holder, grants) = (Holder::default(), Arc::new(AtomicU64::new(0)));
+    let lockers: Vec<_> = [&direct, &relayed]
+        .iter()
+        .enumerate()
+        .map(|(me, c)| rt.spawn(locker((*c).clone(), me, holder.clone(), flags.clone(), grants.clone())))
+        .collect();
     let tasks: Vec<_> = (0..2 * TASKS_PER_CLIENT)
         .map(|t| {
             let c = if t < TASKS_PER_CLIENT { direct.clone() } else { relayed.clone() };
@@ -213,6 +276,7 @@ fn faults_in_any_order_lose_no_answered_append_and_make_none_twice() {
                 relay.thaw();
             }
         }
+        flags.faults.fetch_add(1, Ordering::Relaxed);
     }
     progress("the appends to go on after the last fault");
     flags.stop.store(true, Ordering::Relaxed);
@@ -222,6 +286,20 @@ fn faults_in_any_order_lose_no_answered_append_and_make_none_twice() {
         for (log, task) in tasks {
             outs.push((log, task.await.unwrap()));
         }
+        let mut two = Vec::new();
+        for l in lockers {
+            match tokio::time::timeout(Duration::from_secs(60), l).await {
+                Ok(r) => two.extend(r.unwrap()),
+                Err(_) => panic!(
+                    "a locker still waits a minute after the stop (seed {seed}); sessions {} {}; the lock: {:?}",
+                    direct.session(),
+                    relayed.session(),
+                    direct.inspect(b"L").await
+                ),
+            }
+        }
+        assert!(two.is_empty(), "two holders (seed {seed}): {two:#?}");
+        assert!(grants.load(Ordering::Relaxed) > 0, "the lock was never granted");
         let failed: Vec<&String> = outs.iter().flat_map(|(_, o)| &o.failed).collect();
         assert!(failed.is_empty(), "appends failed (seed {seed}): {failed:#?}");
         let unread: u64 = outs.iter().map(|(_, o)| o.unread).sum();
@@ -250,6 +328,9 @@ fn faults_in_any_order_lose_no_answered_append_and_make_none_twice() {
                 made.iter().filter(|i| !out.answered.contains(i) && !out.unknown.contains(i)).collect();
             assert!(unasked.is_empty(), "inode {log}: lines made that were failed (seed {seed}): {unasked:?}");
         }
-        eprintln!("faults: {unread} appends told unread and made again; {unknown} failed, made or not");
+        eprintln!(
+            "faults: {unread} appends told unread and made again; {unknown} failed, made or not; {} grants",
+            grants.load(Ordering::Relaxed)
+        );
     });
 }

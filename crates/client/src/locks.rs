@@ -240,8 +240,16 @@ impl Client {
         handle: u64,
         lvb: Option<Vec<u8>>,
     ) -> Result<(), ClientError> {
-        let handle = self.handle_of(handle);
-        self.inner.tables.lock().dlm.remove(&handle);
+        // The lock's name after reclaims leaves with it: servers reuse
+        // handles, and a later lock granted under this one's first handle
+        // would otherwise be unlocked as this one (not at all, the lock
+        // left held by its session). Until session 50 it stayed.
+        let handle = {
+            let mut t = self.inner.tables.lock();
+            let handle = t.alias.remove(&handle).unwrap_or(handle);
+            t.dlm.remove(&handle);
+            handle
+        };
         self.request(Op::DlmUnlock { resource: resource.to_vec(), owner, handle, lvb }).await.map(drop)
     }
 
