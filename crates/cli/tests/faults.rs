@@ -134,9 +134,9 @@ type Holder = Arc<Mutex<Option<usize>>>;
 
 /// Takes the lock, holds it 50 ms (every fourth time until a whole fault
 /// is over) and gives it back, until `stop`, letting go at once when the
-/// client reports it lost; counts the grants. A grant while the other client holds the
-/// lock is a failure; a request that fails (the server down, a session
-/// given up) is made again.
+/// client reports it lost; counts the grants. A grant while the other
+/// client holds the lock is a failure; a request that fails (the server
+/// down, a session given up) is made again.
 async fn locker(c: Client, me: usize, holder: Holder, flags: Arc<Flags>, grants: Arc<AtomicU64>) -> Vec<String> {
     let (mut failed, mut mine) = (Vec::new(), 0);
     let mut lost = c.lost_locks();
