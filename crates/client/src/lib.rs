@@ -372,11 +372,11 @@ impl Client {
     /// may have been made, and a mount failed such an append with `EIO`
     /// when the session changed between its check and its send. A request
     /// sent and in flight when its session ends fails as any does. What a
-    /// program writes under a lock must not
-    /// reach the server after the lease that held the lock ran out and
-    /// another holder took it: a write queued while the client was
-    /// stopped past its lease would otherwise go out in the new session
-    /// before anyone learned of the loss.
+    /// program writes under a lock must not reach the server after the
+    /// lease that held the lock ran out and another holder took it: a
+    /// write queued while the client was stopped past its lease would
+    /// otherwise go out in the new session before anyone learned of the
+    /// loss.
     pub fn within(&self, settled: u64) -> Client {
         Client { fence: Some(settled), ..self.clone() }
     }

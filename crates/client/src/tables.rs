@@ -140,9 +140,7 @@ impl Tables {
     /// [`session_lost`](Tables::session_lost) fails it. O(parked).
     pub(crate) fn unpark(&mut self, ask: bool) {
         for (id, p) in self.parked.drain() {
-            if !(ask && p.tx.send(Err(NoReply::AskAgain)).is_ok()) {
-                self.once.remove(&id);
-            }
+            no_reply(&mut self.once, id, p, ask);
         }
     }
 
@@ -154,11 +152,19 @@ impl Tables {
     /// O(pending).
     pub(crate) fn session_lost(&mut self, reclaim: bool) {
         for (id, p) in self.pending.drain() {
-            let asks = reclaim && p.once && p.tx.send(Err(NoReply::AskAgain)).is_ok();
-            if p.once && !asks {
-                self.once.remove(&id);
-            }
+            no_reply(&mut self.once, id, p, reclaim);
         }
+    }
+}
+
+/// Request `id`, taken out of the tables, gets no reply in its session: a
+/// change that may not be made twice is told to ask again if `ask`;
+/// otherwise it is dropped (its caller sees
+/// [`ClientError::ConnectionLost`]) and leaves `once`.
+fn no_reply(once: &mut BTreeSet<u64>, id: u64, p: Pending, ask: bool) {
+    let asks = ask && p.once && p.tx.send(Err(NoReply::AskAgain)).is_ok();
+    if p.once && !asks {
+        once.remove(&id);
     }
 }
 

@@ -230,9 +230,8 @@ pub fn runnable_by_anyone() -> (tempfile::TempDir, std::path::PathBuf) {
 
 /// A TCP relay that can stop passing bytes both ways (a partition): while
 /// frozen, neither side hears of the other's close either. It can also
-/// cut its connections. A client it
-/// cannot connect onward (the server is down) is closed, and the relay
-/// goes on.
+/// cut its connections. A client it cannot connect onward (the server is
+/// down) is closed, and the relay goes on.
 pub struct Relay {
     pub addr: String,
     frozen: std::sync::Arc<std::sync::atomic::AtomicBool>,
