@@ -695,6 +695,76 @@ fn a_nowait_lock_on_its_way_at_a_crash_is_asked_again() {
     assert_eq!(server.join().unwrap(), 2, "asked once of each server");
 }
 
+/// An unlock of a DLM lock whose reclaim after a server restart is not
+/// answered yet waits for the answer, and names the lock as the new
+/// server does. Sent at once (until session 52), it named the lock by
+/// the dead server's handle: the new server had no such lock and refused
+/// the unlock, and the reclaim granted just before left the lock held by
+/// the session. A scripted server grants the lock under handle 5, dies,
+/// and comes back (a new boot, in its recovery window); it holds the
+/// reclaim unanswered until the unlock is made, then grants it under 9.
+#[test]
+fn an_unlock_waits_for_its_locks_reclaim() {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap().to_string();
+    let (reclaimed_tx, reclaimed_rx) = std::sync::mpsc::channel();
+    let (unlocking_tx, unlocking_rx) = std::sync::mpsc::channel::<()>();
+    // The next request that asks for an answer (renewals do not).
+    let next = |s: &mut std::net::TcpStream| loop {
+        let frame = try_read_raw_frame(s)?;
+        if let ClientMsg::Request { id, op } = interlock_proto::decode::<ClientMsg>(&frame).unwrap()
+            && id != 0
+        {
+            return Some((id, op));
+        }
+    };
+    let granted = |s: &mut std::net::TcpStream, id, handle| {
+        let grant = interlock_proto::GrantInfo { fence: 1, lvb: None, handle: Some(handle) };
+        send_raw(s, &ServerMsg::Reply { id, reply: interlock_proto::Reply::Granted(grant) });
+    };
+    let server = std::thread::spawn(move || {
+        let mut s = l.incoming().next().unwrap().unwrap();
+        let _hello = read_raw_frame(&mut s);
+        send_raw(&mut s, &scripted_welcome(1, 1, false));
+        let (id, _lock) = next(&mut s).expect("the lock request");
+        granted(&mut s, id, 5);
+        drop(s);
+        let mut s = l.incoming().next().unwrap().unwrap();
+        let _hello = read_raw_frame(&mut s);
+        let mut welcome = scripted_welcome(2, 2, false);
+        if let ServerMsg::Welcome { recovering_ms, .. } = &mut welcome {
+            *recovering_ms = 10_000;
+        }
+        send_raw(&mut s, &welcome);
+        let (reclaim, op) = next(&mut s).expect("the reclaim");
+        assert!(matches!(op, interlock_proto::Op::Lock { reclaim: true, .. }), "{op:?}");
+        reclaimed_tx.send(()).unwrap();
+        unlocking_rx.recv().unwrap();
+        // Whatever the client sends before the reclaim is answered.
+        s.set_read_timeout(Some(Duration::from_millis(300))).unwrap();
+        let early = next(&mut s);
+        s.set_read_timeout(None).unwrap();
+        granted(&mut s, reclaim, 9);
+        let (id, op) = early.clone().or_else(|| next(&mut s)).expect("the unlock");
+        send_raw(&mut s, &ServerMsg::Reply { id, reply: interlock_proto::Reply::Done });
+        (early.map(|(_, op)| op), op)
+    });
+    rt().block_on(async {
+        let c = client(&addr).await;
+        assert_eq!(c.lock(&spec("d", 1)).await.unwrap().handle, Some(5));
+        reclaimed_rx.recv_timeout(Duration::from_secs(10)).expect("the client reclaims its lock");
+        let unlock = tokio::spawn({
+            let c = c.clone();
+            async move { c.dlm_unlock(b"d", 1, 5, None).await }
+        });
+        unlocking_tx.send(()).unwrap();
+        tokio::time::timeout(Duration::from_secs(10), unlock).await.unwrap().unwrap().unwrap();
+    });
+    let (early, unlock) = server.join().unwrap();
+    assert!(early.is_none(), "sent before the reclaim was answered: {early:?}");
+    assert!(matches!(unlock, interlock_proto::Op::DlmUnlock { handle: 9, .. }), "{unlock:?}");
+}
+
 /// A scripted server's welcome: a minute's lease, no recovery window,
 /// nothing received, one namespace.
 fn scripted_welcome(session: u64, boot: u64, resumed: bool) -> ServerMsg {

@@ -152,6 +152,64 @@ fn server_kill_9_and_restart_replays_held_locks() {
     });
 }
 
+/// A DLM lock keeps the handle it was granted under across a server
+/// restart, each handle names one lock, and blocking callbacks name the
+/// lock by it. The restarted server counts its handles afresh: the
+/// reclaimed lock gets another there, and later locks may get the one it
+/// had. Until session 52 the client handed such a lock out under the
+/// reclaimed lock's handle, and unlocking it released neither (the
+/// reclaimed lock's server handle was sent, on the other resource).
+#[test]
+fn a_dlm_handle_names_one_lock_across_a_restart() {
+    let data = tempfile::tempdir().unwrap();
+    let args = ["--recovery-ms", "1000", "--lease-ms", "3000"];
+    let mut server = ServerProc::start(data.path(), "127.0.0.1:0", &args);
+    let addr = server.addr.clone();
+    let dlm = |resource: &str| LockSpec {
+        resource: resource.as_bytes().to_vec(),
+        kind: Kind::Dlm,
+        owner: 1,
+        mode: Mode::EX,
+        range: Range::WHOLE,
+    };
+    let holders = |c: &Client, resource: &'static str| {
+        let c = c.clone();
+        async move { c.inspect(resource.as_bytes()).await.unwrap().holders.len() }
+    };
+    rt().block_on(async {
+        let a = Client::connect(&addr, ClientOptions::default()).await.unwrap();
+        let mut callbacks = a.blocking_callbacks();
+        // Grants before it move the held lock's handle past the first
+        // ones the restarted server gives.
+        const EARLIER: usize = 8;
+        for _ in 0..EARLIER {
+            let g = a.lock(&dlm("s")).await.unwrap();
+            a.dlm_unlock(b"s", 1, g.handle.unwrap(), None).await.unwrap();
+        }
+        let held = a.lock(&dlm("a")).await.unwrap().handle.unwrap();
+        server.kill9();
+        server = ServerProc::start(data.path(), &addr, &args);
+        for _ in 0..2 * EARLIER {
+            let h = a.lock(&dlm("b")).await.unwrap().handle.unwrap();
+            assert_ne!(h, held, "a new lock is handed out under the handle of one still held");
+            a.dlm_unlock(b"b", 1, h, None).await.unwrap();
+            assert_eq!(holders(&a, "b").await, 0, "unlocking the new lock released it");
+            assert_eq!(holders(&a, "a").await, 1, "the reclaimed lock is still held");
+        }
+        let b = Client::connect(&addr, ClientOptions::default()).await.unwrap();
+        let waiter = tokio::spawn({
+            let (b, spec) = (b.clone(), LockSpec { owner: 2, ..dlm("a") });
+            async move { b.lock(&spec).await }
+        });
+        let called = tokio::time::timeout(Duration::from_secs(10), callbacks.recv()).await.unwrap().unwrap();
+        assert_eq!((called.resource.as_slice(), called.handle), (&b"a"[..], held), "the callback names the lock");
+        a.dlm_unlock(b"a", 1, held, None).await.unwrap();
+        tokio::time::timeout(Duration::from_secs(10), waiter).await.unwrap().unwrap().unwrap();
+        let now = b.inspect(b"a").await.unwrap().holders;
+        assert_eq!((now.len(), now[0].session), (1, b.session()), "the unlock released the reclaimed lock");
+    });
+}
+
 #[test]
 fn garbage_on_the_socket_leaves_the_server_serving() {
     let data = tempfile::tempdir().unwrap();

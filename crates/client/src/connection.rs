@@ -15,6 +15,7 @@ use tokio::net::TcpStream;
 use tokio_util::codec::FramedRead;
 
 use crate::clock::{self, Moment};
+use crate::dlm::DlmLock;
 use crate::lease::Lease;
 use crate::tables::Tables;
 use crate::{Answer, Blocking, ClientError, Inner, LostLock, local_effects};
@@ -309,9 +310,12 @@ pub(crate) fn settle(inner: &Arc<Inner>, w: &Welcomed, now: Moment, goodbye: Opt
 /// held open are opened again; without a reclaim, every lock is reported
 /// lost. Then the new session counts as settled.
 fn begin(inner: &Arc<Inner>, mut t: parking_lot::MutexGuard<'_, Tables>, reclaim: bool) {
-    inner.generation.fetch_add(1, Ordering::Relaxed);
+    let generation = inner.generation.fetch_add(1, Ordering::Relaxed) + 1;
     inner.outbox.open();
     t.session_lost(reclaim);
+    if reclaim {
+        t.dlm.reclaiming(generation);
+    }
     inner.received.store(0, Ordering::Relaxed);
     crate::opens::reopen_all(inner, &mut t);
     drop(t);
@@ -336,7 +340,7 @@ pub(crate) async fn run(inner: Arc<Inner>, conn: Conn, settled: Settled) -> Opti
     let tables = inner.clone();
     let writer = tokio::spawn(outbox.write_to(wr, move || tables.tables.lock().pending.len() > 1));
     if settled == Settled::Reclaim {
-        reclaim(&inner);
+        reclaim(&inner, inner.generation.load(Ordering::Relaxed));
     }
     if matches!(settled, Settled::Reclaim | Settled::Lost) {
         resend_waits(&inner);
@@ -402,15 +406,9 @@ pub(crate) async fn run(inner: Arc<Inner>, conn: Conn, settled: Settled) -> Opti
     goodbye
 }
 
-/// What the client holds: each kind's POSIX, OFD and flock locks on each
-/// resource (from the local table), and the DLM locks by handle.
-struct Held {
-    records: Vec<(Kind, Vec<u8>, Vec<interlock_core::HeldLock>)>,
-    dlm: Vec<(u64, crate::tables::DlmEntry)>,
-}
-
-/// Every lock the client holds.
-fn held(inner: &Inner) -> Held {
+/// Each kind's POSIX, OFD and flock locks the client holds on each
+/// resource (from the local table).
+fn held_records(inner: &Inner) -> Vec<(Kind, Vec<u8>, Vec<interlock_core::HeldLock>)> {
     let t = inner.tables.lock();
     let mut records = Vec::new();
     for (kind, resource) in &t.local_resources {
@@ -420,21 +418,15 @@ fn held(inner: &Inner) -> Held {
         let mine = mine.into_iter().filter(|l| owner::kind(l.owner) == *kind).collect();
         records.push((*kind, resource.clone(), mine));
     }
-    Held { records, dlm: t.dlm.iter().map(|(h, e)| (*h, e.clone())).collect() }
-}
-
-/// The handle a caller knows a DLM lock by (its first, before reclaims).
-fn known_handle(inner: &Inner, handle: u64) -> u64 {
-    known_handle_locked(&inner.tables.lock().alias, handle)
+    records
 }
 
 /// The session ended without the server vouching for our locks: each is
 /// reported lost and dropped from the client's tables (local owners
 /// waiting behind a lost lock go on to the server).
 fn lose_all(inner: &Inner) {
-    let Held { records, dlm } = held(inner);
     let mut lost = Vec::new();
-    for (kind, resource, locks) in records {
+    for (kind, resource, locks) in held_records(inner) {
         let mut owners: Vec<u32> = locks.iter().map(|l| owner::number(l.owner)).collect();
         owners.dedup();
         for number in owners {
@@ -442,16 +434,17 @@ fn lose_all(inner: &Inner) {
             lost.push(LostLock { resource: resource.clone(), kind, owner: number, handle: None });
         }
     }
-    {
+    let dlm = {
         let mut t = inner.tables.lock();
         t.local_resources.clear();
-        t.dlm.clear();
+        t.dlm.take_all()
+    };
+    // An unlock or convert waiting for a reclaim's answer learns that
+    // the lock is gone.
+    inner.reclaim_answered.notify_waiters();
+    for (name, lock) in dlm {
+        lost.push(LostLock { resource: lock.resource, kind: Kind::Dlm, owner: lock.owner, handle: Some(name) });
     }
-    for (handle, (resource, number, ..)) in dlm {
-        let handle = Some(known_handle(inner, handle));
-        lost.push(LostLock { resource, kind: Kind::Dlm, owner: number, handle });
-    }
-    inner.tables.lock().alias.clear();
     inner.losses.report(lost);
 }
 
@@ -468,10 +461,10 @@ fn lose_record(inner: &Inner, kind: Kind, resource: &[u8], number: u32) {
 /// the window closed) is a lost lock. Then ask again for what we waited
 /// for ([`resend_waits`]). In that order: during the recovery window the
 /// server holds back a connection's new requests, and the reclaims behind
-/// them with them.
-fn reclaim(inner: &Arc<Inner>) {
-    let Held { records, dlm } = held(inner);
-    for (kind, resource, locks) in records {
+/// them with them. The DLM locks were marked as reclaimed in this
+/// session (`generation`) as it began ([`begin`]).
+fn reclaim(inner: &Arc<Inner>, generation: u64) {
+    for (kind, resource, locks) in held_records(inner) {
         for l in locks {
             let target = Target {
                 resource: resource.clone(),
@@ -483,58 +476,57 @@ fn reclaim(inner: &Arc<Inner>) {
             reclaim_one(inner, target, l.mode as u8, None);
         }
     }
-    for (old, (resource, owner, mode, start, end)) in dlm {
+    let dlm = inner.tables.lock().dlm.to_reclaim(generation);
+    for (name, lock) in dlm {
+        let DlmLock { resource, owner, mode, start, end, .. } = lock;
         let target = Target { resource, kind: Kind::Dlm, owner, start, end };
-        reclaim_one(inner, target, mode, Some(old));
+        reclaim_one(inner, target, mode, Some((name, generation)));
     }
 }
 
-/// Sends one reclaim; its answer moves a DLM lock to its new handle, or
-/// reports the lock lost.
-fn reclaim_one(inner: &Arc<Inner>, target: Target, mode: u8, handle: Option<u64>) {
+/// Sends one reclaim; its answer moves a DLM lock (`dlm`: its name, and
+/// the session reclaiming it) to its new server handle, or reports the
+/// lock lost.
+fn reclaim_one(inner: &Arc<Inner>, target: Target, mode: u8, dlm: Option<(u64, u64)>) {
     let id = inner.next_id.fetch_add(1, Ordering::Relaxed);
     let op = Op::Lock { target: target.clone(), mode, wait: false, reclaim: true };
-    let Ok(rx) = inner.tables.lock().send(&inner.outbox, id, &op) else { return };
+    let sent = inner.tables.lock().send(&inner.outbox, id, &op);
     let weak = Arc::downgrade(inner);
     tokio::spawn(async move {
-        let reply = rx.await;
+        let reply = match sent {
+            Ok(rx) => rx.await.ok(),
+            Err(_) => None,
+        };
         let Some(inner) = weak.upgrade() else { return };
-        match (reply, handle) {
-            (Ok(Ok(Reply::Granted(g))), Some(old)) => {
-                if let Some(new) = g.handle {
-                    let mut t = inner.tables.lock();
-                    if let Some(entry) = t.dlm.remove(&old) {
-                        t.dlm.insert(new, entry);
-                    }
-                    let first = known_handle_locked(&t.alias, old);
-                    t.alias.insert(first, new);
-                }
-            }
-            (Ok(Ok(Reply::Granted(_))), None) => {}
+        let server = match &reply {
+            Some(Ok(Reply::Granted(g))) => Some(g.handle),
             // Refused, or the session changed again before the answer.
-            (_, handle) => {
-                tracing::warn!(resource = %String::from_utf8_lossy(&target.resource), "reclaim refused");
-                if let Some(old) = handle {
-                    inner.tables.lock().dlm.remove(&old);
-                } else {
-                    lose_record(&inner, target.kind, &target.resource, target.owner);
-                }
-                let lost = LostLock {
-                    resource: target.resource,
-                    kind: target.kind,
-                    owner: target.owner,
-                    handle: handle.map(|h| known_handle(&inner, h)),
-                };
-                inner.losses.report([lost]);
+            _ => None,
+        };
+        let lost = match (dlm, server) {
+            (Some((name, generation)), server) => {
+                let lost = inner.tables.lock().dlm.reclaimed(name, generation, server.flatten());
+                inner.reclaim_answered.notify_waiters();
+                // Lost unless a later session reclaims it, or it was lost
+                // with the session meanwhile.
+                lost.map(|_| Some(name))
             }
+            (None, Some(_)) => None,
+            (None, None) => {
+                lose_record(&inner, target.kind, &target.resource, target.owner);
+                Some(None)
+            }
+        };
+        if let Some(handle) = lost {
+            tracing::warn!(resource = %String::from_utf8_lossy(&target.resource), "reclaim refused");
+            inner.losses.report([LostLock {
+                resource: target.resource,
+                kind: target.kind,
+                owner: target.owner,
+                handle,
+            }]);
         }
     });
-}
-
-/// The first handle of a DLM lock now known by `handle`, with the alias
-/// table in hand.
-fn known_handle_locked(alias: &foldhash::HashMap<u64, u64>, handle: u64) -> u64 {
-    alias.iter().find(|(_, new)| **new == handle).map_or(handle, |(old, _)| *old)
 }
 
 /// In a new session, asks again for what we waited for: the old session's
@@ -597,6 +589,7 @@ fn dispatch(inner: &Arc<Inner>, msg: ServerMsg) {
         }
         ServerMsg::Blocking { resource, handle, owner, held, wanted } => {
             if let Some(tx) = inner.blocking.lock().as_ref() {
+                let handle = inner.tables.lock().dlm.name_of(handle);
                 let _ = tx.send(Blocking { resource, handle, owner, held, wanted });
             }
         }

@@ -74,6 +74,7 @@
 
 mod clock;
 mod connection;
+mod dlm;
 mod error;
 mod guard;
 mod lease;
@@ -93,7 +94,7 @@ use interlock_core::LockSpace;
 use interlock_proto::meta::{Asking, Once};
 use interlock_proto::{ClientMsgRef, Op, Reply, ResourceInfo, Secret, StatusInfo};
 use parking_lot::Mutex;
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::{Notify, mpsc, oneshot, watch};
 
 use clock::Moment;
 pub use error::ClientError;
@@ -164,6 +165,8 @@ struct Inner {
     lease_ms: AtomicU64,
     outbox: Arc<Outbox>,
     tables: Mutex<Tables>,
+    /// Woken when a DLM lock's reclaim is answered (see `dlm`).
+    reclaim_answered: Notify,
     /// The client's own owners' locks, as granted by the server.
     local: LockSpace,
     blocking: Mutex<Option<mpsc::UnboundedSender<Blocking>>>,
@@ -304,6 +307,7 @@ impl Client {
             lease_ms: AtomicU64::new(0),
             outbox: Arc::default(),
             tables: Mutex::new(Tables::default()),
+            reclaim_answered: Notify::new(),
             local: LockSpace::default(),
             blocking: Mutex::new(None),
             closed: AtomicBool::new(false),
@@ -496,13 +500,19 @@ impl Client {
     /// restarted, is asked about again in the new session (see
     /// [`NoReply::AskAgain`]): its caller sees one answer.
     async fn request_in(&self, op: Op) -> Result<(Reply, u64), ClientError> {
-        let (id, mut sent) = match op {
+        let (id, sent) = match op {
             Op::Meta { once: Some(_), .. } => self.inner.submit_once(op, None, self.fence)?,
             op => {
                 let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
                 (id, self.inner.submit(id, op, false, self.fence)?)
             }
         };
+        self.answer(id, sent).await
+    }
+
+    /// The reply to request `id`, which went out as `sent` and does not
+    /// wait, and the session (generation) it came in.
+    async fn answer(&self, id: u64, mut sent: Submitted) -> Result<(Reply, u64), ClientError> {
         loop {
             match sent.reply_rx.await.map_err(|_| ClientError::ConnectionLost)? {
                 Err(NoReply::AskAgain) => {

@@ -8,8 +8,10 @@ use interlock_core::{Effect, Mode, Outcome};
 use interlock_proto::{ConflictInfo, GrantInfo, Kind, Op, Reply};
 use tokio::sync::oneshot;
 
+use crate::dlm::{At, DlmLock};
 use crate::guard::{LocalWait, WaitGuard};
 use crate::spec::{core_kind, local_owner};
+use crate::tables::Submitted;
 use crate::{Client, ClientError, Inner, LockSpec};
 
 impl Client {
@@ -111,8 +113,8 @@ impl Client {
         };
         guard.done();
         match reply {
-            Reply::Granted(g) => {
-                self.record(spec, &g, local, generation)?;
+            Reply::Granted(mut g) => {
+                g.handle = self.record(spec, &g, local, generation)?;
                 Ok(Some(g))
             }
             Reply::WouldBlock => Ok(None),
@@ -156,7 +158,14 @@ impl Client {
     /// (its lease ran out): [`ClientError::LockLost`]. Under the tables'
     /// lock, as the loss of a session is, so a grant is either recorded
     /// before a loss (and reported lost with the rest) or refused here.
-    fn record(&self, spec: &LockSpec, grant: &GrantInfo, local: bool, generation: u64) -> Result<(), ClientError> {
+    /// Returns a DLM lock's name (see `dlm`).
+    fn record(
+        &self,
+        spec: &LockSpec,
+        grant: &GrantInfo,
+        local: bool,
+        generation: u64,
+    ) -> Result<Option<u64>, ClientError> {
         let mut t = self.inner.tables.lock();
         if self.inner.generation.load(Ordering::Relaxed) != generation {
             return Err(ClientError::LockLost);
@@ -168,13 +177,20 @@ impl Client {
             }
             t.local_resources.insert((spec.kind, spec.resource.clone()));
         }
-        if let Some(h) = grant.handle {
-            let entry = (spec.resource.clone(), spec.owner, spec.mode as u8, spec.range.start(), spec.range.end());
-            t.dlm.insert(h, entry);
-        }
+        let name = grant.handle.map(|server| {
+            let lock = DlmLock {
+                resource: spec.resource.clone(),
+                owner: spec.owner,
+                mode: spec.mode as u8,
+                start: spec.range.start(),
+                end: spec.range.end(),
+                at: At::Held(server),
+            };
+            t.dlm.insert(server, lock)
+        });
         drop(t);
         local_effects(&self.inner, effects);
-        Ok(())
+        Ok(name)
     }
 
     /// Releases `spec.range` of the owner (POSIX, OFD, flock). Sent at
@@ -228,11 +244,52 @@ impl Client {
         }
     }
 
-    fn handle_of(&self, handle: u64) -> u64 {
-        *self.inner.tables.lock().alias.get(&handle).unwrap_or(&handle)
+    /// Sends request `id`, `op` on the server's handle for the caller's
+    /// DLM lock `handle` of `owner` on `resource`, once that lock's
+    /// reclaim (if one is on its way) is answered. Under the tables' lock,
+    /// which a new session takes to mark the locks it reclaims, so the
+    /// request names the lock as the server it reaches knows it, or goes
+    /// nowhere. An unlock (`take`) takes the lock out of the table as it
+    /// goes. Refused if this client holds no such lock (never granted,
+    /// unlocked, or lost).
+    async fn send_on_dlm_lock(
+        &self,
+        (resource, owner, handle): (&[u8], u32, u64),
+        id: u64,
+        take: bool,
+        wait: bool,
+        op: impl Fn(u64) -> Op,
+    ) -> Result<Submitted, ClientError> {
+        loop {
+            let answered = self.inner.reclaim_answered.notified();
+            tokio::pin!(answered);
+            answered.as_mut().enable();
+            {
+                let mut t = self.inner.tables.lock();
+                let at = t.dlm.get(handle).filter(|l| l.resource == resource && l.owner == owner).map(|l| l.at);
+                match at {
+                    None => {
+                        return Err(ClientError::Invalid(format!(
+                            "this client holds no DLM lock {handle} of owner {owner} on this resource"
+                        )));
+                    }
+                    Some(At::Held(server)) => {
+                        self.inner.fenced(self.fence)?;
+                        if take {
+                            t.dlm.remove(handle);
+                        }
+                        return self.inner.submit_listed(&mut t, id, op(server), wait);
+                    }
+                    Some(At::Reclaiming(_)) => {}
+                }
+            }
+            answered.await;
+        }
     }
 
-    /// Releases a DLM lock, storing `lvb` if it was held PW or EX.
+    /// Releases a DLM lock, storing `lvb` if it was held PW or EX. The
+    /// lock leaves the client's table as the request goes, so its handle
+    /// may name a later lock.
     pub async fn dlm_unlock(
         &self,
         resource: &[u8],
@@ -240,17 +297,10 @@ impl Client {
         handle: u64,
         lvb: Option<Vec<u8>>,
     ) -> Result<(), ClientError> {
-        // The lock's name after reclaims leaves with it: servers reuse
-        // handles, and a later lock granted under this one's first handle
-        // would otherwise be unlocked as this one (not at all, the lock
-        // left held by its session). Until session 50 it stayed.
-        let handle = {
-            let mut t = self.inner.tables.lock();
-            let handle = t.alias.remove(&handle).unwrap_or(handle);
-            t.dlm.remove(&handle);
-            handle
-        };
-        self.request(Op::DlmUnlock { resource: resource.to_vec(), owner, handle, lvb }).await.map(drop)
+        let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
+        let op = |handle| Op::DlmUnlock { resource: resource.to_vec(), owner, handle, lvb: lvb.clone() };
+        let sent = self.send_on_dlm_lock((resource, owner, handle), id, true, false, op).await?;
+        self.answer(id, sent).await.map(drop)
     }
 
     /// Converts a DLM lock; `None` if `wait` is false and it would block.
@@ -262,10 +312,10 @@ impl Client {
         mode: Mode,
         wait: bool,
     ) -> Result<Option<GrantInfo>, ClientError> {
-        let handle = self.handle_of(handle);
         let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
-        let op = Op::DlmConvert { resource: resource.to_vec(), owner, handle, mode: mode as u8, wait, lvb: None };
-        let sent = self.inner.submit(id, op, wait, self.fence)?;
+        let op =
+            |handle| Op::DlmConvert { resource: resource.to_vec(), owner, handle, mode: mode as u8, wait, lvb: None };
+        let sent = self.send_on_dlm_lock((resource, owner, handle), id, false, wait, op).await?;
         let reply = sent.reply_rx.await.map_err(|_| ClientError::ConnectionLost).and_then(|r| Ok(r?));
         let reply = match (reply, sent.grant_rx) {
             (Ok(Reply::Queued), Some(grant_rx)) => {
@@ -274,7 +324,7 @@ impl Client {
             (reply, _) => reply,
         };
         let out = match reply {
-            Ok(Reply::Granted(g)) => Ok(Some(g)),
+            Ok(Reply::Granted(g)) => Ok(Some(GrantInfo { handle: Some(handle), ..g })),
             Ok(Reply::WouldBlock) => Ok(None),
             Ok(Reply::Deadlock) => Err(ClientError::Deadlock),
             Ok(Reply::Error(e)) => Err(ClientError::Server(e)),
@@ -284,8 +334,8 @@ impl Client {
         };
         let mut t = self.inner.tables.lock();
         t.waits.remove(&id);
-        if let (Ok(Some(_)), Some(d)) = (&out, t.dlm.get_mut(&handle)) {
-            d.2 = mode as u8;
+        if let Ok(Some(_)) = &out {
+            t.dlm.set_mode(handle, mode as u8);
         }
         out
     }

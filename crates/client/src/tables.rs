@@ -8,11 +8,9 @@ use std::collections::BTreeSet;
 use interlock_proto::{ClientMsgRef, Kind, Op, Reply};
 use tokio::sync::oneshot;
 
+use crate::dlm::DlmLocks;
 use crate::outbox::Outbox;
 use crate::{ClientError, opens};
-
-/// A DLM lock held: (resource, owner, mode, start, end).
-pub(crate) type DlmEntry = (Vec<u8>, u32, u8, u64, u64);
 
 /// What comes back for a request: its reply, or why none will come in
 /// its session.
@@ -70,11 +68,8 @@ pub(crate) struct Tables {
     pub(crate) local_waits: HashMap<u64, oneshot::Sender<()>>,
     /// Resources with locks in the local table (for reclaim).
     pub(crate) local_resources: HashSet<(Kind, Vec<u8>)>,
-    /// DLM locks held, by handle.
-    pub(crate) dlm: HashMap<u64, DlmEntry>,
-    /// After a reclaim, the new handle of a DLM lock the user knows by its
-    /// old one.
-    pub(crate) alias: HashMap<u64, u64>,
+    /// DLM locks held, by the handle their callers know them by.
+    pub(crate) dlm: DlmLocks,
     /// Files held open at the server, to open again in a new session.
     pub(crate) opens: opens::Opens,
     /// The ids of the changes that may not be made twice and are not yet

@@ -1,0 +1,210 @@
+//! The DLM locks a client holds, each under the handle its caller knows
+//! it by (its *name*), with the server's handle for it now.
+//!
+//! A DLM lock's handle is the server's: a tag it counts from 1 at each
+//! start, over the lock's slot in the resource. A server that restarts
+//! while the client's lease runs grants each reclaimed lock anew, under a
+//! handle of its own, and may give a later lock the very handle a
+//! reclaimed lock was first granted under. So the caller's name for a
+//! lock is not the server's handle once a restart came between:
+//! - a lock is named by the handle of its first grant, unless a lock
+//!   still held has that name (only after a restart), when it gets a
+//!   number no held lock has;
+//! - a reclaim moves the lock to its new server handle and keeps its
+//!   name;
+//! - unlocks and converts wait while the lock's reclaim is unanswered, so
+//!   that they name the lock as the new server knows it (sent before, an
+//!   unlock named a lock the new server did not have, and the reclaim
+//!   after it left the lock held by the session);
+//! - a blocking callback names the lock as its caller knows it.
+//!
+//! Until session 52 the client kept only "first handle → new handle" and
+//! a lock granted under a reclaimed lock's first handle was unlocked as
+//! the reclaimed one: the unlock released neither.
+
+use foldhash::HashMap;
+
+/// One DLM lock held.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct DlmLock {
+    pub resource: Vec<u8>,
+    pub owner: u32,
+    pub mode: u8,
+    pub start: u64,
+    pub end: u64,
+    pub at: At,
+}
+
+/// Where the server stands on a lock.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum At {
+    /// Held under this server handle.
+    Held(u64),
+    /// Being reclaimed in the session of this generation: the new server
+    /// has not answered yet.
+    Reclaiming(u64),
+}
+
+/// The DLM locks held, by name, and the names by server handle. Every
+/// operation is O(1) expected, but [`DlmLocks::reclaiming`] and
+/// [`DlmLocks::take_all`], O(n).
+#[derive(Debug, Default)]
+pub(crate) struct DlmLocks {
+    by_name: HashMap<u64, DlmLock>,
+    /// Server handle -> name, for the locks [`At::Held`].
+    names: HashMap<u64, u64>,
+    /// The last name given for want of the server's (counts down from
+    /// the top, wrapping).
+    spare: u64,
+}
+
+impl DlmLocks {
+    /// Records a lock just granted under server handle `server` and
+    /// returns its name: `server`, unless a held lock has that name; then
+    /// the next number down from the top that no held lock has (server
+    /// handles are small tags over small slots, far below).
+    pub fn insert(&mut self, server: u64, mut lock: DlmLock) -> u64 {
+        let mut name = server;
+        while self.by_name.contains_key(&name) {
+            self.spare = self.spare.wrapping_sub(1);
+            name = self.spare;
+        }
+        lock.at = At::Held(server);
+        self.names.insert(server, name);
+        self.by_name.insert(name, lock);
+        name
+    }
+
+    pub fn get(&self, name: u64) -> Option<&DlmLock> {
+        self.by_name.get(&name)
+    }
+
+    /// The name of the lock the server calls `server`; `server` itself
+    /// for a lock not recorded (a callback that overtook the grant, which
+    /// will be named so unless a reclaimed lock has that name).
+    pub fn name_of(&self, server: u64) -> u64 {
+        self.names.get(&server).copied().unwrap_or(server)
+    }
+
+    /// Forgets lock `name` (unlocked, or lost).
+    pub fn remove(&mut self, name: u64) -> Option<DlmLock> {
+        let lock = self.by_name.remove(&name)?;
+        if let At::Held(server) = lock.at {
+            self.names.remove(&server);
+        }
+        Some(lock)
+    }
+
+    pub fn set_mode(&mut self, name: u64, mode: u8) {
+        if let Some(lock) = self.by_name.get_mut(&name) {
+            lock.mode = mode;
+        }
+    }
+
+    /// A new session of `generation` reclaims every lock: each is marked
+    /// so, and the server handles are forgotten. O(n).
+    pub fn reclaiming(&mut self, generation: u64) {
+        self.names.clear();
+        for lock in self.by_name.values_mut() {
+            lock.at = At::Reclaiming(generation);
+        }
+    }
+
+    /// The locks to reclaim in the session of `generation`. O(n).
+    pub fn to_reclaim(&self, generation: u64) -> Vec<(u64, DlmLock)> {
+        let mut out: Vec<_> = self
+            .by_name
+            .iter()
+            .filter(|(_, l)| l.at == At::Reclaiming(generation))
+            .map(|(n, l)| (*n, l.clone()))
+            .collect();
+        out.sort_unstable_by_key(|(n, _)| *n);
+        out
+    }
+
+    /// The answer to lock `name`'s reclaim in the session of
+    /// `generation`: held under `server` now (`Some`), or refused (the
+    /// lock is forgotten and returned, to be reported lost). A later
+    /// session's reclaim owns the lock if there is one, and an answer from
+    /// an earlier one changes nothing (`None`).
+    pub fn reclaimed(&mut self, name: u64, generation: u64, server: Option<u64>) -> Option<DlmLock> {
+        let lock = self.by_name.get_mut(&name).filter(|l| l.at == At::Reclaiming(generation))?;
+        match server {
+            Some(server) => {
+                lock.at = At::Held(server);
+                self.names.insert(server, name);
+                None
+            }
+            None => self.by_name.remove(&name),
+        }
+    }
+
+    /// Forgets every lock (the session is lost), returning each with its
+    /// name. O(n).
+    pub fn take_all(&mut self) -> Vec<(u64, DlmLock)> {
+        self.names.clear();
+        let mut out: Vec<_> = self.by_name.drain().collect();
+        out.sort_unstable_by_key(|(n, _)| *n);
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lock(resource: &str) -> DlmLock {
+        DlmLock { resource: resource.into(), owner: 1, mode: 5, start: 0, end: 9, at: At::Held(0) }
+    }
+
+    #[test]
+    fn a_reclaimed_lock_keeps_its_name_and_a_new_lock_under_it_gets_another() {
+        let mut t = DlmLocks::default();
+        assert_eq!(t.insert(7, lock("a")), 7);
+        t.reclaiming(2);
+        assert_eq!(t.to_reclaim(2).len(), 1);
+        assert_eq!(t.reclaimed(7, 1, Some(3)), None, "an earlier session's answer is ignored");
+        assert_eq!(t.get(7).unwrap().at, At::Reclaiming(2));
+        assert_eq!(t.reclaimed(7, 2, Some(3)), None);
+        assert_eq!((t.get(7).unwrap().at, t.name_of(3)), (At::Held(3), 7));
+        // The restarted server grants another lock under 7.
+        let other = t.insert(7, lock("b"));
+        assert_ne!(other, 7);
+        assert_eq!((t.name_of(7), t.name_of(3)), (other, 7));
+        assert_eq!(t.remove(other).unwrap().resource, b"b");
+        assert_eq!(t.remove(7).unwrap().resource, b"a");
+        assert_eq!(t.name_of(3), 3, "forgotten with its lock");
+    }
+
+    #[test]
+    fn a_refused_reclaim_forgets_the_lock_and_a_loss_forgets_all() {
+        let mut t = DlmLocks::default();
+        t.insert(1, lock("a"));
+        t.insert(2, lock("b"));
+        t.reclaiming(5);
+        assert_eq!(t.reclaimed(1, 5, None).unwrap().resource, b"a");
+        assert_eq!(t.reclaimed(1, 5, Some(9)), None, "gone");
+        assert!(t.get(1).is_none());
+        let all = t.take_all();
+        assert_eq!(all.iter().map(|(n, _)| *n).collect::<Vec<_>>(), [2]);
+        assert!(t.to_reclaim(5).is_empty());
+    }
+
+    #[test]
+    fn names_stay_distinct_whatever_the_server_hands_out() {
+        let mut t = DlmLocks::default();
+        let mut names = std::collections::HashSet::new();
+        for round in 0..4u64 {
+            t.reclaiming(round);
+            for (name, _) in t.to_reclaim(round) {
+                t.reclaimed(name, round, Some(name ^ 0xFF));
+            }
+            // A server that hands out handles already used as names.
+            for server in 0..20 {
+                names.insert(t.insert(server, lock("x")));
+            }
+            let held: Vec<_> = t.by_name.keys().copied().collect();
+            assert_eq!(held.len(), names.len(), "every name names one lock");
+        }
+    }
+}
