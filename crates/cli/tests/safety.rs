@@ -695,39 +695,48 @@ fn a_nowait_lock_on_its_way_at_a_crash_is_asked_again() {
     assert_eq!(server.join().unwrap(), 2, "asked once of each server");
 }
 
-/// An unlock of a DLM lock whose reclaim after a server restart is not
-/// answered yet waits for the answer, and names the lock as the new
-/// server does. Sent at once (until session 52), it named the lock by
-/// the dead server's handle: the new server had no such lock and refused
-/// the unlock, and the reclaim granted just before left the lock held by
-/// the session. A scripted server grants the lock under handle 5, dies,
-/// and comes back (a new boot, in its recovery window); it holds the
-/// reclaim unanswered until the unlock is made, then grants it under 9.
-#[test]
-fn an_unlock_waits_for_its_locks_reclaim() {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = l.local_addr().unwrap().to_string();
-    let (reclaimed_tx, reclaimed_rx) = std::sync::mpsc::channel();
-    let (unlocking_tx, unlocking_rx) = std::sync::mpsc::channel::<()>();
-    // The next request that asks for an answer (renewals do not).
-    let next = |s: &mut std::net::TcpStream| loop {
+/// The next request on a raw connection that asks for an answer
+/// (renewals do not); `None` once nothing more comes.
+fn next_request(s: &mut std::net::TcpStream) -> Option<(u64, interlock_proto::Op)> {
+    loop {
         let frame = try_read_raw_frame(s)?;
         if let ClientMsg::Request { id, op } = interlock_proto::decode::<ClientMsg>(&frame).unwrap()
             && id != 0
         {
             return Some((id, op));
         }
-    };
-    let granted = |s: &mut std::net::TcpStream, id, handle| {
-        let grant = interlock_proto::GrantInfo { fence: 1, lvb: None, handle: Some(handle) };
-        send_raw(s, &ServerMsg::Reply { id, reply: interlock_proto::Reply::Granted(grant) });
-    };
+    }
+}
+
+fn grant_dlm(s: &mut std::net::TcpStream, id: u64, handle: u64) {
+    let grant = interlock_proto::GrantInfo { fence: 1, lvb: None, handle: Some(handle) };
+    send_raw(s, &ServerMsg::Reply { id, reply: interlock_proto::Reply::Granted(grant) });
+}
+
+/// A scripted server that grants a client's first request, a DLM lock,
+/// under handle 5, lets `then` answer what comes next, and dies. It
+/// comes back (a new boot, in its recovery window) and reads the
+/// reclaim, says so on `reclaimed`, and waits for `go`; then it holds the
+/// reclaim unanswered a while, to see whether anything comes before its
+/// answer; then, with `grant`, it grants it under handle 9, and answers
+/// the request about the lock that comes next (a convert is granted);
+/// without, it refuses it. Returns what came early, and that request.
+type Script = (Option<interlock_proto::Op>, Option<interlock_proto::Op>);
+fn restarting_dlm_server(
+    then: impl FnOnce(&mut std::net::TcpStream) + Send + 'static,
+    grant: bool,
+    reclaimed: std::sync::mpsc::Sender<()>,
+    go: std::sync::mpsc::Receiver<()>,
+) -> (String, std::thread::JoinHandle<Script>) {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap().to_string();
     let server = std::thread::spawn(move || {
         let mut s = l.incoming().next().unwrap().unwrap();
         let _hello = read_raw_frame(&mut s);
         send_raw(&mut s, &scripted_welcome(1, 1, false));
-        let (id, _lock) = next(&mut s).expect("the lock request");
-        granted(&mut s, id, 5);
+        let (id, _lock) = next_request(&mut s).expect("the lock request");
+        grant_dlm(&mut s, id, 5);
+        then(&mut s);
         drop(s);
         let mut s = l.incoming().next().unwrap().unwrap();
         let _hello = read_raw_frame(&mut s);
@@ -736,19 +745,41 @@ fn an_unlock_waits_for_its_locks_reclaim() {
             *recovering_ms = 10_000;
         }
         send_raw(&mut s, &welcome);
-        let (reclaim, op) = next(&mut s).expect("the reclaim");
+        let (reclaim, op) = next_request(&mut s).expect("the reclaim");
         assert!(matches!(op, interlock_proto::Op::Lock { reclaim: true, .. }), "{op:?}");
-        reclaimed_tx.send(()).unwrap();
-        unlocking_rx.recv().unwrap();
-        // Whatever the client sends before the reclaim is answered.
+        reclaimed.send(()).unwrap();
+        go.recv().unwrap();
         s.set_read_timeout(Some(Duration::from_millis(300))).unwrap();
-        let early = next(&mut s);
+        let early = next_request(&mut s);
         s.set_read_timeout(None).unwrap();
-        granted(&mut s, reclaim, 9);
-        let (id, op) = early.clone().or_else(|| next(&mut s)).expect("the unlock");
-        send_raw(&mut s, &ServerMsg::Reply { id, reply: interlock_proto::Reply::Done });
-        (early.map(|(_, op)| op), op)
+        if !grant {
+            let refused = interlock_proto::Reply::Error("reclaim refused".into());
+            send_raw(&mut s, &ServerMsg::Reply { id: reclaim, reply: refused });
+            return (early.map(|(_, op)| op), None);
+        }
+        grant_dlm(&mut s, reclaim, 9);
+        let (id, op) = early.clone().or_else(|| next_request(&mut s)).expect("a request about the lock");
+        if matches!(op, interlock_proto::Op::DlmConvert { .. }) {
+            grant_dlm(&mut s, id, 9);
+        } else {
+            send_raw(&mut s, &ServerMsg::Reply { id, reply: interlock_proto::Reply::Done });
+        }
+        (early.map(|(_, op)| op), Some(op))
     });
+    (addr, server)
+}
+
+/// An unlock of a DLM lock whose reclaim after a server restart is not
+/// answered yet waits for the answer, and names the lock as the new
+/// server does. Sent at once (until session 52), it named the lock by
+/// the dead server's handle: the new server had no such lock and refused
+/// the unlock, and the reclaim granted just before left the lock held by
+/// the session.
+#[test]
+fn an_unlock_waits_for_its_locks_reclaim() {
+    let (reclaimed_tx, reclaimed_rx) = std::sync::mpsc::channel();
+    let (go_tx, go_rx) = std::sync::mpsc::channel();
+    let (addr, server) = restarting_dlm_server(|_| {}, true, reclaimed_tx, go_rx);
     rt().block_on(async {
         let c = client(&addr).await;
         assert_eq!(c.lock(&spec("d", 1)).await.unwrap().handle, Some(5));
@@ -757,12 +788,59 @@ fn an_unlock_waits_for_its_locks_reclaim() {
             let c = c.clone();
             async move { c.dlm_unlock(b"d", 1, 5, None).await }
         });
-        unlocking_tx.send(()).unwrap();
+        go_tx.send(()).unwrap();
         tokio::time::timeout(Duration::from_secs(10), unlock).await.unwrap().unwrap().unwrap();
     });
     let (early, unlock) = server.join().unwrap();
     assert!(early.is_none(), "sent before the reclaim was answered: {early:?}");
-    assert!(matches!(unlock, interlock_proto::Op::DlmUnlock { handle: 9, .. }), "{unlock:?}");
+    assert!(matches!(unlock, Some(interlock_proto::Op::DlmUnlock { handle: 9, .. })), "{unlock:?}");
+}
+
+/// A convert that waits across a server restart is asked of the new
+/// server once its lock's reclaim is answered, under the lock's new
+/// handle, and its caller gets the lock's handle as it knows it; if the
+/// reclaim is refused, the convert fails and the lock is reported lost.
+/// Until session 52 it was asked again at once under the dead server's
+/// handle, and failed ("no DLM lock").
+#[test]
+fn a_waiting_convert_is_asked_again_once_its_lock_is_reclaimed() {
+    for grant in [true, false] {
+        let (reclaimed_tx, reclaimed_rx) = std::sync::mpsc::channel();
+        let (go_tx, go_rx) = std::sync::mpsc::channel();
+        let queue_convert = |s: &mut std::net::TcpStream| {
+            let (id, op) = next_request(s).expect("the convert");
+            assert!(matches!(op, interlock_proto::Op::DlmConvert { handle: 5, .. }), "{op:?}");
+            send_raw(s, &ServerMsg::Reply { id, reply: interlock_proto::Reply::Queued });
+        };
+        let (addr, server) = restarting_dlm_server(queue_convert, grant, reclaimed_tx, go_rx);
+        let c = rt().block_on(async {
+            let c = client(&addr).await;
+            assert_eq!(c.lock(&spec("d", 1)).await.unwrap().handle, Some(5));
+            let convert = tokio::spawn({
+                let c = c.clone();
+                async move { c.convert(b"d", 1, 5, Mode::PR, true).await }
+            });
+            reclaimed_rx.recv_timeout(Duration::from_secs(10)).expect("the client reclaims its lock");
+            go_tx.send(()).unwrap();
+            let converted = tokio::time::timeout(Duration::from_secs(10), convert).await.unwrap().unwrap();
+            if grant {
+                assert_eq!(converted.unwrap().unwrap().handle, Some(5), "the handle its caller knows");
+            } else {
+                let e = converted.unwrap_err();
+                assert!(e.to_string().contains("lost"), "{e}");
+            }
+            c
+        });
+        let (early, convert) = server.join().unwrap();
+        assert!(early.is_none(), "sent before the reclaim was answered: {early:?}");
+        if grant {
+            assert!(matches!(convert, Some(interlock_proto::Op::DlmConvert { handle: 9, .. })), "{convert:?}");
+            assert!(c.lost_since(0).is_empty());
+        } else {
+            let lost = c.lost_since(0);
+            assert_eq!((lost.len(), lost[0].handle), (1, Some(5)), "{lost:?}");
+        }
+    }
 }
 
 /// A scripted server's welcome: a minute's lease, no recovery window,

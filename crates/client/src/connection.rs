@@ -15,7 +15,7 @@ use tokio::net::TcpStream;
 use tokio_util::codec::FramedRead;
 
 use crate::clock::{self, Moment};
-use crate::dlm::DlmLock;
+use crate::dlm::{DlmLock, Reclaimed};
 use crate::lease::Lease;
 use crate::tables::Tables;
 use crate::{Answer, Blocking, ClientError, Inner, LostLock, local_effects};
@@ -503,18 +503,29 @@ fn reclaim_one(inner: &Arc<Inner>, target: Target, mode: u8, dlm: Option<(u64, u
             // Refused, or the session changed again before the answer.
             _ => None,
         };
-        let lost = match (dlm, server) {
+        // The lock lost (a DLM lock's name), and its converts to fail
+        // once the loss is reported.
+        let (lost, fail) = match (dlm, server) {
             (Some((name, generation)), server) => {
-                let lost = inner.tables.lock().dlm.reclaimed(name, generation, server.flatten());
-                inner.reclaim_answered.notify_waiters();
-                // Lost unless a later session reclaims it, or it was lost
+                let mut t = inner.tables.lock();
+                // None if a later session reclaims it, or it was lost
                 // with the session meanwhile.
-                lost.map(|_| Some(name))
+                let answered = t.dlm.reclaimed(name, generation, server.flatten());
+                let out = match answered {
+                    Some(Reclaimed::Moved { now, converts }) => {
+                        t.converts_reclaimed(&inner.outbox, converts, Some(now), generation);
+                        (None, None)
+                    }
+                    Some(Reclaimed::Lost { converts, .. }) => (Some(Some(name)), Some((converts, generation))),
+                    None => (None, None),
+                };
+                drop(t);
+                out
             }
-            (None, Some(_)) => None,
+            (None, Some(_)) => (None, None),
             (None, None) => {
                 lose_record(&inner, target.kind, &target.resource, target.owner);
-                Some(None)
+                (Some(None), None)
             }
         };
         if let Some(handle) = lost {
@@ -526,6 +537,13 @@ fn reclaim_one(inner: &Arc<Inner>, target: Target, mode: u8, dlm: Option<(u64, u
                 handle,
             }]);
         }
+        // Callers learn of a lost lock after it is reported.
+        if let Some((converts, generation)) = fail {
+            inner.tables.lock().converts_reclaimed(&inner.outbox, converts, None, generation);
+        }
+        if dlm.is_some() {
+            inner.reclaim_answered.notify_waiters();
+        }
     });
 }
 
@@ -533,11 +551,20 @@ fn reclaim_one(inner: &Arc<Inner>, target: Target, mode: u8, dlm: Option<(u64, u
 /// waits went with it. Their answers come through each wait's
 /// `grant_tx`.
 fn resend_waits(inner: &Inner) {
-    let t = inner.tables.lock();
+    let mut t = inner.tables.lock();
+    let t = &mut *t;
     for (&id, w) in &t.waits {
-        if w.grant_tx.is_some() {
-            let _ = inner.outbox.send(&ClientMsgRef::Request { id, op: &w.op });
+        if w.grant_tx.is_none() {
+            continue;
         }
+        // A convert of a DLM lock being reclaimed goes once the reclaim
+        // is answered, under the lock's new handle (`reclaim_one`).
+        if let Op::DlmConvert { handle, .. } = w.op
+            && t.dlm.hold_back(handle, id)
+        {
+            continue;
+        }
+        let _ = inner.outbox.send(&ClientMsgRef::Request { id, op: &w.op });
     }
 }
 

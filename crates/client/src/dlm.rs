@@ -16,6 +16,8 @@
 //!   that they name the lock as the new server knows it (sent before, an
 //!   unlock named a lock the new server did not have, and the reclaim
 //!   after it left the lock held by the session);
+//! - a convert that waited across the restart is held back until then
+//!   too, and goes again under the new handle (or fails, the lock lost);
 //! - a blocking callback names the lock as its caller knows it.
 //!
 //! Until session 52 the client kept only "first handle → new handle" and
@@ -40,9 +42,19 @@ pub(crate) struct DlmLock {
 pub(crate) enum At {
     /// Held under this server handle.
     Held(u64),
-    /// Being reclaimed in the session of this generation: the new server
-    /// has not answered yet.
-    Reclaiming(u64),
+    /// Being reclaimed in the session of `generation`: the new server
+    /// has not answered yet. The dead server called it `was`.
+    Reclaiming { generation: u64, was: u64 },
+}
+
+/// What the answer to a reclaim did; with the converts of the lock that
+/// wait for it (see [`DlmLocks::hold_back`]).
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Reclaimed {
+    /// The lock is held under server handle `now`.
+    Moved { now: u64, converts: Vec<u64> },
+    /// The lock is lost.
+    Lost { lock: DlmLock, converts: Vec<u64> },
 }
 
 /// The DLM locks held, by name, and the names by server handle. Every
@@ -53,6 +65,12 @@ pub(crate) struct DlmLocks {
     by_name: HashMap<u64, DlmLock>,
     /// Server handle -> name, for the locks [`At::Held`].
     names: HashMap<u64, u64>,
+    /// The dead server's handle -> name, for the locks
+    /// [`At::Reclaiming`].
+    moving: HashMap<u64, u64>,
+    /// Name -> the waiting converts (request ids) of a lock being
+    /// reclaimed, to send again once the reclaim is answered.
+    held_back: HashMap<u64, Vec<u64>>,
     /// The last name given for want of the server's (counts down from
     /// the top, wrapping).
     spare: u64,
@@ -89,9 +107,11 @@ impl DlmLocks {
     /// Forgets lock `name` (unlocked, or lost).
     pub fn remove(&mut self, name: u64) -> Option<DlmLock> {
         let lock = self.by_name.remove(&name)?;
-        if let At::Held(server) = lock.at {
-            self.names.remove(&server);
-        }
+        match lock.at {
+            At::Held(server) => self.names.remove(&server),
+            At::Reclaiming { was, .. } => self.moving.remove(&was),
+        };
+        self.held_back.remove(&name);
         Some(lock)
     }
 
@@ -102,12 +122,29 @@ impl DlmLocks {
     }
 
     /// A new session of `generation` reclaims every lock: each is marked
-    /// so, and the server handles are forgotten. O(n).
+    /// so, under the handle the dead server knew it by (kept from an
+    /// earlier session whose reclaim went unanswered). O(n).
     pub fn reclaiming(&mut self, generation: u64) {
         self.names.clear();
-        for lock in self.by_name.values_mut() {
-            lock.at = At::Reclaiming(generation);
+        self.held_back.clear();
+        for (name, lock) in &mut self.by_name {
+            let was = match lock.at {
+                At::Held(server) => server,
+                At::Reclaiming { was, .. } => was,
+            };
+            self.moving.insert(was, *name);
+            lock.at = At::Reclaiming { generation, was };
         }
+    }
+
+    /// Holds back convert `id`, which waited for the lock the dead
+    /// server called `server`, if that lock is being reclaimed: it goes
+    /// again once the reclaim is answered, naming the lock as the new
+    /// server does. Whether it was held back.
+    pub fn hold_back(&mut self, server: u64, id: u64) -> bool {
+        let Some(name) = self.moving.get(&server) else { return false };
+        self.held_back.entry(*name).or_default().push(id);
+        true
     }
 
     /// The locks to reclaim in the session of `generation`. O(n).
@@ -115,7 +152,7 @@ impl DlmLocks {
         let mut out: Vec<_> = self
             .by_name
             .iter()
-            .filter(|(_, l)| l.at == At::Reclaiming(generation))
+            .filter(|(_, l)| matches!(l.at, At::Reclaiming { generation: g, .. } if g == generation))
             .map(|(n, l)| (*n, l.clone()))
             .collect();
         out.sort_unstable_by_key(|(n, _)| *n);
@@ -124,18 +161,24 @@ impl DlmLocks {
 
     /// The answer to lock `name`'s reclaim in the session of
     /// `generation`: held under `server` now (`Some`), or refused (the
-    /// lock is forgotten and returned, to be reported lost). A later
-    /// session's reclaim owns the lock if there is one, and an answer from
-    /// an earlier one changes nothing (`None`).
-    pub fn reclaimed(&mut self, name: u64, generation: u64, server: Option<u64>) -> Option<DlmLock> {
-        let lock = self.by_name.get_mut(&name).filter(|l| l.at == At::Reclaiming(generation))?;
+    /// lock is forgotten, to be reported lost). A later session's reclaim
+    /// owns the lock if there is one, and an answer from an earlier one
+    /// changes nothing (`None`).
+    pub fn reclaimed(&mut self, name: u64, generation: u64, server: Option<u64>) -> Option<Reclaimed> {
+        let lock = self.by_name.get_mut(&name)?;
+        let At::Reclaiming { generation: g, was } = lock.at else { return None };
+        if g != generation {
+            return None;
+        }
+        self.moving.remove(&was);
+        let converts = self.held_back.remove(&name).unwrap_or_default();
         match server {
-            Some(server) => {
-                lock.at = At::Held(server);
-                self.names.insert(server, name);
-                None
+            Some(now) => {
+                lock.at = At::Held(now);
+                self.names.insert(now, name);
+                Some(Reclaimed::Moved { now, converts })
             }
-            None => self.by_name.remove(&name),
+            None => self.by_name.remove(&name).map(|lock| Reclaimed::Lost { lock, converts }),
         }
     }
 
@@ -143,6 +186,8 @@ impl DlmLocks {
     /// name. O(n).
     pub fn take_all(&mut self) -> Vec<(u64, DlmLock)> {
         self.names.clear();
+        self.moving.clear();
+        self.held_back.clear();
         let mut out: Vec<_> = self.by_name.drain().collect();
         out.sort_unstable_by_key(|(n, _)| *n);
         out
@@ -163,10 +208,12 @@ mod tests {
         assert_eq!(t.insert(7, lock("a")), 7);
         t.reclaiming(2);
         assert_eq!(t.to_reclaim(2).len(), 1);
+        assert!(!t.hold_back(8, 100), "no lock of that handle is reclaimed");
+        assert!(t.hold_back(7, 101));
         assert_eq!(t.reclaimed(7, 1, Some(3)), None, "an earlier session's answer is ignored");
-        assert_eq!(t.get(7).unwrap().at, At::Reclaiming(2));
-        assert_eq!(t.reclaimed(7, 2, Some(3)), None);
-        assert_eq!((t.get(7).unwrap().at, t.name_of(3)), (At::Held(3), 7));
+        assert_eq!(t.get(7).unwrap().at, At::Reclaiming { generation: 2, was: 7 });
+        assert_eq!(t.reclaimed(7, 2, Some(3)), Some(Reclaimed::Moved { now: 3, converts: vec![101] }));
+        assert_eq!((t.get(7).unwrap().at, t.name_of(3), t.hold_back(7, 102)), (At::Held(3), 7, false));
         // The restarted server grants another lock under 7.
         let other = t.insert(7, lock("b"));
         assert_ne!(other, 7);
@@ -181,13 +228,19 @@ mod tests {
         let mut t = DlmLocks::default();
         t.insert(1, lock("a"));
         t.insert(2, lock("b"));
+        t.reclaiming(4);
+        // A second restart before the first reclaims are answered: the
+        // locks are still known by the first server's handles.
         t.reclaiming(5);
-        assert_eq!(t.reclaimed(1, 5, None).unwrap().resource, b"a");
+        assert_eq!(t.get(2).unwrap().at, At::Reclaiming { generation: 5, was: 2 });
+        assert!(t.hold_back(1, 100));
+        let Some(Reclaimed::Lost { lock, converts }) = t.reclaimed(1, 5, None) else { panic!("lost") };
+        assert_eq!((lock.resource.as_slice(), converts), (&b"a"[..], vec![100]));
         assert_eq!(t.reclaimed(1, 5, Some(9)), None, "gone");
         assert!(t.get(1).is_none());
         let all = t.take_all();
         assert_eq!(all.iter().map(|(n, _)| *n).collect::<Vec<_>>(), [2]);
-        assert!(t.to_reclaim(5).is_empty());
+        assert!(t.to_reclaim(5).is_empty() && !t.hold_back(2, 100));
     }
 
     #[test]

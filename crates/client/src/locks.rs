@@ -280,7 +280,7 @@ impl Client {
                         }
                         return self.inner.submit_listed(&mut t, id, op(server), wait);
                     }
-                    Some(At::Reclaiming(_)) => {}
+                    Some(At::Reclaiming { .. }) => {}
                 }
             }
             answered.await;

@@ -95,6 +95,33 @@ impl Tables {
         Ok(rx)
     }
 
+    /// Sends again the `converts` (waits) of a DLM lock held back until
+    /// its reclaim in the session of `generation` was answered: under its
+    /// new server handle `now`, or, the lock lost, fails them. O(converts).
+    pub(crate) fn converts_reclaimed(
+        &mut self,
+        outbox: &Outbox,
+        converts: Vec<u64>,
+        now: Option<u64>,
+        generation: u64,
+    ) {
+        for id in converts {
+            let Some(w) = self.waits.get_mut(&id) else { continue };
+            match (now, &mut w.op) {
+                (Some(now), Op::DlmConvert { handle, .. }) => {
+                    *handle = now;
+                    let _ = outbox.send(&ClientMsgRef::Request { id, op: &w.op });
+                }
+                _ => {
+                    if let Some(tx) = w.grant_tx.take() {
+                        let reply = Reply::Error("the lock was lost: its reclaim was refused".into());
+                        let _ = tx.send(Answer { reply, generation });
+                    }
+                }
+            }
+        }
+    }
+
     /// Takes request `id` off the lists: its reply came. O(log once).
     pub(crate) fn resolve(&mut self, id: u64) -> Option<Pending> {
         let p = self.pending.remove(&id)?;
