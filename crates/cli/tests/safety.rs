@@ -843,6 +843,67 @@ fn a_waiting_convert_is_asked_again_once_its_lock_is_reclaimed() {
     }
 }
 
+/// A DLM convert dropped while it waits is withdrawn; if its grant wins
+/// the race with the withdrawal, the lock converts back to the mode its
+/// caller knows. Until session 52 a dropped convert was neither: the
+/// lock kept a mode its caller did not know of. A scripted server queues
+/// a PR lock's convert to EX and, once the client withdraws it, grants
+/// it all the same.
+#[test]
+fn a_convert_granted_after_its_drop_is_given_back() {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap().to_string();
+    let (queued_tx, queued_rx) = std::sync::mpsc::channel();
+    let server = std::thread::spawn(move || {
+        let mut s = l.incoming().next().unwrap().unwrap();
+        let _hello = read_raw_frame(&mut s);
+        send_raw(&mut s, &scripted_welcome(1, 1, false));
+        let (id, _lock) = next_request(&mut s).expect("the lock request");
+        grant_dlm(&mut s, id, 5);
+        let (convert, op) = next_request(&mut s).expect("the convert");
+        assert!(matches!(op, interlock_proto::Op::DlmConvert { handle: 5, wait: true, .. }), "{op:?}");
+        send_raw(&mut s, &ServerMsg::Reply { id: convert, reply: interlock_proto::Reply::Queued });
+        queued_tx.send(()).unwrap();
+        let (cancel, op) = next_request(&mut s).expect("the withdrawal");
+        assert_eq!(op, interlock_proto::Op::Cancel { request: convert });
+        let grant = interlock_proto::GrantInfo { fence: 1, lvb: None, handle: Some(5) };
+        send_raw(&mut s, &ServerMsg::Granted { id: convert, grant });
+        send_raw(&mut s, &ServerMsg::Reply { id: cancel, reply: interlock_proto::Reply::Done });
+        // The give-back asks for no answer.
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        loop {
+            let frame = try_read_raw_frame(&mut s).expect("the lock given back");
+            if let ClientMsg::Request { op, .. } = interlock_proto::decode::<ClientMsg>(&frame).unwrap()
+                && !matches!(op, interlock_proto::Op::Renew { .. })
+            {
+                break op;
+            }
+        }
+    });
+    rt().block_on(async {
+        let c = client(&addr).await;
+        let read = LockSpec { mode: Mode::PR, ..spec("d", 1) };
+        assert_eq!(c.lock(&read).await.unwrap().handle, Some(5));
+        let convert = tokio::spawn({
+            let c = c.clone();
+            async move { c.convert(b"d", 1, 5, Mode::EX, true).await }
+        });
+        queued_rx.recv_timeout(Duration::from_secs(10)).expect("the convert is queued");
+        convert.abort();
+        let back = server.join().unwrap();
+        let want = interlock_proto::Op::DlmConvert {
+            resource: b"d".to_vec(),
+            owner: 1,
+            handle: 5,
+            mode: Mode::PR as u8,
+            wait: false,
+            lvb: None,
+        };
+        assert_eq!(back, want, "converted back to PR");
+        drop(c);
+    });
+}
+
 /// A scripted server's welcome: a minute's lease, no recovery window,
 /// nothing received, one namespace.
 fn scripted_welcome(session: u64, boot: u64, resumed: bool) -> ServerMsg {

@@ -210,6 +210,36 @@ fn a_dlm_handle_names_one_lock_across_a_restart() {
     });
 }
 
+/// A DLM convert whose future is dropped while it waits is withdrawn:
+/// the lock keeps its mode, and the wait holds no one up. Until session
+/// 52 it stayed queued at the server, and once granted the lock held a
+/// mode its caller did not know of.
+#[test]
+fn a_dropped_convert_is_withdrawn() {
+    let data = tempfile::tempdir().unwrap();
+    let server = ServerProc::start(data.path(), "127.0.0.1:0", &[]);
+    let read =
+        |owner| LockSpec { resource: b"c".to_vec(), kind: Kind::Dlm, owner, mode: Mode::PR, range: Range::WHOLE };
+    rt().block_on(async {
+        let a = Client::connect(&server.addr, ClientOptions::default()).await.unwrap();
+        let b = Client::connect(&server.addr, ClientOptions::default()).await.unwrap();
+        let held = a.lock(&read(1)).await.unwrap().handle.unwrap();
+        let other = b.lock(&read(2)).await.unwrap().handle.unwrap();
+        // B's read lock holds the convert back for as long as it lasts.
+        let convert = a.convert(b"c", 1, held, Mode::EX, true);
+        assert!(tokio::time::timeout(Duration::from_millis(200), convert).await.is_err());
+        let t = Instant::now();
+        while !b.inspect(b"c").await.unwrap().waiters.is_empty() {
+            assert!(t.elapsed() < Duration::from_secs(10), "the dropped convert is withdrawn");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        b.dlm_unlock(b"c", 2, other, None).await.unwrap();
+        assert!(b.try_lock(&read(2)).await.unwrap().is_some(), "A still holds its lock as PR");
+        let modes: Vec<u8> = b.inspect(b"c").await.unwrap().holders.iter().map(|h| h.mode).collect();
+        assert_eq!(modes, [Mode::PR as u8; 2]);
+    });
+}
+
 #[test]
 fn garbage_on_the_socket_leaves_the_server_serving() {
     let data = tempfile::tempdir().unwrap();

@@ -8,7 +8,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use futures::StreamExt;
-use interlock_core::Namespace;
+use interlock_core::{Mode, Namespace};
 use interlock_proto::{self as proto, ClientMsgRef, GrantInfo, Kind, Op, Reply, ServerMsg, Target, owner};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
@@ -625,13 +625,30 @@ fn dispatch(inner: &Arc<Inner>, msg: ServerMsg) {
     }
 }
 
-/// Releases a lock granted to a request whose caller is gone.
+/// Gives back what a request whose caller is gone was granted: a lock is
+/// released; a converted DLM lock converts back to the mode its caller
+/// knows (never a wait: the new mode covers it), or, where it does not
+/// (a conversion down or across, never queued, that raced its drop),
+/// keeps the new mode, which the client then records (a reclaim asks for
+/// it).
 pub(crate) fn give_back(inner: &Inner, op: Op, grant: GrantInfo) {
     let undo = match (op, grant.handle) {
         (Op::Lock { target, .. }, Some(handle)) if target.kind == Kind::Dlm => {
             Op::DlmUnlock { resource: target.resource, owner: target.owner, handle, lvb: None }
         }
         (Op::Lock { target, .. }, _) => Op::Unlock { target },
+        (Op::DlmConvert { resource, owner, handle, mode: new, .. }, _) => {
+            let mut t = inner.tables.lock();
+            let name = t.dlm.name_of(handle);
+            let Some(old) = t.dlm.get(name).map(|l| l.mode) else { return };
+            let mode = |m: u8| Mode::ALL.get(usize::from(m)).copied();
+            let (Some(old_mode), Some(new_mode)) = (mode(old), mode(new)) else { return };
+            if !new_mode.covers(old_mode) {
+                t.dlm.set_mode(name, new);
+                return;
+            }
+            Op::DlmConvert { resource, owner, handle, mode: old, wait: false, lvb: None }
+        }
         _ => return,
     };
     inner.send_unanswered(&undo);

@@ -36,8 +36,9 @@
 //! - Open files ([`Client::open`], [`Client::create_open`]) are opened
 //!   again in every new session, so a file unlinked while open outlives a
 //!   server restart (the server keeps it through its recovery window).
-//! - Blocking locks are futures: dropping one withdraws the wait at the
-//!   server (and gives back a grant that raced the drop).
+//! - Blocking locks and DLM converts are futures: dropping one withdraws
+//!   the wait at the server (and gives back a grant that raced the drop:
+//!   a converted lock converts back to the mode its caller knows).
 //! - Local first (seed 002): for POSIX, OFD and flock locks the client
 //!   keeps its own lock table (the `interlock-core` engine, mirroring what
 //!   its owners hold). A request that conflicts with a lock another owner

@@ -316,13 +316,32 @@ impl Client {
         let op =
             |handle| Op::DlmConvert { resource: resource.to_vec(), owner, handle, mode: mode as u8, wait, lvb: None };
         let sent = self.send_on_dlm_lock((resource, owner, handle), id, false, wait, op).await?;
-        let reply = sent.reply_rx.await.map_err(|_| ClientError::ConnectionLost).and_then(|r| Ok(r?));
-        let reply = match (reply, sent.grant_rx) {
+        // Dropped before its answer, the convert is withdrawn, and a grant
+        // that raced the drop is given back (`give_back`).
+        let mut guard = WaitGuard {
+            inner: &self.inner,
+            id,
+            op: sent.op,
+            live: true,
+            reply_rx: sent.reply_rx,
+            grant_rx: sent.grant_rx,
+        };
+        let reply = match (&mut guard.reply_rx).await {
+            Ok(Ok(r)) => Ok(r),
+            // Never read: no effect (a wait is sent again instead).
+            Ok(Err(unread)) => Err(unread.into()),
+            // The session changed first: a wait was sent again in the new
+            // one, and its answer comes through `grant_rx`.
+            Err(_) if wait => Ok(Reply::Queued),
+            Err(_) => Err(ClientError::ConnectionLost),
+        };
+        let reply = match (reply, guard.grant_rx.as_mut()) {
             (Ok(Reply::Queued), Some(grant_rx)) => {
                 grant_rx.await.map(|a| a.reply).map_err(|_| ClientError::ConnectionLost)
             }
             (reply, _) => reply,
         };
+        guard.done();
         let out = match reply {
             Ok(Reply::Granted(g)) => Ok(Some(GrantInfo { handle: Some(handle), ..g })),
             Ok(Reply::WouldBlock) => Ok(None),
@@ -332,10 +351,8 @@ impl Client {
             Ok(other) => Err(ClientError::Server(format!("unexpected reply {other:?}"))),
             Err(e) => Err(e),
         };
-        let mut t = self.inner.tables.lock();
-        t.waits.remove(&id);
         if let Ok(Some(_)) = &out {
-            t.dlm.set_mode(handle, mode as u8);
+            self.inner.tables.lock().dlm.set_mode(handle, mode as u8);
         }
         out
     }

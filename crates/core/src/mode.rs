@@ -43,6 +43,13 @@ impl Mode {
         COMPAT[self as usize][other as usize]
     }
 
+    /// Whether `self` blocks at least what `other` does, so a lock held
+    /// in `self` converts to `other` without waiting. Not a total order:
+    /// neither of CW and PR covers the other. O(1).
+    pub fn covers(self, other: Mode) -> bool {
+        Mode::ALL.iter().all(|&m| self.compatible(m) <= other.compatible(m))
+    }
+
     /// Whether a grant in this mode lets its holder write, and so moves the
     /// resource's fencing token on.
     pub fn is_write(self) -> bool {
@@ -94,6 +101,15 @@ impl std::fmt::Display for Mode {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn covers_is_the_dlm_lattice() {
+        use Mode::*;
+        for (a, b) in [(EX, PW), (PW, PR), (PW, CW), (PR, CR), (CW, CR), (CR, NL), (EX, NL), (PR, PR)] {
+            assert!(a.covers(b) && (a == b || !b.covers(a)), "{a:?} over {b:?}");
+        }
+        assert!(!PR.covers(CW) && !CW.covers(PR));
+    }
 
     #[test]
     fn matrix_is_symmetric_and_standard() {
