@@ -713,6 +713,17 @@ fn grant_dlm(s: &mut std::net::TcpStream, id: u64, handle: u64) {
     send_raw(s, &ServerMsg::Reply { id, reply: interlock_proto::Reply::Granted(grant) });
 }
 
+/// Takes the next connection, welcomes it (session 1, boot 1), and
+/// grants its first request, a DLM lock, under handle 5.
+fn welcome_and_grant_dlm(l: &std::net::TcpListener) -> std::net::TcpStream {
+    let mut s = l.incoming().next().unwrap().unwrap();
+    let _hello = read_raw_frame(&mut s);
+    send_raw(&mut s, &scripted_welcome(1, 1, false));
+    let (id, _lock) = next_request(&mut s).expect("the lock request");
+    grant_dlm(&mut s, id, 5);
+    s
+}
+
 /// A scripted server that grants a client's first request, a DLM lock,
 /// under handle 5, lets `then` answer what comes next, and dies. It
 /// comes back (a new boot, in its recovery window) and reads the
@@ -731,11 +742,7 @@ fn restarting_dlm_server(
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = l.local_addr().unwrap().to_string();
     let server = std::thread::spawn(move || {
-        let mut s = l.incoming().next().unwrap().unwrap();
-        let _hello = read_raw_frame(&mut s);
-        send_raw(&mut s, &scripted_welcome(1, 1, false));
-        let (id, _lock) = next_request(&mut s).expect("the lock request");
-        grant_dlm(&mut s, id, 5);
+        let mut s = welcome_and_grant_dlm(&l);
         then(&mut s);
         drop(s);
         let mut s = l.incoming().next().unwrap().unwrap();
@@ -855,11 +862,7 @@ fn a_convert_granted_after_its_drop_is_given_back() {
     let addr = l.local_addr().unwrap().to_string();
     let (queued_tx, queued_rx) = std::sync::mpsc::channel();
     let server = std::thread::spawn(move || {
-        let mut s = l.incoming().next().unwrap().unwrap();
-        let _hello = read_raw_frame(&mut s);
-        send_raw(&mut s, &scripted_welcome(1, 1, false));
-        let (id, _lock) = next_request(&mut s).expect("the lock request");
-        grant_dlm(&mut s, id, 5);
+        let mut s = welcome_and_grant_dlm(&l);
         let (convert, op) = next_request(&mut s).expect("the convert");
         assert!(matches!(op, interlock_proto::Op::DlmConvert { handle: 5, wait: true, .. }), "{op:?}");
         send_raw(&mut s, &ServerMsg::Reply { id: convert, reply: interlock_proto::Reply::Queued });

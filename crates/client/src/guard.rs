@@ -9,6 +9,7 @@ use interlock_proto::{ClientMsgRef, Op, Reply};
 use tokio::sync::oneshot;
 
 use crate::connection::give_back;
+use crate::tables::Submitted;
 use crate::{Answer, Inner, LockSpec, Replied, local_effects};
 
 /// A lock request in flight. Dropped before it is answered, it withdraws
@@ -28,7 +29,12 @@ pub(crate) struct WaitGuard<'a> {
     pub grant_rx: Option<oneshot::Receiver<Answer>>,
 }
 
-impl WaitGuard<'_> {
+impl<'a> WaitGuard<'a> {
+    /// Guards request `id`, just sent as `sent`.
+    pub fn new(inner: &'a Arc<Inner>, id: u64, sent: Submitted) -> Self {
+        WaitGuard { inner, id, op: sent.op, live: true, reply_rx: sent.reply_rx, grant_rx: sent.grant_rx }
+    }
+
     /// The request is over (granted, refused or failed): nothing to
     /// withdraw.
     pub fn done(&mut self) {

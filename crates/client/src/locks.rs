@@ -74,14 +74,8 @@ impl Client {
         let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
         let op = Op::Lock { target: spec.target(), mode: spec.mode as u8, wait, reclaim: false };
         let sent = self.inner.submit(id, op, wait, self.fence)?;
-        let mut guard = WaitGuard {
-            inner: &self.inner,
-            id,
-            op: sent.op,
-            live: true,
-            reply_rx: sent.reply_rx,
-            grant_rx: sent.grant_rx,
-        };
+        let mut generation = sent.generation;
+        let mut guard = WaitGuard::new(&self.inner, id, sent);
         let blocking = guard.grant_rx.is_some();
         let reply = match within(deadline, &mut guard.reply_rx).await {
             Some(Ok(Ok(r))) => r,
@@ -98,7 +92,6 @@ impl Client {
             Some(Err(_)) => return Err(ClientError::ConnectionLost),
             None => return Err(ClientError::Timeout("the server did not answer the lock request in time".into())),
         };
-        let mut generation = sent.generation;
         let reply = match (reply, guard.grant_rx.as_mut()) {
             (Reply::Queued, Some(grant_rx)) => match within(deadline, grant_rx).await {
                 Some(a) => {
@@ -318,14 +311,7 @@ impl Client {
         let sent = self.send_on_dlm_lock((resource, owner, handle), id, false, wait, op).await?;
         // Dropped before its answer, the convert is withdrawn, and a grant
         // that raced the drop is given back (`give_back`).
-        let mut guard = WaitGuard {
-            inner: &self.inner,
-            id,
-            op: sent.op,
-            live: true,
-            reply_rx: sent.reply_rx,
-            grant_rx: sent.grant_rx,
-        };
+        let mut guard = WaitGuard::new(&self.inner, id, sent);
         let reply = match (&mut guard.reply_rx).await {
             Ok(Ok(r)) => Ok(r),
             // Never read: no effect (a wait is sent again instead).
