@@ -92,24 +92,41 @@ impl Client {
             Some(Err(_)) => return Err(ClientError::ConnectionLost),
             None => return Err(ClientError::Timeout("the server did not answer the lock request in time".into())),
         };
-        let reply = match (reply, guard.grant_rx.as_mut()) {
-            (Reply::Queued, Some(grant_rx)) => match within(deadline, grant_rx).await {
-                Some(a) => {
-                    let a = a.map_err(|_| ClientError::ConnectionLost)?;
-                    generation = a.generation;
-                    a.reply
+        // A wait's answer through `grant_rx` may still come: the wait is
+        // sent again in each new session until then.
+        let mut again = blocking;
+        let mut reply = reply;
+        let reply = loop {
+            if let (Reply::Queued, Some(grant_rx)) = (&reply, guard.grant_rx.as_mut().filter(|_| again)) {
+                again = false;
+                match within(deadline, grant_rx).await {
+                    Some(a) => {
+                        let a = a.map_err(|_| ClientError::ConnectionLost)?;
+                        generation = a.generation;
+                        reply = a.reply;
+                    }
+                    // Held by others until the deadline.
+                    None => return Ok(None),
                 }
-                // Held by others until the deadline.
-                None => return Ok(None),
-            },
-            (reply, _) => reply,
+            }
+            let Reply::Granted(mut g) = reply else { break reply };
+            match self.record(spec, &g, local, generation) {
+                // Granted in a session lost before it was recorded (the
+                // server died as it answered): the wait was sent again in
+                // the new session, whose answer counts. Until session 52
+                // the caller was told the lock was lost, and the new
+                // session's grant, which no one awaited, left the lock
+                // held by the session.
+                Err(ClientError::LockLost) if again => reply = Reply::Queued,
+                handle => {
+                    guard.done();
+                    g.handle = handle?;
+                    return Ok(Some(g));
+                }
+            }
         };
         guard.done();
         match reply {
-            Reply::Granted(mut g) => {
-                g.handle = self.record(spec, &g, local, generation)?;
-                Ok(Some(g))
-            }
             Reply::WouldBlock => Ok(None),
             Reply::Deadlock => Err(ClientError::Deadlock),
             Reply::Error(e) => Err(ClientError::Server(e)),
