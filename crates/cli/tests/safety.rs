@@ -747,11 +747,7 @@ fn restarting_dlm_server(
         drop(s);
         let mut s = l.incoming().next().unwrap().unwrap();
         let _hello = read_raw_frame(&mut s);
-        let mut welcome = scripted_welcome(2, 2, false);
-        if let ServerMsg::Welcome { recovering_ms, .. } = &mut welcome {
-            *recovering_ms = 10_000;
-        }
-        send_raw(&mut s, &welcome);
+        send_raw(&mut s, &restarted_welcome());
         let (reclaim, op) = next_request(&mut s).expect("the reclaim");
         assert!(matches!(op, interlock_proto::Op::Lock { reclaim: true, .. }), "{op:?}");
         reclaimed.send(()).unwrap();
@@ -931,11 +927,7 @@ fn a_grant_from_a_server_that_dies_as_it_answers_is_kept() {
             drop(welcome_and_grant_dlm(&l));
             let mut s = l.incoming().next().unwrap().unwrap();
             let _hello = read_raw_frame(&mut s);
-            let mut welcome = scripted_welcome(2, 2, false);
-            if let ServerMsg::Welcome { recovering_ms, .. } = &mut welcome {
-                *recovering_ms = 10_000;
-            }
-            send_raw(&mut s, &welcome);
+            send_raw(&mut s, &restarted_welcome());
             let (id, op) = next_request(&mut s).expect("the reclaim, or the lock asked for again");
             grant_dlm(&mut s, id, 9);
             (op, s)
@@ -979,6 +971,16 @@ fn scripted_welcome(session: u64, boot: u64, resumed: bool) -> ServerMsg {
         namespace: 1,
         kept: false,
     }
+}
+
+/// The welcome of a scripted server that restarted (boot 2) and is in
+/// its recovery window.
+fn restarted_welcome() -> ServerMsg {
+    let mut welcome = scripted_welcome(2, 2, false);
+    if let ServerMsg::Welcome { recovering_ms, .. } = &mut welcome {
+        *recovering_ms = 10_000;
+    }
+    welcome
 }
 
 fn send_raw(s: &mut std::net::TcpStream, msg: &ServerMsg) {
