@@ -747,7 +747,7 @@ fn restarting_dlm_server(
         drop(s);
         let mut s = l.incoming().next().unwrap().unwrap();
         let _hello = read_raw_frame(&mut s);
-        send_raw(&mut s, &restarted_welcome());
+        send_raw(&mut s, &restarted_welcome(2));
         let (reclaim, op) = next_request(&mut s).expect("the reclaim");
         assert!(matches!(op, interlock_proto::Op::Lock { reclaim: true, .. }), "{op:?}");
         reclaimed.send(()).unwrap();
@@ -927,7 +927,7 @@ fn a_grant_from_a_server_that_dies_as_it_answers_is_kept() {
             drop(welcome_and_grant_dlm(&l));
             let mut s = l.incoming().next().unwrap().unwrap();
             let _hello = read_raw_frame(&mut s);
-            send_raw(&mut s, &restarted_welcome());
+            send_raw(&mut s, &restarted_welcome(2));
             let (id, op) = next_request(&mut s).expect("the reclaim, or the lock asked for again");
             grant_dlm(&mut s, id, 9);
             (op, s)
@@ -955,6 +955,81 @@ fn a_grant_from_a_server_that_dies_as_it_answers_is_kept() {
     eprintln!("{reclaimed} reclaimed, {asked_again} asked for again");
 }
 
+/// A reclaim cut off by a second restart is made again in the next
+/// session, and the lock stays held: the session that asked for it is
+/// gone, not the lock. Until session 53 the client took a reclaim left
+/// unanswered for a refusal, of a record lock always, of a DLM lock when
+/// its answer was seen before the next session began: the lock was
+/// reported lost, and, made again meanwhile, held by the session with no
+/// one to release it. A scripted server grants a lock, dies, comes back
+/// (boot 2) and dies as the reclaim comes in, then comes back again
+/// (boot 3) and grants the reclaim; an unlock made then must release the
+/// lock under the handle boot 3 gave it.
+#[test]
+fn a_reclaim_cut_off_by_another_restart_is_made_again() {
+    for kind in [Kind::Ofd, Kind::Dlm] {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap().to_string();
+        let (held_tx, held_rx) = std::sync::mpsc::channel::<()>();
+        let (granted_tx, granted_rx) = std::sync::mpsc::channel::<()>();
+        let handle = move |h: u64| (kind == Kind::Dlm).then_some(h);
+        let grant = move |s: &mut std::net::TcpStream, id: u64, h: u64| {
+            let grant = interlock_proto::GrantInfo { fence: 1, lvb: None, handle: handle(h) };
+            send_raw(s, &ServerMsg::Reply { id, reply: interlock_proto::Reply::Granted(grant) });
+        };
+        let server = std::thread::spawn(move || {
+            let mut s = l.incoming().next().unwrap().unwrap();
+            let _hello = read_raw_frame(&mut s);
+            send_raw(&mut s, &scripted_welcome(1, 1, false));
+            let (id, _lock) = next_request(&mut s).expect("the lock request");
+            grant(&mut s, id, 5);
+            held_rx.recv().unwrap();
+            drop(s);
+            let mut reclaims = Vec::new();
+            for boot in [2, 3] {
+                let mut s = l.incoming().next().unwrap().unwrap();
+                s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+                let _hello = read_raw_frame(&mut s);
+                send_raw(&mut s, &restarted_welcome(boot));
+                let (id, op) = next_request(&mut s).expect("the reclaim");
+                reclaims.push(op);
+                if boot == 3 {
+                    grant(&mut s, id, 9);
+                    granted_tx.send(()).unwrap();
+                    let (id, op) = next_request(&mut s).expect("the unlock");
+                    send_raw(&mut s, &ServerMsg::Reply { id, reply: interlock_proto::Reply::Done });
+                    return (reclaims, op);
+                }
+            }
+            unreachable!()
+        });
+        let lock = LockSpec { kind, ..spec("d", 1) };
+        let c = rt().block_on(async {
+            let c = client(&addr).await;
+            assert_eq!(c.lock(&lock).await.unwrap().handle, handle(5));
+            held_tx.send(()).unwrap();
+            granted_rx.recv_timeout(Duration::from_secs(20)).expect("reclaimed of the third server");
+            let unlock =
+                async { if kind == Kind::Dlm { c.dlm_unlock(b"d", 1, 5, None).await } else { c.unlock(&lock).await } };
+            tokio::time::timeout(Duration::from_secs(10), unlock).await.unwrap().unwrap();
+            c
+        });
+        let (reclaims, unlock) = server.join().unwrap();
+        assert!(
+            reclaims.iter().all(|op| matches!(op, interlock_proto::Op::Lock { reclaim: true, .. })),
+            "{kind:?}: {reclaims:?}"
+        );
+        let lost = c.lost_since(0);
+        assert!(lost.is_empty(), "{kind:?}: lost {lost:?}");
+        let released = match &unlock {
+            interlock_proto::Op::DlmUnlock { handle, .. } => *handle == 9,
+            interlock_proto::Op::Unlock { target } => target.resource == b"d",
+            _ => false,
+        };
+        assert!(released, "{kind:?}: {unlock:?}");
+    }
+}
+
 /// A scripted server's welcome: a minute's lease, no recovery window,
 /// nothing received, one namespace.
 fn scripted_welcome(session: u64, boot: u64, resumed: bool) -> ServerMsg {
@@ -973,10 +1048,10 @@ fn scripted_welcome(session: u64, boot: u64, resumed: bool) -> ServerMsg {
     }
 }
 
-/// The welcome of a scripted server that restarted (boot 2) and is in
-/// its recovery window.
-fn restarted_welcome() -> ServerMsg {
-    let mut welcome = scripted_welcome(2, 2, false);
+/// The welcome of a scripted server that restarted (a new `boot`) and
+/// is in its recovery window.
+fn restarted_welcome(boot: u64) -> ServerMsg {
+    let mut welcome = scripted_welcome(boot, boot, false);
     if let ServerMsg::Welcome { recovering_ms, .. } = &mut welcome {
         *recovering_ms = 10_000;
     }

@@ -8,17 +8,17 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use futures::StreamExt;
-use interlock_core::{Mode, Namespace};
-use interlock_proto::{self as proto, ClientMsgRef, GrantInfo, Kind, Op, Reply, ServerMsg, Target, owner};
+use interlock_core::Mode;
+use interlock_proto::{self as proto, ClientMsgRef, GrantInfo, Kind, Op, Reply, ServerMsg};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 use tokio_util::codec::FramedRead;
 
 use crate::clock::{self, Moment};
-use crate::dlm::{DlmLock, Reclaimed};
 use crate::lease::Lease;
-use crate::tables::Tables;
-use crate::{Answer, Blocking, ClientError, Inner, LostLock, local_effects};
+use crate::reclaim;
+use crate::tables::{ReplyTo, Tables};
+use crate::{Answer, Blocking, ClientError, Inner};
 
 /// A connection's reading half, in clear or TLS.
 type ReadHalf = Box<dyn AsyncRead + Send + Unpin>;
@@ -200,7 +200,7 @@ pub(crate) async fn reconnect(inner: &Arc<Inner>, goodbye: &mut Option<u64>) -> 
 /// fails with `e`. Until session 44 the locks were never reported lost:
 /// `interlock lock` ran its command on.
 pub(crate) fn refused(inner: &Inner, e: ClientError) {
-    lose_all(inner);
+    reclaim::lose_all(inner);
     inner.refused.send_replace(Some(Arc::new(e)));
 }
 
@@ -320,7 +320,7 @@ fn begin(inner: &Arc<Inner>, mut t: parking_lot::MutexGuard<'_, Tables>, reclaim
     crate::opens::reopen_all(inner, &mut t);
     drop(t);
     if !reclaim {
-        lose_all(inner);
+        reclaim::lose_all(inner);
     }
     // Only now: a fenced request (`Client::within`) of the new session
     // was fenced after its sender saw this session's losses.
@@ -340,7 +340,7 @@ pub(crate) async fn run(inner: Arc<Inner>, conn: Conn, settled: Settled) -> Opti
     let tables = inner.clone();
     let writer = tokio::spawn(outbox.write_to(wr, move || tables.tables.lock().pending.len() > 1));
     if settled == Settled::Reclaim {
-        reclaim(&inner, inner.generation.load(Ordering::Relaxed));
+        reclaim::reclaim(&inner, inner.generation.load(Ordering::Relaxed));
     }
     if matches!(settled, Settled::Reclaim | Settled::Lost) {
         resend_waits(&inner);
@@ -406,147 +406,6 @@ pub(crate) async fn run(inner: Arc<Inner>, conn: Conn, settled: Settled) -> Opti
     goodbye
 }
 
-/// Each kind's POSIX, OFD and flock locks the client holds on each
-/// resource (from the local table).
-fn held_records(inner: &Inner) -> Vec<(Kind, Vec<u8>, Vec<interlock_core::HeldLock>)> {
-    let t = inner.tables.lock();
-    let mut records = Vec::new();
-    for (kind, resource) in &t.local_resources {
-        let ns = if *kind == Kind::Flock { Namespace::Flock } else { Namespace::Record };
-        // POSIX and OFD locks share a namespace: each kind takes its own.
-        let mine = inner.local.locks(resource, ns).unwrap_or_default();
-        let mine = mine.into_iter().filter(|l| owner::kind(l.owner) == *kind).collect();
-        records.push((*kind, resource.clone(), mine));
-    }
-    records
-}
-
-/// The session ended without the server vouching for our locks: each is
-/// reported lost and dropped from the client's tables (local owners
-/// waiting behind a lost lock go on to the server).
-fn lose_all(inner: &Inner) {
-    let mut lost = Vec::new();
-    for (kind, resource, locks) in held_records(inner) {
-        let mut owners: Vec<u32> = locks.iter().map(|l| owner::number(l.owner)).collect();
-        owners.dedup();
-        for number in owners {
-            lose_record(inner, kind, &resource, number);
-            lost.push(LostLock { resource: resource.clone(), kind, owner: number, handle: None });
-        }
-    }
-    let dlm = {
-        let mut t = inner.tables.lock();
-        t.local_resources.clear();
-        t.dlm.take_all()
-    };
-    // An unlock or convert waiting for a reclaim's answer learns that
-    // the lock is gone.
-    inner.reclaim_answered.notify_waiters();
-    for (name, lock) in dlm {
-        lost.push(LostLock { resource: lock.resource, kind: Kind::Dlm, owner: lock.owner, handle: Some(name) });
-    }
-    inner.losses.report(lost);
-}
-
-/// Drops an owner's locks on a resource from the local table.
-fn lose_record(inner: &Inner, kind: Kind, resource: &[u8], number: u32) {
-    let local = owner::id(kind, 0, number);
-    if let Ok(resp) = inner.local.release_owner(resource, local, kind.into()) {
-        local_effects(inner, resp.effects);
-    }
-}
-
-/// After a server restart within our lease: claim back every lock we
-/// hold, each answered; a refused reclaim (someone else holds it now, or
-/// the window closed) is a lost lock. Then ask again for what we waited
-/// for ([`resend_waits`]). In that order: during the recovery window the
-/// server holds back a connection's new requests, and the reclaims behind
-/// them with them. The DLM locks were marked as reclaimed in this
-/// session (`generation`) as it began ([`begin`]).
-fn reclaim(inner: &Arc<Inner>, generation: u64) {
-    for (kind, resource, locks) in held_records(inner) {
-        for l in locks {
-            let target = Target {
-                resource: resource.clone(),
-                kind,
-                owner: owner::number(l.owner),
-                start: l.range.start(),
-                end: l.range.end(),
-            };
-            reclaim_one(inner, target, l.mode as u8, None);
-        }
-    }
-    let dlm = inner.tables.lock().dlm.to_reclaim(generation);
-    for (name, lock) in dlm {
-        let DlmLock { resource, owner, mode, start, end, .. } = lock;
-        let target = Target { resource, kind: Kind::Dlm, owner, start, end };
-        reclaim_one(inner, target, mode, Some((name, generation)));
-    }
-}
-
-/// Sends one reclaim; its answer moves a DLM lock (`dlm`: its name, and
-/// the session reclaiming it) to its new server handle, or reports the
-/// lock lost.
-fn reclaim_one(inner: &Arc<Inner>, target: Target, mode: u8, dlm: Option<(u64, u64)>) {
-    let id = inner.next_id.fetch_add(1, Ordering::Relaxed);
-    let op = Op::Lock { target: target.clone(), mode, wait: false, reclaim: true };
-    let sent = inner.tables.lock().send(&inner.outbox, id, &op);
-    let weak = Arc::downgrade(inner);
-    tokio::spawn(async move {
-        let reply = match sent {
-            Ok(rx) => rx.await.ok(),
-            Err(_) => None,
-        };
-        let Some(inner) = weak.upgrade() else { return };
-        let server = match &reply {
-            Some(Ok(Reply::Granted(g))) => Some(g.handle),
-            // Refused, or the session changed again before the answer.
-            _ => None,
-        };
-        // The lock lost (a DLM lock's name), and its converts to fail
-        // once the loss is reported.
-        let (lost, fail) = match (dlm, server) {
-            (Some((name, generation)), server) => {
-                let mut t = inner.tables.lock();
-                // None if a later session reclaims it, or it was lost
-                // with the session meanwhile.
-                let answered = t.dlm.reclaimed(name, generation, server.flatten());
-                let out = match answered {
-                    Some(Reclaimed::Moved { now, converts }) => {
-                        t.converts_reclaimed(&inner.outbox, converts, Some(now), generation);
-                        (None, None)
-                    }
-                    Some(Reclaimed::Lost { converts, .. }) => (Some(Some(name)), Some((converts, generation))),
-                    None => (None, None),
-                };
-                drop(t);
-                out
-            }
-            (None, Some(_)) => (None, None),
-            (None, None) => {
-                lose_record(&inner, target.kind, &target.resource, target.owner);
-                (Some(None), None)
-            }
-        };
-        if let Some(handle) = lost {
-            tracing::warn!(resource = %String::from_utf8_lossy(&target.resource), "reclaim refused");
-            inner.losses.report([LostLock {
-                resource: target.resource,
-                kind: target.kind,
-                owner: target.owner,
-                handle,
-            }]);
-        }
-        // Callers learn of a lost lock after it is reported.
-        if let Some((converts, generation)) = fail {
-            inner.tables.lock().converts_reclaimed(&inner.outbox, converts, None, generation);
-        }
-        if dlm.is_some() {
-            inner.reclaim_answered.notify_waiters();
-        }
-    });
-}
-
 /// In a new session, asks again for what we waited for: the old session's
 /// waits went with it. Their answers come through each wait's
 /// `grant_tx`.
@@ -579,7 +438,15 @@ fn dispatch(inner: &Arc<Inner>, msg: ServerMsg) {
         ServerMsg::Reply { id, reply } => {
             let mut t = inner.tables.lock();
             if let Some(p) = t.resolve(id) {
-                let _ = p.tx.send(Ok(reply));
+                match p.to {
+                    ReplyTo::Caller(tx) => {
+                        let _ = tx.send(Ok(reply));
+                    }
+                    ReplyTo::Reclaim(r) => {
+                        drop(t);
+                        reclaim::answered(inner, r, reply);
+                    }
+                }
             } else if let Some(request) = t.cancelling.remove(&id) {
                 t.abandoned.remove(&request);
             } else if t.abandoned.contains_key(&id) {

@@ -84,6 +84,7 @@ mod lost;
 pub mod meta;
 mod opens;
 mod outbox;
+mod reclaim;
 mod spec;
 mod tables;
 

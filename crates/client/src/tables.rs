@@ -10,6 +10,7 @@ use tokio::sync::oneshot;
 
 use crate::dlm::DlmLocks;
 use crate::outbox::Outbox;
+use crate::reclaim::Reclaim;
 use crate::{ClientError, opens};
 
 /// What comes back for a request: its reply, or why none will come in
@@ -42,9 +43,30 @@ impl From<NoReply> for ClientError {
 pub(crate) struct Pending {
     /// Where the request ends in the session's stream.
     pub(crate) end: u64,
-    pub(crate) tx: oneshot::Sender<Replied>,
+    pub(crate) to: ReplyTo,
     /// A change that may not be made twice: listed in `Tables::once`.
     pub(crate) once: bool,
+}
+
+/// Where a request's reply goes.
+pub(crate) enum ReplyTo {
+    /// To its caller, who awaits it.
+    Caller(oneshot::Sender<Replied>),
+    /// To [`answered`](crate::reclaim::answered), as it is read: in the session that
+    /// asked, before a later one begins.
+    Reclaim(Reclaim),
+}
+
+impl ReplyTo {
+    /// Tells the caller its request got no reply in its session (`why`);
+    /// false if no one awaits it. A reclaim's answer is left to the next
+    /// session, which reclaims the lock again or reports it lost.
+    fn no_reply(self, why: NoReply) -> bool {
+        match self {
+            ReplyTo::Caller(tx) => tx.send(Err(why)).is_ok(),
+            ReplyTo::Reclaim(_) => false,
+        }
+    }
 }
 
 #[derive(Default)]
@@ -88,11 +110,18 @@ impl Tables {
         id: u64,
         op: &Op,
     ) -> Result<oneshot::Receiver<Replied>, ClientError> {
-        let end = outbox.send(&ClientMsgRef::Request { id, op })?;
         let (tx, rx) = oneshot::channel();
-        let once = matches!(op, Op::Meta { once: Some(_), .. });
-        self.pending.insert(id, Pending { end, tx, once });
+        self.list(outbox, id, op, ReplyTo::Caller(tx))?;
         Ok(rx)
+    }
+
+    /// Sends request `id` and lists where its reply goes (`to`), as
+    /// [`send`](Tables::send) does.
+    pub(crate) fn list(&mut self, outbox: &Outbox, id: u64, op: &Op, to: ReplyTo) -> Result<(), ClientError> {
+        let end = outbox.send(&ClientMsgRef::Request { id, op })?;
+        let once = matches!(op, Op::Meta { once: Some(_), .. });
+        self.pending.insert(id, Pending { end, to, once });
+        Ok(())
     }
 
     /// Sends again the `converts` (waits) of a DLM lock held back until
@@ -141,7 +170,7 @@ impl Tables {
             if p.once {
                 self.once.remove(&id);
             }
-            let _ = p.tx.send(Err(NoReply::Unread));
+            p.to.no_reply(NoReply::Unread);
         }
     }
 
@@ -184,7 +213,7 @@ impl Tables {
 /// otherwise it is dropped (its caller sees
 /// [`ClientError::ConnectionLost`]) and leaves `once`.
 fn no_reply(once: &mut BTreeSet<u64>, id: u64, p: Pending, ask: bool) {
-    let asks = ask && p.once && p.tx.send(Err(NoReply::AskAgain)).is_ok();
+    let asks = ask && p.once && p.to.no_reply(NoReply::AskAgain);
     if p.once && !asks {
         once.remove(&id);
     }
