@@ -22,11 +22,13 @@
 //! Every append answered is in its log once; none is there twice, or out
 //! of order; an append told it had no effect (`Unread`, made again by the
 //! task) had none. An append may fail only where the client cannot know
-//! whether it was made (`ConnectionLost`): in a partition, where its
-//! copy may still be on its way to a server that lives on, and past the
-//! recovery window of a server that died. Every other fault fails no
-//! call: before session 50, a clean stop or a kill that outlasted the
-//! lease failed the appends on their way.
+//! whether it was made (`ConnectionLost`): past the recovery window of a
+//! server that died, which let go of the client's replay cache. Every
+//! other fault fails no call: before session 50, a clean stop or a kill
+//! that outlasted the lease failed the appends on their way, and before
+//! session 53 a partition did (a copy of the append could still be on
+//! its way; the server now stops a client's old connections at its new
+//! hello, and keeps the cache of a client whose session lapsed).
 
 mod common;
 
@@ -70,7 +72,7 @@ impl Fault {
     /// Whether the client may be unable to know if a change on its way
     /// was made.
     fn unknowable(self) -> bool {
-        matches!(self, Fault::Partition | Fault::KillPastWindow)
+        matches!(self, Fault::KillPastWindow)
     }
 }
 

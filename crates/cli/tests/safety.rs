@@ -162,6 +162,73 @@ fn a_lost_lease_stops_the_command_and_is_never_reclaimed() {
     assert_eq!(status_locks(&server.addr), 0, "the lost lock was never taken back");
 }
 
+/// A change on its way when a partition made the client give its session
+/// up is asked about again in the next session, and made once: the new
+/// hello stops the client's old connection first, so the copy the
+/// network held is never served. Until session 53 the change failed with
+/// `ConnectionLost` (a mount's `EIO`); asked again of a server that did
+/// not stop the old connection, the held copy was made as well (the line
+/// twice). The relay holds the client's connection, and the append on
+/// it, until the client has its answer in a new session, then passes the
+/// copy on while the old session still lives at the server.
+#[test]
+fn a_change_held_up_in_a_partition_is_asked_again_and_made_once() {
+    use interlock_client::meta::{Cred, FileType, ROOT};
+    let (_data, _server, relay) = behind_a_relay(6000);
+    rt().block_on(async {
+        let c = client(&relay.addr).await;
+        let root = Cred::root();
+        // A change the server keeps in the client's replay cache.
+        let log = c.create(&root, ROOT, b"log", FileType::Regular, 0o644, b"").await.unwrap().ino;
+        let before = c.settled();
+        relay.freeze_open();
+        let appended = tokio::time::timeout(Duration::from_secs(30), c.append(&root, log, b"one\n")).await;
+        appended.expect("answered once the client gives its session up").expect("asked again, not failed");
+        assert!(c.settled() > before, "answered in a new session");
+        let sessions = c.status().await.unwrap().sessions;
+        assert_eq!(sessions, 2, "the old session still lives at the server (a slow machine lets its lease run out)");
+        relay.thaw();
+        // Whatever the old session's connection would serve is served by
+        // the time the session ends.
+        let t = Instant::now();
+        while c.status().await.unwrap().sessions > 1 {
+            assert!(t.elapsed() < Duration::from_secs(30), "the old session's lease runs out");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let read = c.read(&root, log, 0, 64).await.unwrap();
+        assert_eq!(String::from_utf8_lossy(&read), "one\n", "made once");
+    });
+}
+
+/// A change on its way through a partition longer than the lease is
+/// asked about again once the partition heals, and made once: the server
+/// keeps the replay cache of a client whose session lapsed (see the
+/// server's `origins`). Until session 53 the cache went with the
+/// session, and the change failed with `ConnectionLost` (`EIO`).
+#[test]
+fn a_change_on_its_way_outlives_a_partition_longer_than_the_lease() {
+    use interlock_client::meta::{Cred, FileType, ROOT};
+    let (_data, server, relay) = behind_a_relay(1000);
+    let rt = rt();
+    let root = Cred::root();
+    let c = rt.block_on(client(&relay.addr));
+    let log = rt.block_on(c.create(&root, ROOT, b"log", FileType::Regular, 0o644, b"")).unwrap().ino;
+    relay.freeze();
+    let append = rt.spawn({
+        let (c, root) = (c.clone(), root.clone());
+        async move { c.append(&root, log, b"one\n").await }
+    });
+    // Until the server has ended the session (only the probe's is left).
+    until(Duration::from_secs(30), "the session's lease runs out at the server", || status(&server.addr).sessions == 1);
+    relay.thaw();
+    rt.block_on(async {
+        let appended = tokio::time::timeout(Duration::from_secs(30), append).await.unwrap().unwrap();
+        appended.expect("asked again, not failed");
+        let read = c.read(&root, log, 0, 64).await.unwrap();
+        assert_eq!(String::from_utf8_lossy(&read), "one\n", "made once");
+    });
+}
+
 /// A server with a lease of `lease_ms`, and a relay to it that can be
 /// frozen (a partition: the client hears nothing and says nothing).
 fn behind_a_relay(lease_ms: u64) -> (tempfile::TempDir, ServerProc, Relay) {

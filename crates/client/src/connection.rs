@@ -288,10 +288,11 @@ pub(crate) fn settle(inner: &Arc<Inner>, w: &Welcomed, now: Moment, goodbye: Opt
     if !w.named {
         *inner.lease.lock() = Lease::new(w.lease, w.sent);
         // The changes parked when the session was given up may be asked
-        // about if the server that had them is gone (it restarted: no copy
-        // of them still on its way can reach it) and its replay cache
-        // holds this client's changes (so it let go of none of them).
-        t.unpark(w.restarted && w.kept);
+        // about if the server's replay cache holds this client's changes
+        // (so it let go of none of them): no copy of one still on its way
+        // can be served after this welcome (the server died, or stopped
+        // this client's other connections first; protocol 24).
+        t.unpark(w.kept);
         return Some(Settled::Begun);
     }
     let in_time = inner.lease.lock().holds_at(now);

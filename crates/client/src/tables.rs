@@ -177,10 +177,11 @@ impl Tables {
     /// The session is given up ([`give_up`](crate::connection)): the
     /// changes that may not be made twice wait, listed apart, for the next
     /// welcome ([`unpark`](Tables::unpark)); a change on its way when the
-    /// server died, one that may have been made, is asked about again if
-    /// the next server can tell, instead of failing with `ConnectionLost`.
-    /// Until session 50 such changes failed when a restart outlasted
-    /// three quarters of the lease. O(pending).
+    /// server died or the network was cut, one that may have been made,
+    /// is asked about again if the next server can tell, instead of
+    /// failing with `ConnectionLost`. Until session 50 such changes
+    /// failed when a restart outlasted three quarters of the lease, and
+    /// until session 53 after any partition that long. O(pending).
     pub(crate) fn park(&mut self) {
         self.parked.extend(self.pending.extract_if(|_, p| p.once));
     }

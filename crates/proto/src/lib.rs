@@ -38,7 +38,7 @@ pub use frame::{DecodeError, FrameTooLarge, ReadError, Reader, decode, encode, r
 pub use unacked::Unacked;
 
 /// The protocol version this build speaks.
-pub const VERSION: u32 = 23;
+pub const VERSION: u32 = 24;
 /// The largest frame either side accepts, in bytes: room for the largest
 /// write ([`meta::MAX_WRITE`], version 18; 256 KiB before), an extended
 /// attribute's largest value (64 KiB), and a page of directory entries.
@@ -420,7 +420,9 @@ pub enum ServerMsg {
     /// talking to another data directory, where its inode numbers name
     /// other files (or none), and must not go on. `kept` (version 23):
     /// the server holds changes of the hello's `origin` in its replay
-    /// cache (see [`meta::Once`]).
+    /// cache (see [`meta::Once`]); since version 24, the server has also
+    /// stopped that client's other connections, and none of their
+    /// requests will be served after this welcome.
     Welcome {
         version: u32,
         session: u64,

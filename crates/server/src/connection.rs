@@ -14,6 +14,7 @@ use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
 
 use crate::dispatch::{Gate, handle, later, recovery_gate};
+use crate::origins::Ending;
 use crate::peer::{self, LocalUser, ServedAs};
 use crate::session::{self, same_secret};
 use crate::transport::{self, Reader, Writer};
@@ -88,6 +89,16 @@ pub(crate) async fn connection(
     }
     // Shown its token: it may send the largest frames.
     source.decoder_mut().limit(proto::MAX_FRAME);
+    // Before the welcome, which may tell the client to ask again about
+    // changes on their way when its last connection went: no copy of
+    // one is served after this (see `supersede`).
+    let registered = match origin {
+        0 => None,
+        origin => match inner.superseding.supersede(origin).await {
+            Some(r) => Some(r),
+            None => return,
+        },
+    };
     let attached = match attach(&inner, session, &secret) {
         Ok(a) => a,
         Err(session::BadResume) => {
@@ -139,13 +150,22 @@ pub(crate) async fn connection(
     };
     // Stopped at any await, it leaves the session whole: see
     // `serve_connection`.
+    let superseded = async {
+        match &registered {
+            Some(r) => r.superseded().await,
+            None => std::future::pending().await,
+        }
+    };
     let ended = tokio::select! {
+        // Seen before anything more is served.
+        biased;
         () = session.stop.cancelled() => None,
+        () = superseded => None,
         ended = serve => ended,
     };
     session.wire.detach(&wr);
     if ended == Some(Ended::Bye) {
-        end_session(&inner, session.sid);
+        end_session(&inner, session.sid, Ending::Bye);
     }
 }
 
@@ -193,7 +213,7 @@ enum Ended {
 /// session keeps them until its lease runs out (the reaper ends it, a
 /// lease from this hello), as a client that went silent does; its end
 /// then leaves the client's replay cache, which the new session uses,
-/// alone (see `meta::Origins`). So is a session that ended meanwhile.
+/// alone (see `origins`). So is a session that ended meanwhile.
 /// `None`: a newer connection took over meanwhile.
 async fn take_over(
     inner: &Inner,

@@ -393,7 +393,7 @@ fn evict(inner: &Inner, sid: u64, id: u64, target: u64) -> Option<Reply> {
         let reply = match server.evictions.record(target, server.config.lease, Instant::now()) {
             Err(e) => Reply::Error(format!("evict refused: it could not be recorded ({e}); the session goes on")),
             // Its lease ran out meanwhile.
-            Ok(()) if !crate::end_session(server, target) => gone(),
+            Ok(()) if !crate::end_session(server, target, crate::origins::Ending::Lapsed) => gone(),
             Ok(()) => {
                 tracing::warn!(session = target, by = sid, "session evicted by an operator");
                 if let Some(m) = &server.metrics {

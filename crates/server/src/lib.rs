@@ -43,10 +43,12 @@ mod dispatch;
 mod durable;
 mod meta;
 mod metrics;
+mod origins;
 mod peer;
 mod session;
 mod squash;
 mod stop;
+mod supersede;
 mod transport;
 mod wire;
 
@@ -69,6 +71,7 @@ pub use config::{
 };
 use datadir::{DataDir, Evictions, FENCE_BLOCK, Fences};
 pub use meta::now;
+use origins::Ending;
 pub use peer::LocalUser;
 use session::Sessions;
 pub use squash::{IpPrefix, RootSquash};
@@ -83,7 +86,10 @@ pub(crate) struct Inner {
     pub opens: meta::Opens,
     /// Each session's client, as its hello named it (for the replay
     /// cache: see `meta`).
-    pub origins: meta::Origins,
+    pub origins: origins::Origins,
+    /// Each client's connections: a new one stops the others before its
+    /// welcome (see `supersede`).
+    pub superseding: supersede::Superseding,
     /// This server, for work handed to other threads.
     pub me: std::sync::Weak<Inner>,
     config: Config,
@@ -230,7 +236,8 @@ impl Server {
             store,
             acker: Arc::default(),
             opens: meta::Opens::default(),
-            origins: meta::Origins::default(),
+            origins: origins::Origins::default(),
+            superseding: supersede::Superseding::default(),
             me: me.clone(),
             config,
             boot: start.boot,
@@ -435,12 +442,13 @@ async fn reap(inner: Arc<Inner>) {
         let since = inner.recovery_until.unwrap_or(inner.started);
         for sid in inner.sessions.expired(inner.config.lease, since, Instant::now()) {
             tracing::info!(session = sid, "lease expired; releasing its locks");
-            if end_session(&inner, sid)
+            if end_session(&inner, sid, Ending::Lapsed)
                 && let Some(m) = &inner.metrics
             {
                 m.expired();
             }
         }
+        inner.origins.expire(Instant::now(), |origin| inner.store.ns().replies().forget(origin));
         epochs += 1;
         if epochs.is_multiple_of(4) {
             inner.space.reclaim(4096);
@@ -448,14 +456,15 @@ async fn reap(inner: Arc<Inner>) {
     }
 }
 
-/// Releases everything a session holds or waits for and forgets it;
-/// whether there was such a session.
-fn end_session(inner: &Inner, sid: u64) -> bool {
+/// Releases everything a session holds or waits for and forgets it (see
+/// `meta::end_session` for what `ending` changes); whether there was
+/// such a session.
+fn end_session(inner: &Inner, sid: u64, ending: Ending) -> bool {
     let Some(tracked) = inner.sessions.remove(sid) else { return false };
     for t in tracked {
         dispatch::release_track(inner, t);
     }
-    meta::end_session(inner, sid);
+    meta::end_session(inner, sid, ending);
     true
 }
 

@@ -12,9 +12,9 @@
 //! O(log n) for entry operations, O(log n + k) for a listing of k);
 //! opening and closing cost O(1) expected more here.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use interlock_journal::changelog::{Consumer, Mask};
 use interlock_meta::ReadFrom::{Cache, Disk};
@@ -24,8 +24,8 @@ use interlock_proto::meta::{
     Asking, ChangelogOp, ChangelogRecord, ChangelogReply, ConsumerInfo, Entry, MAX_DATA, MAX_WRITE, MetaOp, MetaReply,
     Once,
 };
-use parking_lot::Mutex;
 
+use crate::origins::Ending;
 use crate::{Inner, durable};
 
 /// Most records in one changelog read (each at most ~600 bytes: under a
@@ -94,60 +94,11 @@ impl Opens {
     }
 }
 
-/// Each session's client: session -> origin (see `Once`), and how many
-/// sessions each client has. A client has two for a while when its
-/// session could not resume (see `connection::take_over`): the old one
-/// keeps its locks until its lease runs out (and one more if the new
-/// one's welcome was lost, and it asked to resume the old one again).
-#[derive(Default)]
-pub(crate) struct Origins {
-    of: scc::HashMap<u64, u64, foldhash::fast::RandomState>,
-    sessions: Mutex<HashMap<u64, usize>>,
-}
-
-impl Origins {
-    /// Session `sid` is client `origin`'s (again, on a resumed
-    /// session's new connection). O(1).
-    pub fn set(&self, sid: u64, origin: u64) {
-        if self.of.insert_sync(sid, origin).is_ok() {
-            *self.sessions.lock().entry(origin).or_default() += 1;
-        }
-    }
-
-    fn of(&self, sid: u64) -> Option<u64> {
-        self.of.read_sync(&sid, |_, o| *o)
-    }
-
-    /// Session `sid` is no longer its client's: the client, if it has no
-    /// other session left. O(1).
-    fn end(&self, sid: u64) -> Option<u64> {
-        let (_, origin) = self.of.remove_sync(&sid)?;
-        let mut sessions = self.sessions.lock();
-        let n = sessions.entry(origin).or_insert(1);
-        *n -= 1;
-        (*n == 0).then(|| {
-            sessions.remove(&origin);
-            origin
-        })
-    }
-
-    /// The clients with a session now. O(clients).
-    fn live(&self) -> HashSet<u64> {
-        self.sessions.lock().keys().copied().collect()
-    }
-}
-
-/// Closes the files a session that ended held open, and lets go of its
-/// client's replay cache if the client has no other session: a client
-/// whose session ended is told its requests are lost, and asks about
-/// none of them again; one given a new session meanwhile (see
-/// [`Origins`]) uses the cache there, and the new session's requests
-/// let go of the old one's as they settle them.
-pub(crate) fn end_session(inner: &Inner, sid: u64) {
+/// Closes the files a session that ended held open, and sees to its
+/// client's replay cache (see [`Origins::end`]).
+pub(crate) fn end_session(inner: &Inner, sid: u64, ending: Ending) {
     let ns = inner.store.ns();
-    if let Some(origin) = inner.origins.end(sid) {
-        ns.replies().forget(origin);
-    }
+    inner.origins.end(sid, ending, Instant::now(), |origin| ns.replies().forget(origin));
     for (ino, n) in inner.opens.end(sid) {
         for _ in 0..n {
             if let Err(e) = ns.release(&Cred::root(), ino) {
@@ -165,7 +116,15 @@ pub(crate) fn request(inner: &Inner, sid: u64, id: u64, cred: &Cred, op: MetaOp,
     let tag = once.zip(inner.origins.of(sid)).map(|(o, origin)| Tag { origin, id, settled: o.settled });
     if let (Some(tag), Some(Once { asking: asking @ (Asking::Again | Asking::IfMade), .. })) = (tag, once) {
         match inner.store.ns().replies().find(tag.origin, id) {
-            Some(ino) => return Some(made_before(inner, sid, &op, ino)),
+            Some(ino) => {
+                // Its record may not be durable yet (made on a connection
+                // of the client's that this one's hello superseded): the
+                // answer waits for every record appended so far.
+                let journal = inner.store.changelog().journal();
+                let seq = journal.next_index().saturating_sub(1);
+                let reply = made_before(inner, sid, &op, ino);
+                return inner.acker.answer(journal, &*inner.sessions, (seq, sid, id), reply);
+            }
             None if asking == Asking::IfMade => return Some(Reply::NotMade),
             None => {}
         }
@@ -223,15 +182,11 @@ pub(crate) fn request(inner: &Inner, sid: u64, id: u64, cred: &Cred, op: MetaOp,
     }
 }
 
-/// The answer to change `op`, made before the server restarted, whose
-/// record named inode `ino`: what the first answer was, with the inode's
-/// attributes as they are now (`ESTALE` if it is gone since); a file
-/// made open is opened in this session, as it was in the first. Nothing
-/// to wait for: a client asks again only of a restarted server, whose
-/// entries for requests of the dead server's sessions came from replay,
-/// so from durable records. (A client that asked again of the server that
-/// made the change would have its answer before the record is durable:
-/// its own loss.)
+/// The answer to change `op`, made before (by a server that died, or on
+/// an earlier connection of the client), whose record named inode `ino`:
+/// what the first answer was, with the inode's attributes as they are
+/// now (`ESTALE` if it is gone since); a file made open is opened in this
+/// session, as it was in the first.
 fn made_before(inner: &Inner, sid: u64, op: &MetaOp, ino: Ino) -> Reply {
     let ns = inner.store.ns();
     let made = match op {
@@ -500,8 +455,7 @@ pub(crate) fn checkpointer(inner: std::sync::Weak<Inner>) {
             }
             // Those that did not come back lost their sessions: they ask
             // about none of their requests again.
-            let live = server.origins.live();
-            server.store.ns().replies().retain(|origin| live.contains(&origin));
+            server.origins.retain_live(server.store.ns().replies());
             server.orphans_pending.store(false, Ordering::Relaxed);
         }
         let nap = server.recovering().filter(|_| pending).map_or(TICK, |left| left.min(TICK));

@@ -237,25 +237,30 @@ pub struct Relay {
     frozen: std::sync::Arc<std::sync::atomic::AtomicBool>,
     /// Both ends of each connection relayed since the last cut.
     open: std::sync::Arc<std::sync::Mutex<Vec<std::net::TcpStream>>>,
+    /// Each connection's own freeze (see [`Relay::freeze_open`]).
+    held: std::sync::Arc<std::sync::Mutex<Vec<std::sync::Arc<std::sync::atomic::AtomicBool>>>>,
 }
 
 impl Relay {
     pub fn start(to: &str) -> Relay {
-        use std::sync::atomic::Ordering;
+        use std::sync::atomic::{AtomicBool, Ordering};
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = l.local_addr().unwrap().to_string();
-        let frozen = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let frozen = std::sync::Arc::new(AtomicBool::new(false));
         let open = std::sync::Arc::<std::sync::Mutex<Vec<std::net::TcpStream>>>::default();
-        let (to, f, o) = (to.to_string(), frozen.clone(), open.clone());
+        let held = std::sync::Arc::<std::sync::Mutex<Vec<std::sync::Arc<AtomicBool>>>>::default();
+        let (to, f, o, h) = (to.to_string(), frozen.clone(), open.clone(), held.clone());
         std::thread::spawn(move || {
             for c in l.incoming() {
                 let Ok(c) = c else { return };
                 let Ok(s) = std::net::TcpStream::connect(&to) else { continue };
                 o.lock().unwrap().extend([c.try_clone().unwrap(), s.try_clone().unwrap()]);
+                let mine = std::sync::Arc::new(AtomicBool::new(false));
+                h.lock().unwrap().push(mine.clone());
                 for (mut from, mut into) in [(c.try_clone().unwrap(), s.try_clone().unwrap()), (s, c)] {
-                    let f = f.clone();
+                    let (f, mine) = (f.clone(), mine.clone());
                     let thawed = move || {
-                        while f.load(Ordering::Relaxed) {
+                        while f.load(Ordering::Relaxed) || mine.load(Ordering::Relaxed) {
                             std::thread::sleep(std::time::Duration::from_millis(10));
                         }
                     };
@@ -277,7 +282,7 @@ impl Relay {
                 }
             }
         });
-        Relay { addr, frozen, open }
+        Relay { addr, frozen, open, held }
     }
 
     /// Closes every connection relayed so far, both ways; what a frozen
@@ -292,8 +297,20 @@ impl Relay {
         self.frozen.store(true, std::sync::atomic::Ordering::Relaxed);
     }
 
+    /// Freezes the connections open now, both ways, until the thaw; new
+    /// ones pass. What they carry meanwhile is held, and passed on at the
+    /// thaw: a copy of a request held up in the network.
+    pub fn freeze_open(&self) {
+        for h in self.held.lock().unwrap().iter() {
+            h.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
     pub fn thaw(&self) {
         self.frozen.store(false, std::sync::atomic::Ordering::Relaxed);
+        for h in self.held.lock().unwrap().drain(..) {
+            h.store(false, std::sync::atomic::Ordering::Relaxed);
+        }
     }
 }
 
