@@ -2095,7 +2095,10 @@ fn a_mount_that_lost_its_locks_fails_with_eio_until_the_file_is_closed() {
 /// `EIO` while the mount is still cut off and before the server may give
 /// the lock to another mount (which still finds it held then), and the
 /// other mount then holds it alone. Until session 37 the write waited for
-/// the partition to heal, long after the other mount had the lock.
+/// the partition to heal, long after the other mount had the lock. An
+/// unlink on its way meanwhile, under no lock, is made once the
+/// partition heals, once: until session 53 it failed with `EIO` (the
+/// mount could not tell whether the server had made it).
 #[test]
 fn a_mount_cut_off_from_its_server_fails_the_locked_file_before_the_lock_moves() {
     let test = "a_mount_cut_off_from_its_server_fails_the_locked_file_before_the_lock_moves";
@@ -2111,11 +2114,20 @@ fn a_mount_cut_off_from_its_server_fails_the_locked_file_before_the_lock_moves()
     flock(&fa, FlockArg::LockExclusive).unwrap();
     fa.write_all_at(b"a's..", 0).unwrap();
     let fb = rw(&b.join("f"));
+    std::fs::write(a.join("g"), b"").unwrap();
+    // The kernel's checks before an unlink then ask nothing of the
+    // server: the unlink itself is what is on its way.
+    std::fs::metadata(a.join(".")).unwrap();
+    std::fs::metadata(a.join("g")).unwrap();
     relay.freeze();
     let stale = std::thread::spawn(move || {
         let r = fa.write_all_at(b"STALE", 0).map_err(|e| e.raw_os_error());
         (fa, r)
     });
+    let made = {
+        let g = a.join("g");
+        std::thread::spawn(move || std::fs::remove_file(g).map_err(|e| e.raw_os_error()))
+    };
     wait_for("a's write to end", || stale.is_finished());
     let (mut fa, r) = stale.join().unwrap();
     assert_eq!(r, Err(Some(libc::EIO)), "the write made while cut off");
@@ -2125,6 +2137,8 @@ fn a_mount_cut_off_from_its_server_fails_the_locked_file_before_the_lock_moves()
     relay.thaw();
     assert_eq!(fa.write_all(b"x").map_err(|e| e.raw_os_error()), Err(Some(libc::EIO)), "a later write");
     assert_eq!(std::fs::read(b.join("f")).unwrap(), b"b's!!", "what the lock's holder wrote");
+    assert_eq!(made.join().unwrap(), Ok(()), "the unlink on its way");
+    assert!(!b.join("g").exists());
 }
 
 /// A user other than root mounts through `fusermount3`: the mount is
