@@ -975,6 +975,51 @@ fn a_convert_granted_after_its_drop_is_given_back() {
     });
 }
 
+/// A blocking callback that overtakes its lock's grant names the lock as
+/// its caller will know it, even when the server's handle for it is the
+/// name of another lock held (a reclaimed one's first handle): it waits
+/// until the grant is recorded. Until session 53 it went out under the
+/// server's handle, so for the other lock. A scripted server grants a
+/// lock under 5, dies, comes back and grants its reclaim under 9, then
+/// pushes a callback for handle 5 just ahead of the grant of a second
+/// lock under 5.
+#[test]
+fn a_callback_that_overtakes_its_grant_names_its_own_lock() {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap().to_string();
+    let (held_tx, held_rx) = std::sync::mpsc::channel::<()>();
+    let server = std::thread::spawn(move || {
+        let s = welcome_and_grant_dlm(&l);
+        held_rx.recv().unwrap();
+        drop(s);
+        let mut s = l.incoming().next().unwrap().unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let _hello = read_raw_frame(&mut s);
+        send_raw(&mut s, &restarted_welcome(2));
+        let (id, op) = next_request(&mut s).expect("the reclaim");
+        assert!(matches!(op, interlock_proto::Op::Lock { reclaim: true, .. }), "{op:?}");
+        grant_dlm(&mut s, id, 9);
+        let (id, op) = next_request(&mut s).expect("the second lock");
+        assert!(matches!(op, interlock_proto::Op::Lock { reclaim: false, .. }), "{op:?}");
+        let (held, wanted) = (Mode::EX as u8, Mode::EX as u8);
+        send_raw(&mut s, &ServerMsg::Blocking { resource: b"e".to_vec(), handle: 5, owner: 1, held, wanted });
+        grant_dlm(&mut s, id, 5);
+        s
+    });
+    rt().block_on(async {
+        let c = client(&addr).await;
+        let mut callbacks = c.blocking_callbacks();
+        assert_eq!(c.lock(&spec("d", 1)).await.unwrap().handle, Some(5));
+        held_tx.send(()).unwrap();
+        let second = tokio::time::timeout(Duration::from_secs(10), c.lock(&spec("e", 1))).await.unwrap().unwrap();
+        let second = second.handle.unwrap();
+        assert_ne!(second, 5, "the first lock is still held under 5");
+        let b = tokio::time::timeout(Duration::from_secs(10), callbacks.recv()).await.unwrap().unwrap();
+        assert_eq!((&b.resource[..], b.handle), (&b"e"[..], second), "the callback names the second lock");
+        drop(server.join().unwrap());
+    });
+}
+
 /// A lock granted by a server that dies as it answers is the caller's
 /// either way the race with the reconnect goes: recorded first, it is
 /// reclaimed; recorded after the new session began, the wait, sent again

@@ -483,9 +483,10 @@ fn dispatch(inner: &Arc<Inner>, msg: ServerMsg) {
             }
         }
         ServerMsg::Blocking { resource, handle, owner, held, wanted } => {
-            if let Some(tx) = inner.blocking.lock().as_ref() {
-                let handle = inner.tables.lock().dlm.name_of(handle);
-                let _ = tx.send(Blocking { resource, handle, owner, held, wanted });
+            if let Some(tx) = inner.blocking.lock().as_ref()
+                && let Some(b) = inner.tables.lock().dlm.callback(Blocking { resource, handle, owner, held, wanted })
+            {
+                let _ = tx.send(b);
             }
         }
         // Seen by `run`.

@@ -18,13 +18,19 @@
 //!   after it left the lock held by the session);
 //! - a convert that waited across the restart is held back until then
 //!   too, and goes again under the new handle (or fails, the lock lost);
-//! - a blocking callback names the lock as its caller knows it.
+//! - a blocking callback names the lock as its caller knows it; one
+//!   that overtakes its lock's grant (read before the caller recorded
+//!   it) under the name of another lock held waits until the grant is
+//!   recorded, and is named as it is (until session 53 it went out
+//!   under that name, for the other lock).
 //!
 //! Until session 52 the client kept only "first handle → new handle" and
 //! a lock granted under a reclaimed lock's first handle was unlocked as
 //! the reclaimed one: the unlock released neither.
 
 use foldhash::HashMap;
+
+use crate::Blocking;
 
 /// One DLM lock held.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -74,6 +80,11 @@ pub(crate) struct DlmLocks {
     /// The last name given for want of the server's (counts down from
     /// the top, wrapping).
     spare: u64,
+    /// Blocking callbacks for a server handle no recorded lock has but
+    /// a held lock's name is, by that handle: for a lock whose grant is
+    /// not yet recorded (see [`DlmLocks::callback`]). Dropped with the
+    /// session.
+    early: HashMap<u64, Vec<Blocking>>,
 }
 
 impl DlmLocks {
@@ -98,10 +109,39 @@ impl DlmLocks {
     }
 
     /// The name of the lock the server calls `server`; `server` itself
-    /// for a lock not recorded (a callback that overtook the grant, which
-    /// will be named so unless a reclaimed lock has that name).
+    /// for a lock not recorded.
     pub fn name_of(&self, server: u64) -> u64 {
         self.names.get(&server).copied().unwrap_or(server)
+    }
+
+    /// Blocking callback `b`, its handle the server's, as its caller is
+    /// to see it: under the lock's name. A callback for a lock not
+    /// recorded (one that overtook the grant, or came for a lock just
+    /// released) keeps the server's handle, which is the name such a
+    /// lock gets, unless a held lock has that name: then it is held back
+    /// until a grant under that handle is recorded ([`DlmLocks::overtaken`]),
+    /// and `None`. O(1) expected.
+    pub fn callback(&mut self, mut b: Blocking) -> Option<Blocking> {
+        match self.names.get(&b.handle) {
+            Some(&name) => b.handle = name,
+            None if self.by_name.contains_key(&b.handle) => {
+                self.early.entry(b.handle).or_default().push(b);
+                return None;
+            }
+            None => {}
+        }
+        Some(b)
+    }
+
+    /// The callbacks held back ([`DlmLocks::callback`]) for the lock just
+    /// recorded under server handle `server`, renamed `name`. O(1)
+    /// expected, but for the callbacks.
+    pub fn overtaken(&mut self, server: u64, name: u64) -> Vec<Blocking> {
+        let mut early = self.early.remove(&server).unwrap_or_default();
+        for b in &mut early {
+            b.handle = name;
+        }
+        early
     }
 
     /// Forgets lock `name` (unlocked, or lost).
@@ -127,6 +167,7 @@ impl DlmLocks {
     pub fn reclaiming(&mut self, generation: u64) {
         self.names.clear();
         self.held_back.clear();
+        self.early.clear();
         for (name, lock) in &mut self.by_name {
             let was = match lock.at {
                 At::Held(server) => server,
@@ -188,6 +229,7 @@ impl DlmLocks {
         self.names.clear();
         self.moving.clear();
         self.held_back.clear();
+        self.early.clear();
         let mut out: Vec<_> = self.by_name.drain().collect();
         out.sort_unstable_by_key(|(n, _)| *n);
         out
@@ -241,6 +283,30 @@ mod tests {
         let all = t.take_all();
         assert_eq!(all.iter().map(|(n, _)| *n).collect::<Vec<_>>(), [2]);
         assert!(t.to_reclaim(5).is_empty() && !t.hold_back(2, 100));
+    }
+
+    /// A callback for a handle no lock has keeps it, unless a held lock
+    /// is named so: then it waits for the grant under that handle, and
+    /// takes the name that grant gets; the session's end drops it.
+    #[test]
+    fn a_callback_under_a_held_name_waits_for_its_grant() {
+        let callback = |handle| Blocking { resource: b"e".to_vec(), handle, owner: 1, held: 5, wanted: 5 };
+        let mut t = DlmLocks::default();
+        t.insert(7, lock("a"));
+        t.reclaiming(2);
+        t.reclaimed(7, 2, Some(3));
+        assert_eq!(t.callback(callback(3)), Some(callback(7)), "a held lock, by its name");
+        assert_eq!(t.callback(callback(8)), Some(callback(8)), "no lock named 8: it keeps the handle");
+        assert_eq!(t.callback(callback(7)), None, "7 names the held lock: not this one's");
+        let name = t.insert(7, lock("e"));
+        assert_ne!(name, 7);
+        assert_eq!(t.overtaken(7, name), [callback(name)]);
+        assert!(t.overtaken(7, name).is_empty(), "delivered once");
+        assert_eq!(t.callback(callback(7)), Some(callback(name)), "recorded now");
+        t.remove(name);
+        assert_eq!(t.callback(callback(7)), None, "a late one, for the lock released");
+        t.take_all();
+        assert!(t.early.is_empty(), "dropped with the session");
     }
 
     #[test]

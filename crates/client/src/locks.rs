@@ -196,11 +196,18 @@ impl Client {
                 end: spec.range.end(),
                 at: At::Held(server),
             };
-            t.dlm.insert(server, lock)
+            let name = t.dlm.insert(server, lock);
+            (name, t.dlm.overtaken(server, name))
         });
         drop(t);
         local_effects(&self.inner, effects);
-        Ok(name)
+        let Some((name, overtaken)) = name else { return Ok(None) };
+        if let Some(tx) = self.inner.blocking.lock().as_ref() {
+            for b in overtaken {
+                let _ = tx.send(b);
+            }
+        }
+        Ok(Some(name))
     }
 
     /// Releases `spec.range` of the owner (POSIX, OFD, flock). Sent at
