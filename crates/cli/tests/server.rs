@@ -288,32 +288,50 @@ fn a_frame_larger_than_a_hello_before_the_hello_closes_the_connection() {
     assert_eq!(lock_cmd(&server.addr, &["alive", "--", "true"]).status().unwrap().code(), Some(0));
 }
 
-/// A client of another protocol version is refused with a reason that
-/// names both versions, and the connection closes.
+/// A client of a protocol version the server does not serve is refused
+/// with a reason that names the versions, and the connection closes; a
+/// client of the oldest version it serves is served (a rolling upgrade:
+/// the server first, then the clients).
 #[test]
 fn an_unknown_protocol_version_is_refused_clearly() {
-    use interlock_proto::{ClientMsg, ServerMsg};
+    use interlock_proto::{ClientMsg, OLDEST_CLIENT, Op, Reply, ServerMsg, VERSION};
     let data = tempfile::tempdir().unwrap();
     let server = ServerProc::start(data.path(), "127.0.0.1:0", &[]);
-    let mut s = std::net::TcpStream::connect(&server.addr).unwrap();
-    s.write_all(&raw_frame(&ClientMsg::Hello {
-        version: 99,
-        token: None,
-        session: None,
-        received: 0,
-        secret: [0; 16],
-        origin: 0,
-    }))
-    .unwrap();
-    match interlock_proto::decode(&read_raw_frame(&mut s)).unwrap() {
-        ServerMsg::Refused { reason, .. } => {
-            let want = format!("unsupported protocol version 99; this server speaks {}", interlock_proto::VERSION);
-            assert_eq!(reason, want);
+    let hello = |version| {
+        let mut s = std::net::TcpStream::connect(&server.addr).unwrap();
+        let hello = ClientMsg::Hello { version, token: None, session: None, received: 0, secret: [0; 16], origin: 0 };
+        s.write_all(&raw_frame(&hello)).unwrap();
+        let answer = interlock_proto::decode(&read_raw_frame(&mut s)).unwrap();
+        (s, answer)
+    };
+    for version in [99, VERSION + 1, OLDEST_CLIENT - 1] {
+        match hello(version) {
+            (mut s, ServerMsg::Refused { reason, .. }) => {
+                let served = if OLDEST_CLIENT == VERSION {
+                    VERSION.to_string()
+                } else {
+                    format!("{OLDEST_CLIENT} to {VERSION}")
+                };
+                assert_eq!(reason, format!("unsupported protocol version {version}; this server speaks {served}"));
+                let mut rest = Vec::new();
+                assert_eq!(std::io::Read::read_to_end(&mut s, &mut rest).unwrap(), 0, "closed after the refusal");
+            }
+            other => panic!("version {version}: unexpected {:?}", other.1),
         }
-        other => panic!("unexpected {other:?}"),
     }
-    let mut rest = Vec::new();
-    assert_eq!(std::io::Read::read_to_end(&mut s, &mut rest).unwrap(), 0, "closed after the refusal");
+    for version in OLDEST_CLIENT..=VERSION {
+        let (mut s, welcome) = hello(version);
+        assert!(matches!(welcome, ServerMsg::Welcome { .. }), "version {version}: {welcome:?}");
+        let resource = format!("r{version}").into_bytes();
+        let target = interlock_proto::Target { resource, kind: Kind::Posix, owner: 1, start: 0, end: 9 };
+        let lock = Op::Lock { target, mode: Mode::EX as u8, wait: false, reclaim: false };
+        s.write_all(&raw_frame(&ClientMsg::Request { id: 1, op: lock })).unwrap();
+        let granted = interlock_proto::decode(&read_raw_frame(&mut s)).unwrap();
+        assert!(
+            matches!(granted, ServerMsg::Reply { id: 1, reply: Reply::Granted(_) }),
+            "version {version}: {granted:?}"
+        );
+    }
 }
 
 #[test]

@@ -39,6 +39,21 @@ pub use unacked::Unacked;
 
 /// The protocol version this build speaks.
 pub const VERSION: u32 = 24;
+/// The oldest client version this build's server serves. Every version
+/// from it to [`VERSION`] sends and reads the same messages; what
+/// changed since is only what the server does, and a client of such a
+/// version still gets what it counts on (version 24: the server stops a
+/// client's other connections before the welcome, which a client of
+/// version 23 does not rely on). So a cluster upgrades its server first,
+/// then its clients one by one. A client asks for its own version only:
+/// it relies on what its server does. Raised to [`VERSION`] by a version
+/// that changes a message.
+pub const OLDEST_CLIENT: u32 = 23;
+
+/// How a server names the versions it serves, in a refusal.
+pub fn versions_served() -> String {
+    if OLDEST_CLIENT == VERSION { VERSION.to_string() } else { format!("{OLDEST_CLIENT} to {VERSION}") }
+}
 /// The largest frame either side accepts, in bytes: room for the largest
 /// write ([`meta::MAX_WRITE`], version 18; 256 KiB before), an extended
 /// attribute's largest value (64 KiB), and a page of directory entries.

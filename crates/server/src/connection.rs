@@ -74,8 +74,8 @@ pub(crate) async fn connection(
         let _ = wire::send(&wr, &refuse("the first message must be Hello".into())).await;
         return;
     };
-    if version != proto::VERSION {
-        let why = format!("unsupported protocol version {version}; this server speaks {}", proto::VERSION);
+    if !(proto::OLDEST_CLIENT..=proto::VERSION).contains(&version) {
+        let why = format!("unsupported protocol version {version}; this server speaks {}", proto::versions_served());
         let _ = wire::send(&wr, &refuse(why)).await;
         return;
     }
