@@ -41,7 +41,8 @@ struct Cli {
 enum Command {
     /// Run the server: cluster-wide locks with leases, and the shared
     /// namespace (files, directories, data, changelog) over TCP.
-    Serve(remote::serve::ServeArgs),
+    // Boxed: its many settings would make every command as large.
+    Serve(Box<remote::serve::ServeArgs>),
     /// Hold a cluster-wide lock while a command runs (like flock(1)).
     ///
     /// The command never runs without the lock: SIGINT, SIGTERM and SIGHUP
@@ -143,7 +144,7 @@ fn main() -> ExitCode {
         die_of_closed_pipes();
     }
     match cli.command {
-        Command::Serve(args) => remote::serve::serve(args),
+        Command::Serve(args) => remote::serve::serve(*args),
         Command::Lock(args) => remote::lock::lock(args),
         Command::Mount(args) => {
             let mount = matches.subcommand_matches("mount").expect("the mount subcommand's matches");

@@ -203,37 +203,54 @@ fn a_change_held_up_in_a_partition_is_asked_again_and_made_once() {
 /// A change on its way through a partition longer than the lease is
 /// asked about again once the partition heals, and made once: the server
 /// keeps the replay cache of a client whose session lapsed (see the
-/// server's `origins`). Until session 53 the cache went with the
-/// session, and the change failed with `ConnectionLost` (`EIO`).
+/// server's `origins`), unless told to keep none (`--replay-keep-ms 0`),
+/// when the change fails with `ConnectionLost` (a mount's `EIO`), as it
+/// did until session 53, when the cache went with the session.
 #[test]
 fn a_change_on_its_way_outlives_a_partition_longer_than_the_lease() {
     use interlock_client::meta::{Cred, FileType, ROOT};
-    let (_data, server, relay) = behind_a_relay(1000);
-    let rt = rt();
-    let root = Cred::root();
-    let c = rt.block_on(client(&relay.addr));
-    let log = rt.block_on(c.create(&root, ROOT, b"log", FileType::Regular, 0o644, b"")).unwrap().ino;
-    relay.freeze();
-    let append = rt.spawn({
-        let (c, root) = (c.clone(), root.clone());
-        async move { c.append(&root, log, b"one\n").await }
-    });
-    // Until the server has ended the session (only the probe's is left).
-    until(Duration::from_secs(30), "the session's lease runs out at the server", || status(&server.addr).sessions == 1);
-    relay.thaw();
-    rt.block_on(async {
-        let appended = tokio::time::timeout(Duration::from_secs(30), append).await.unwrap().unwrap();
-        appended.expect("asked again, not failed");
-        let read = c.read(&root, log, 0, 64).await.unwrap();
-        assert_eq!(String::from_utf8_lossy(&read), "one\n", "made once");
-    });
+    for keep in [None, Some("0")] {
+        let extra: Vec<&str> = keep.into_iter().flat_map(|ms| ["--replay-keep-ms", ms]).collect();
+        let (_data, server, relay) = behind_a_relay_with(1000, &extra);
+        let rt = rt();
+        let root = Cred::root();
+        let c = rt.block_on(client(&relay.addr));
+        let log = rt.block_on(c.create(&root, ROOT, b"log", FileType::Regular, 0o644, b"")).unwrap().ino;
+        relay.freeze();
+        let append = rt.spawn({
+            let (c, root) = (c.clone(), root.clone());
+            async move { c.append(&root, log, b"one\n").await }
+        });
+        // Until the server has ended the session (only the probe's is left).
+        let ended = || status(&server.addr).sessions == 1;
+        until(Duration::from_secs(30), "the session's lease runs out at the server", ended);
+        relay.thaw();
+        rt.block_on(async {
+            let appended = tokio::time::timeout(Duration::from_secs(30), append).await.unwrap().unwrap();
+            let read = c.read(&root, log, 0, 64).await.unwrap();
+            if keep.is_none() {
+                appended.expect("asked again, not failed");
+                assert_eq!(String::from_utf8_lossy(&read), "one\n", "made once");
+            } else {
+                assert!(matches!(appended, Err(ClientError::ConnectionLost)), "no cache kept: {appended:?}");
+                assert_eq!(String::from_utf8_lossy(&read), "", "never made (the copy went with its connection)");
+            }
+        });
+    }
 }
 
 /// A server with a lease of `lease_ms`, and a relay to it that can be
 /// frozen (a partition: the client hears nothing and says nothing).
 fn behind_a_relay(lease_ms: u64) -> (tempfile::TempDir, ServerProc, Relay) {
+    behind_a_relay_with(lease_ms, &[])
+}
+
+/// As [`behind_a_relay`], the server started with `extra` arguments too.
+fn behind_a_relay_with(lease_ms: u64, extra: &[&str]) -> (tempfile::TempDir, ServerProc, Relay) {
     let data = tempfile::tempdir().unwrap();
-    let server = ServerProc::start(data.path(), "127.0.0.1:0", &["--lease-ms", &lease_ms.to_string()]);
+    let lease = lease_ms.to_string();
+    let args = [&["--lease-ms", lease.as_str()], extra].concat();
+    let server = ServerProc::start(data.path(), "127.0.0.1:0", &args);
     let relay = Relay::start(&server.addr);
     (data, server, relay)
 }

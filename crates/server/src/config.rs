@@ -92,6 +92,11 @@ pub struct Config {
     /// After a restart, how long clients may reclaim their locks (never
     /// shorter than the lease: see [`Config::recovery_window`]).
     pub recovery: Duration,
+    /// How long a client whose last session lapsed (its lease ran out,
+    /// or it was evicted) keeps its replay cache: a client cut off that
+    /// long or less asks about its changes on their way when it comes
+    /// back, rather than failing them (see `origins`). 0: none is kept.
+    pub replay_keep: Duration,
     pub limits: Limits,
     /// Serve TLS with this certificate and key. Off loopback the server
     /// refuses to start without it unless `insecure_plaintext` is set:
@@ -229,9 +234,14 @@ pub struct TlsFiles {
     pub key: PathBuf,
 }
 
+/// How long a lapsed client's replay cache is kept unless told: long
+/// enough for a network to heal or a machine to come back from a hang.
+pub const REPLAY_KEEP: Duration = Duration::from_secs(15 * 60);
+
 impl Default for Config {
     /// Loopback on port 7420, `./interlock-data`, no token, a 5 s lease,
-    /// a 10 s recovery window, the default limits, no TLS, no metrics,
+    /// a 10 s recovery window, replay caches kept [`REPLAY_KEEP`] after a
+    /// lapse, the default limits, no TLS, no metrics,
     /// every change synced, [`default_threads`], root not squashed, a
     /// checkpoint every [`CHECKPOINT_EVERY`] records.
     fn default() -> Self {
@@ -241,6 +251,7 @@ impl Default for Config {
             token: None,
             lease: Duration::from_secs(5),
             recovery: Duration::from_secs(10),
+            replay_keep: REPLAY_KEEP,
             limits: Limits::default(),
             tls: None,
             insecure_plaintext: false,

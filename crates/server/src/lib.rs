@@ -66,8 +66,8 @@ use tokio_util::sync::CancellationToken;
 
 use budget::Budget;
 pub use config::{
-    CHECKPOINT_EVERY, Config, Limits, ServerError, TlsFiles, default_max_output_memory, default_max_total_locks,
-    default_namespace_memory, default_threads, runtime,
+    CHECKPOINT_EVERY, Config, Limits, REPLAY_KEEP, ServerError, TlsFiles, default_max_output_memory,
+    default_max_total_locks, default_namespace_memory, default_threads, runtime,
 };
 use datadir::{DataDir, Evictions, FENCE_BLOCK, Fences};
 pub use meta::now;
@@ -236,7 +236,7 @@ impl Server {
             store,
             acker: Arc::default(),
             opens: meta::Opens::default(),
-            origins: origins::Origins::default(),
+            origins: origins::Origins::new(config.replay_keep),
             superseding: supersede::Superseding::default(),
             me: me.clone(),
             config,

@@ -14,8 +14,8 @@
 //! - by its `Bye`, the cache goes at once: the client is gone, and asks
 //!   about nothing again;
 //! - by its lease running out (a partition, a stopped process), or an
-//!   evict, the cache is kept [`LAPSED_KEPT`] (the [`MAX_LAPSED`] most
-//!   recent such clients): a client cut off with changes on their way
+//!   evict, the cache is kept a while (`Config::replay_keep`, 15 minutes
+//!   unless told; the [`MAX_LAPSED`] most recent such clients): a client cut off with changes on their way
 //!   comes back with a new session and asks about them again (its new
 //!   hello stopped its old connections first: see `supersede`). Until
 //!   session 53 the cache went with the session, and such changes failed
@@ -37,8 +37,6 @@ use std::time::{Duration, Instant};
 use interlock_meta::Replies;
 use parking_lot::Mutex;
 
-/// How long a client whose last session lapsed keeps its replay cache.
-pub(crate) const LAPSED_KEPT: Duration = Duration::from_secs(15 * 60);
 /// The most lapsed clients whose caches are kept; past it, the oldest go
 /// first (each is a few entries, its changes on their way).
 pub(crate) const MAX_LAPSED: usize = 1 << 16;
@@ -52,8 +50,9 @@ pub(crate) enum Ending {
     Lapsed,
 }
 
-#[derive(Default)]
 pub(crate) struct Origins {
+    /// How long a client whose last session lapsed keeps its cache.
+    keep: Duration,
     /// Session -> its client.
     of: scc::HashMap<u64, u64, foldhash::fast::RandomState>,
     /// Held while a cache is let go of.
@@ -88,6 +87,11 @@ impl State {
 }
 
 impl Origins {
+    /// Clients whose last session lapsed keep their caches `keep`.
+    pub fn new(keep: Duration) -> Origins {
+        Origins { keep, of: scc::HashMap::default(), state: Mutex::default() }
+    }
+
     /// Session `sid` is client `origin`'s (again, on a resumed
     /// session's new connection). O(1) expected.
     pub fn set(&self, sid: u64, origin: u64) {
@@ -117,6 +121,7 @@ impl Origins {
         state.sessions.remove(&origin);
         match ending {
             Ending::Bye => forget(origin),
+            Ending::Lapsed if self.keep.is_zero() => forget(origin),
             Ending::Lapsed => {
                 state.lapsed.push_back((now, origin));
                 state.latest.insert(origin, now);
@@ -128,11 +133,11 @@ impl Origins {
     }
 
     /// Lets go of (`forget`) the caches of the clients whose last
-    /// session lapsed [`LAPSED_KEPT`] before `now` and that have had none
-    /// since. O(1) amortized per lapse.
+    /// session lapsed the time to keep them before `now` and that have
+    /// had none since. O(1) amortized per lapse.
     pub fn expire(&self, now: Instant, mut forget: impl FnMut(u64)) {
         let mut state = self.state.lock();
-        while state.lapsed.front().is_some_and(|&(at, _)| now.saturating_duration_since(at) >= LAPSED_KEPT) {
+        while state.lapsed.front().is_some_and(|&(at, _)| now.saturating_duration_since(at) >= self.keep) {
             state.pop_lapsed(&mut forget);
         }
     }
@@ -152,13 +157,15 @@ mod tests {
 
     use super::*;
 
+    const LAPSED_KEPT: Duration = Duration::from_secs(15 * 60);
+
     /// A `Bye` lets go of the cache at once; a lapse keeps it
-    /// [`LAPSED_KEPT`], longer if the client lapses again, and for good
+    /// `LAPSED_KEPT`, longer if the client lapses again, and for good
     /// while it has a session; a client with two sessions keeps it until
     /// the second ends.
     #[test]
     fn a_lapsed_clients_cache_is_kept_a_while_and_a_byes_is_not() {
-        let o = Origins::default();
+        let o = Origins::new(LAPSED_KEPT);
         let gone = RefCell::new(Vec::new());
         let forget = |origin| gone.borrow_mut().push(origin);
         let t0 = Instant::now();
@@ -190,7 +197,7 @@ mod tests {
     /// Past [`MAX_LAPSED`] lapsed clients, the oldest goes first.
     #[test]
     fn lapsed_clients_are_bounded() {
-        let o = Origins::default();
+        let o = Origins::new(LAPSED_KEPT);
         let gone = RefCell::new(Vec::new());
         let forget = |origin| gone.borrow_mut().push(origin);
         let now = Instant::now();

@@ -49,6 +49,13 @@ struct ServeSettings {
     /// may still count on its locks [default: 10000].
     #[arg(long)]
     recovery_ms: Option<u64>,
+    /// Milliseconds a client whose session lapsed (its lease ran out: a
+    /// partition, a hung machine) keeps the server's record of its
+    /// changes on their way: back within it, a client asks about them
+    /// again instead of failing them (EIO on a mount). 0 keeps none
+    /// [default: 900000, 15 minutes].
+    #[arg(long)]
+    replay_keep_ms: Option<u64>,
     /// Locks one session may hold, every byte range counted
     /// [default: 100000].
     #[arg(long, value_parser = args::count)]
@@ -166,6 +173,7 @@ impl ServeSettings {
             token_file: self.token_file.or(file.token_file),
             lease_ms: self.lease_ms.or(file.lease_ms),
             recovery_ms: self.recovery_ms.or(file.recovery_ms),
+            replay_keep_ms: self.replay_keep_ms.or(file.replay_keep_ms),
             max_locks: self.max_locks.or(file.max_locks),
             max_waiters: self.max_waiters.or(file.max_waiters),
             max_total_locks: self.max_total_locks.or(file.max_total_locks),
@@ -237,6 +245,7 @@ impl ServeSettings {
             token,
             lease: Duration::from_millis(self.lease_ms.unwrap_or(5000)),
             recovery: Duration::from_millis(self.recovery_ms.unwrap_or(10_000)),
+            replay_keep: self.replay_keep_ms.map_or(interlock_server::REPLAY_KEEP, Duration::from_millis),
             limits: interlock_server::Limits {
                 max_locks: self.max_locks.unwrap_or(defaults.max_locks),
                 max_waiters: self.max_waiters.unwrap_or(defaults.max_waiters),
