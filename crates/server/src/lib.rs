@@ -84,8 +84,8 @@ pub(crate) struct Inner {
     pub acker: Arc<durable::Acker>,
     /// Files each session holds open.
     pub opens: meta::Opens,
-    /// Each session's client, as its hello named it (for the replay
-    /// cache: see `meta`).
+    /// Each session's client, as its hello named it, and how long a
+    /// client's replay cache outlives its sessions (see `origins`).
     pub origins: origins::Origins,
     /// Each client's connections: a new one stops the others before its
     /// welcome (see `supersede`).
