@@ -75,6 +75,12 @@ impl Acker {
         None
     }
 
+    /// Whether the answer to request `id` of session `sid` waits here.
+    #[cfg(test)]
+    pub fn is_parked(&self, sid: u64, id: u64) -> bool {
+        self.pending.lock().iter().any(|p| (p.sid, p.id) == (sid, id))
+    }
+
     /// Delivers every parked answer whose record is below `end`, each
     /// once: they leave the list under its lock. A session's answers go
     /// together, so that one sync's answers to one connection leave in

@@ -135,7 +135,7 @@ pub(crate) struct Inner {
 pub struct Server {
     listener: TcpListener,
     metrics: Option<TcpListener>,
-    inner: Arc<Inner>,
+    pub(crate) inner: Arc<Inner>,
     /// Held while the server runs.
     _data: DataDir,
 }

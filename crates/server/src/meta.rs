@@ -493,3 +493,68 @@ pub(crate) fn checkpointer(inner: std::sync::Weak<Inner>) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use interlock_meta::ROOT;
+
+    /// A change asked again on a new connection of its client, while the
+    /// record the first connection made is not durable yet, is answered
+    /// only once the record is: said `Ok` earlier, the change would be
+    /// lost to a crash before the sync, and the client would never ask
+    /// again. The journal syncs when a worker goes idle (none does here:
+    /// no runtime's park hook runs this test's calls) or when its flusher
+    /// finds a record left for a backstop (300 µs); so whether an answer
+    /// came at once is not up to the test, but an answer that came must
+    /// have its record durable, and one that did not must come with the
+    /// sync.
+    #[tokio::test]
+    async fn an_answer_from_the_replay_cache_waits_for_its_record() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let config = crate::Config {
+            listen: "127.0.0.1:0".parse().expect("addr"),
+            data: dir.path().into(),
+            ..Default::default()
+        };
+        let server = crate::Server::bind(config).await.expect("bind");
+        let inner = &*server.inner;
+        let journal = inner.store.changelog().journal();
+        let (first, second, origin) = (1, 2, 77);
+        inner.origins.set(first, origin);
+        inner.origins.set(second, origin);
+        let mut waited = 0;
+        for id in 1..=50 {
+            let op = MetaOp::Create {
+                parent: ROOT,
+                name: format!("f{id}").into_bytes(),
+                kind: FileType::Regular,
+                perm: 0o644,
+                rdev: 0,
+                target: Vec::new(),
+                umask: 0,
+            };
+            let once = |asking| Some(Once { settled: 0, asking });
+            request(inner, first, id, &Cred::root(), op.clone(), once(Asking::First));
+            let record = journal.next_index() - 1;
+            let again = request(inner, second, id, &Cred::root(), op, once(Asking::Again));
+            match again {
+                Some(reply) => {
+                    assert!(journal.durable_end() > record, "answered {reply:?} before record {record} was durable");
+                }
+                None => {
+                    waited += 1;
+                    assert!(inner.acker.is_parked(second, id), "not answered, so parked");
+                    let deadline = Instant::now() + Duration::from_secs(10);
+                    while inner.acker.is_parked(second, id) {
+                        assert!(Instant::now() < deadline, "record {record} synced, answer still parked");
+                        journal.sync_wanted();
+                        std::thread::yield_now();
+                    }
+                }
+            }
+        }
+        // Mostly the second request comes well inside the backstop.
+        assert!(waited > 0, "no answer ever waited: the test saw nothing");
+    }
+}
