@@ -1247,6 +1247,84 @@ fn a_crash_of_the_server_fails_no_call_on_the_mount() {
     restarts_fail_no_call("a_crash_of_the_server_fails_no_call_on_the_mount", ServerProc::kill9);
 }
 
+/// A program whose call waits for a server that does not answer (a
+/// partition here; a server that is down is the same to the mount) dies
+/// when it is killed, and one interrupted by a signal it handles is not
+/// failed: its call goes on once the server answers. The open the killed
+/// program never got is closed again, so the file, removed after, is
+/// freed. Before session 54 the mount ignored every interrupt but a
+/// blocked lock's: `kill -9` left the program in `D` state until the
+/// server answered (as a hard NFS mount did before Linux 2.6.25), and the
+/// open it had asked for was held for as long as the mount lasted.
+#[test]
+fn a_program_waiting_for_a_server_that_does_not_answer_dies_when_killed() {
+    use nix::sys::signal::{Signal, kill};
+    use nix::unistd::Pid;
+    let test = "a_program_waiting_for_a_server_that_does_not_answer_dies_when_killed";
+    let Some(perl) = tool("perl", "perl-base") else { return };
+    if !fuse_ready(test) {
+        return;
+    }
+    // A lease the partition stays well inside: the session, and so the
+    // order of the two opens on its connection, outlives it.
+    let (_data, server) = common::long_lease_server();
+    let relay = common::Relay::start(&server.addr);
+    // Names and attributes kept long: the opens, not their look-ups, wait
+    // for the server.
+    let m = Mount::with_options(&relay.addr, "rw,entry_timeout=600,attr_timeout=600");
+    let f = m.join("f");
+    std::fs::write(&f, "x").unwrap();
+    // The write dropped the kernel's attributes: got again now, not by the
+    // first program.
+    std::fs::metadata(&f).unwrap();
+    let used = || {
+        let v = nix::sys::statvfs::statvfs(&m.join("")).unwrap();
+        v.files() - v.files_free()
+    };
+    let with_f = used();
+    relay.freeze();
+    let proc_of = |c: &Child, file| std::fs::read_to_string(format!("/proc/{}/{file}", c.id())).unwrap_or_default();
+    let waiting = |c: &Child| proc_of(c, "wchan") == "request_wait_answer";
+    let mut killed = Command::new("cat").arg(&f).stdout(Stdio::null()).spawn().unwrap();
+    wait_for("the first program to wait for the server", || waiting(&killed));
+    // Its open goes after the first's, on the same connection.
+    let handled = Command::new(perl)
+        .args([
+            "-e",
+            r#"$SIG{USR1} = sub { print STDERR "signalled\n" };
+                       print open(my $fh, "<", $ARGV[0]) ? "opened\n" : "failed: $!\n";"#,
+        ])
+        .arg(&f)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for("the second program to wait for the server", || waiting(&handled));
+    kill(Pid::from_raw(killed.id() as i32), Signal::SIGKILL).unwrap();
+    kill(Pid::from_raw(handled.id() as i32), Signal::SIGUSR1).unwrap();
+    let until = Instant::now() + Duration::from_secs(10);
+    let died = loop {
+        match killed.try_wait().unwrap() {
+            Some(_) => break true,
+            None if Instant::now() > until => break false,
+            None => std::thread::sleep(Duration::from_millis(10)),
+        }
+    };
+    // The handled signal has been seen: its program waits on, no longer
+    // interruptibly (state D), for the mount's answer.
+    let state = |c: &Child| proc_of(c, "stat").rsplit(") ").next().and_then(|r| r.chars().next());
+    wait_for("the signalled program to wait on", || state(&handled) == Some('D'));
+    relay.thaw();
+    assert!(died, "the killed program stayed until the server answered");
+    let out = handled.wait_with_output().unwrap();
+    let said = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    assert_eq!((said(&out.stdout), said(&out.stderr)), ("opened\n".into(), "signalled\n".into()));
+    // The first open was made before the second: only its release, on
+    // its way, may be left.
+    std::fs::remove_file(&f).unwrap();
+    wait_for("the removed file to be freed: the abandoned open closed", || used() == with_f - 1);
+}
+
 /// Four programs create, lock, rename and remove files, and append a
 /// line to a log each, and two more only append to theirs, through a
 /// mount while the server is ended with `end_server` and started again,

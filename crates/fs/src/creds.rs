@@ -5,9 +5,10 @@
 //! non-root caller; root's are never needed, root passes every check a
 //! group could).
 //!
-//! The same files answer the one question FUSE's requests leave open:
+//! The same files answer the two questions FUSE's requests leave open:
 //! what call an attribute change with nothing in it came from (see
-//! [`in_chown`]).
+//! [`in_chown`]), and whether an interrupted caller is dying (see
+//! [`dying`]).
 
 use interlock_client::meta::Cred;
 
@@ -68,6 +69,26 @@ fn parse_syscall(line: &str) -> Option<libc::c_long> {
     line.split_whitespace().next()?.parse().ok().filter(|&nr| nr >= 0)
 }
 
+/// Whether thread `pid` is being killed: `SIGKILL` is pending for it,
+/// as the kernel makes it for every thread of a process a fatal signal
+/// ends (`kill -9`, or `SIGINT`, `SIGTERM`, … unhandled). False if it is
+/// gone or hidden. One small read, only for an interrupted request.
+pub fn dying(pid: u32) -> bool {
+    pid != 0 && std::fs::read_to_string(format!("/proc/{pid}/status")).is_ok_and(|s| parse_killed(&s))
+}
+
+/// Whether a `/proc/PID/status` has `SIGKILL` pending, for the thread
+/// (`SigPnd`) or its process (`ShdPnd`): the masks are hexadecimal, bit
+/// `n - 1` for signal `n`.
+fn parse_killed(status: &str) -> bool {
+    let kill = 1u64 << (libc::SIGKILL - 1);
+    status
+        .lines()
+        .filter_map(|l| l.strip_prefix("SigPnd:").or_else(|| l.strip_prefix("ShdPnd:")))
+        .filter_map(|mask| u64::from_str_radix(mask.trim(), 16).ok())
+        .any(|mask| mask & kill != 0)
+}
+
 fn parse_groups(status: &str) -> Vec<u32> {
     status
         .lines()
@@ -85,6 +106,16 @@ mod tests {
         assert_eq!(parse_groups("Name:\tx\nGroups:\t4 24 1000 \nNSpid:\t1\n"), vec![4, 24, 1000]);
         assert_eq!(parse_groups("Groups:\t\n"), Vec::<u32>::new());
         assert_eq!(parse_groups("Name:\tx\n"), Vec::<u32>::new());
+    }
+
+    #[test]
+    fn a_pending_sigkill_is_read_from_either_mask() {
+        let status = |sig, shd| format!("Name:\tx\nSigPnd:\t{sig}\nShdPnd:\t{shd}\nSigBlk:\tffffffffffffffff\n");
+        assert!(parse_killed(&status("0000000000000100", "0000000000000000")));
+        assert!(parse_killed(&status("0000000000000000", "0000000000000100")));
+        // SIGINT (bit 1) and SIGTERM (bit 14) pending, a handler to run.
+        assert!(!parse_killed(&status("0000000000004002", "0000000000000000")));
+        assert!(!parse_killed("Name:\tx\n"));
     }
 
     #[test]

@@ -225,6 +225,34 @@ impl Fs {
         Some(r)
     }
 
+    /// Undoes what the answer `a` to `h` would have begun, had the kernel
+    /// taken it: a request answered `EINTR` for its dying caller (see
+    /// `session`) that then made an open leaves a handle nobody will
+    /// release; it is released here. Anything else such a request made
+    /// stands, as a killed program's last calls to a local file system do.
+    /// O(1), or a release's round trips.
+    pub async fn abandoned(&self, h: &InHeader, a: Answer) {
+        // Each opening answer ends with its `fuse_open_out`: the handle,
+        // then 8 bytes of flags.
+        let Some(open_out) = a.ok().and_then(|out| out.len().checked_sub(16).map(|at| out[at..].to_vec())) else {
+            return;
+        };
+        let mut fh = Args::new(&open_out);
+        match h.opcode {
+            op::OPENDIR => {
+                if let Ok(fh) = fh.u64() {
+                    self.handles.close_dir(fh);
+                }
+            }
+            op::OPEN | op::CREATE | op::TMPFILE => {
+                if let Err(e) = self.release(&crate::creds::of(h), &mut fh).await {
+                    tracing::warn!(ino = h.nodeid, errno = e, "closing a file its dying opener never got");
+                }
+            }
+            _ => {}
+        }
+    }
+
     /// Runs a call that may be repeated (a read, a write at an offset, a
     /// lookup, …) again if it failed because the server restarted and the
     /// session with it: the file system goes on across a server restart.

@@ -6,14 +6,25 @@
 //! Answers are written from the tasks (one `write` each; the kernel
 //! matches them by unique id). Reading in one task also orders each
 //! `FUSE_INTERRUPT` after the request it names, so the interrupt always
-//! finds a blocking lock request that is still waiting: it fires the
-//! request's cancel, the wait is withdrawn at the server and the caller
-//! gets `EINTR`. Interrupts of anything else are ignored (those requests
-//! finish soon on their own).
+//! finds the request in the table of those being served:
+//!
+//! - a blocking lock request: its cancel fires, the wait is withdrawn at
+//!   the server and the caller gets `EINTR`;
+//! - any other: answered `EINTR` at once if its caller is dying (a fatal
+//!   signal, `kill -9`), else watched until it is or the answer comes.
+//!   Once the kernel has read a request, its caller waits for our answer
+//!   even through `SIGKILL`: with the server down (a mount waits for it
+//!   to come back, as a hard NFS mount does) a killed program would stay
+//!   in `D` state until then. A call another signal interrupts is not
+//!   failed: a program would see `EINTR` from calls no local file system
+//!   fails so (`stat`, `unlink`), even with `SA_RESTART`. The call goes on
+//!   at the server, as a killed program's call to an NFS server may; an
+//!   open it made is closed again when it is done (`Fs::abandoned`).
 
 use std::fs::File;
 use std::io::{self, Read, Write};
 use std::sync::Arc;
+use std::time::Duration;
 
 use foldhash::HashMap;
 use parking_lot::Mutex;
@@ -55,6 +66,24 @@ const WANT: u64 = init::ASYNC_READ
     | init::INIT_EXT
     | init::DIRECT_IO_ALLOW_MMAP;
 
+/// How often a request whose caller was interrupted, but is not dying,
+/// is looked at again: a fatal signal after the first does not interrupt
+/// the request again.
+const WATCH_EVERY: Duration = Duration::from_millis(100);
+
+/// A request being served: what an interrupt of it needs.
+struct Serving {
+    opcode: u32,
+    /// The calling thread, as the kernel names it.
+    pid: u32,
+    /// For a blocking lock request: fires to withdraw its wait.
+    cancel: Option<oneshot::Sender<()>>,
+}
+
+/// The requests being served, by unique id. Whoever takes a request out
+/// answers it: its task, or the interrupt of a dying caller, once.
+type Table = Arc<Mutex<HashMap<u64, Serving>>>;
+
 /// What wakes the reader: a request, or the end of the connection (the
 /// device then polls as an error, not as readable).
 const WAKE: Interest = Interest::READABLE.add(Interest::ERROR);
@@ -74,7 +103,7 @@ pub async fn run(fs: Arc<Fs>) -> io::Result<()> {
     #[allow(deprecated)]
     let dev = AsyncFd::with_interest(fs.dev.clone(), WAKE)?;
     let mut buf = vec![0u8; MAX_WRITE + 4096];
-    let waits: Arc<Mutex<HashMap<u64, oneshot::Sender<()>>>> = Arc::default();
+    let serving: Table = Arc::default();
     let mut initialized = false;
     loop {
         let n = {
@@ -109,10 +138,8 @@ pub async fn run(fs: Arc<Fs>) -> io::Result<()> {
             }
             _ if !initialized => send(dev, h.unique, Err(libc::EIO)),
             op::INTERRUPT => {
-                if let Ok(target) = Args::new(args).u64()
-                    && let Some(tx) = waits.lock().remove(&target)
-                {
-                    let _ = tx.send(());
+                if let Ok(target) = Args::new(args).u64() {
+                    interrupt(&fs, &serving, target);
                 }
             }
             op::FORGET | op::BATCH_FORGET => {}
@@ -121,25 +148,65 @@ pub async fn run(fs: Arc<Fs>) -> io::Result<()> {
                 return Ok(());
             }
             _ => {
-                let cancel = (h.opcode == op::SETLKW).then(|| {
-                    let (tx, rx) = oneshot::channel();
-                    waits.lock().insert(h.unique, tx);
-                    rx
-                });
-                let (fs, waits, body) = (fs.clone(), waits.clone(), args.to_vec());
+                let (tx, cancel) = match h.opcode {
+                    op::SETLKW => {
+                        let (tx, rx) = oneshot::channel();
+                        (Some(tx), Some(rx))
+                    }
+                    _ => (None, None),
+                };
+                serving.lock().insert(h.unique, Serving { opcode: h.opcode, pid: h.pid, cancel: tx });
+                let (fs, serving, body) = (fs.clone(), serving.clone(), args.to_vec());
                 tokio::spawn(async move {
                     let answer = fs.handle(h, &body, cancel).await;
-                    if h.opcode == op::SETLKW {
-                        waits.lock().remove(&h.unique);
-                    }
-                    if let Some(a) = answer {
-                        trace(&h, &a);
-                        send(&fs.dev, h.unique, a);
+                    let ours = serving.lock().remove(&h.unique).is_some();
+                    match answer {
+                        Some(a) if ours => {
+                            trace(&h, &a);
+                            send(&fs.dev, h.unique, a);
+                        }
+                        Some(a) => fs.abandoned(&h, a).await,
+                        None => {}
                     }
                 });
             }
         }
     }
+}
+
+/// `FUSE_INTERRUPT` of request `target`: a blocking lock request is
+/// withdrawn; any other is answered `EINTR` once its caller is dying
+/// (see the module's docs). O(1); then a read of the caller's
+/// `/proc/PID/status` every [`WATCH_EVERY`] while it waits.
+fn interrupt(fs: &Arc<Fs>, serving: &Table, target: u64) {
+    let pid = {
+        let mut table = serving.lock();
+        // None: answered already.
+        let Some(s) = table.get_mut(&target) else { return };
+        if s.opcode == op::SETLKW {
+            // Its task answers, `EINTR` once the wait is withdrawn.
+            if let Some(tx) = s.cancel.take() {
+                let _ = tx.send(());
+            }
+            return;
+        }
+        s.pid
+    };
+    let (fs, serving) = (fs.clone(), serving.clone());
+    tokio::spawn(async move {
+        loop {
+            if !serving.lock().contains_key(&target) {
+                return;
+            }
+            if crate::creds::dying(pid) {
+                if serving.lock().remove(&target).is_some() {
+                    send(&fs.dev, target, Err(libc::EINTR));
+                }
+                return;
+            }
+            tokio::time::sleep(WATCH_EVERY).await;
+        }
+    });
 }
 
 fn trace(h: &InHeader, a: &Answer) {
