@@ -525,15 +525,7 @@ mod tests {
         inner.origins.set(second, origin);
         let mut waited = 0;
         for id in 1..=50 {
-            let op = MetaOp::Create {
-                parent: ROOT,
-                name: format!("f{id}").into_bytes(),
-                kind: FileType::Regular,
-                perm: 0o644,
-                rdev: 0,
-                target: Vec::new(),
-                umask: 0,
-            };
+            let op = MetaOp::CreateOpen { parent: ROOT, name: format!("f{id}").into_bytes(), perm: 0o644, umask: 0 };
             let once = |asking| Some(Once { settled: 0, asking });
             request(inner, first, id, &Cred::root(), op.clone(), once(Asking::First));
             let record = journal.next_index() - 1;
