@@ -1249,10 +1249,11 @@ fn a_crash_of_the_server_fails_no_call_on_the_mount() {
 
 /// A program whose call waits for a server that does not answer (a
 /// partition here; a server that is down is the same to the mount) dies
-/// when it is killed, and one interrupted by a signal it handles is not
-/// failed: its call goes on once the server answers. The open the killed
-/// program never got is closed again, so the file, removed after, is
-/// freed. Before session 54 the mount ignored every interrupt but a
+/// when it is killed, be the call an open or a lock, and one interrupted
+/// by a signal it handles is not failed: its call goes on once the
+/// server answers. The open the killed program never got is closed
+/// again, so the file, removed after, is freed; nothing of the killed
+/// locker's is left held. Before session 54 the mount ignored every interrupt but a
 /// blocked lock's: `kill -9` left the program in `D` state until the
 /// server answered (as a hard NFS mount did before Linux 2.6.25), and the
 /// open it had asked for was held for as long as the mount lasted.
@@ -1282,9 +1283,26 @@ fn a_program_waiting_for_a_server_that_does_not_answer_dies_when_killed() {
         v.files() - v.files_free()
     };
     let with_f = used();
+    // A program with the file open, to lock it when told.
+    let mut locker = Command::new(&perl)
+        .args([
+            "-e",
+            r#"use Fcntl ":flock"; open(my $fh, "<", $ARGV[0]) or die; $| = 1; print "open\n"; <STDIN>;
+                       flock($fh, LOCK_EX | LOCK_NB);"#,
+        ])
+        .arg(&f)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(locker.stdout.take().unwrap()), &mut line).unwrap();
+    assert_eq!(line, "open\n");
     relay.freeze();
     let proc_of = |c: &Child, file| std::fs::read_to_string(format!("/proc/{}/{file}", c.id())).unwrap_or_default();
     let waiting = |c: &Child| proc_of(c, "wchan") == "request_wait_answer";
+    locker.stdin.take().unwrap().write_all(b"lock\n").unwrap();
+    wait_for("the locker to wait for the server", || waiting(&locker));
     let mut killed = Command::new("cat").arg(&f).stdout(Stdio::null()).spawn().unwrap();
     wait_for("the first program to wait for the server", || waiting(&killed));
     // Its open goes after the first's, on the same connection.
@@ -1300,14 +1318,16 @@ fn a_program_waiting_for_a_server_that_does_not_answer_dies_when_killed() {
         .spawn()
         .unwrap();
     wait_for("the second program to wait for the server", || waiting(&handled));
-    kill(Pid::from_raw(killed.id() as i32), Signal::SIGKILL).unwrap();
+    for c in [&killed, &locker] {
+        kill(Pid::from_raw(c.id() as i32), Signal::SIGKILL).unwrap();
+    }
     kill(Pid::from_raw(handled.id() as i32), Signal::SIGUSR1).unwrap();
     let until = Instant::now() + Duration::from_secs(10);
     let died = loop {
-        match killed.try_wait().unwrap() {
-            Some(_) => break true,
-            None if Instant::now() > until => break false,
-            None => std::thread::sleep(Duration::from_millis(10)),
+        match (killed.try_wait().unwrap(), locker.try_wait().unwrap()) {
+            (Some(_), Some(_)) => break true,
+            _ if Instant::now() > until => break false,
+            _ => std::thread::sleep(Duration::from_millis(10)),
         }
     };
     // The handled signal has been seen: its program waits on, no longer
@@ -1315,10 +1335,12 @@ fn a_program_waiting_for_a_server_that_does_not_answer_dies_when_killed() {
     let state = |c: &Child| proc_of(c, "stat").rsplit(") ").next().and_then(|r| r.chars().next());
     wait_for("the signalled program to wait on", || state(&handled) == Some('D'));
     relay.thaw();
-    assert!(died, "the killed program stayed until the server answered");
+    assert!(died, "a killed program stayed until the server answered");
     let out = handled.wait_with_output().unwrap();
     let said = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
     assert_eq!((said(&out.stdout), said(&out.stderr)), ("opened\n".into(), "signalled\n".into()));
+    let free = || Command::new("flock").arg("-n").arg(&f).arg("true").status().unwrap().success();
+    wait_for("the killed locker's lock to be withdrawn", free);
     // The first open was made before the second: only its release, on
     // its way, may be left.
     std::fs::remove_file(&f).unwrap();

@@ -268,17 +268,39 @@ impl Fs {
     }
 
     /// `F_SETLK(W)`, `F_OFD_SETLK(W)`, `flock`: a lock or an unlock at
-    /// the server. A blocking request (`cancel` given) waits there, in
-    /// FIFO order, holding no thread; if the caller is interrupted
-    /// (`FUSE_INTERRUPT`), the wait is withdrawn and the caller gets
-    /// `EINTR`. A grant drops the kernel's cached attributes, so what was
-    /// written under the lock elsewhere shows here.
-    pub(crate) async fn setlk(&self, ino: Ino, a: &mut Args<'_>, cancel: Option<oneshot::Receiver<()>>) -> Answer {
+    /// the server. A blocking request (`wait`) waits there, in FIFO order,
+    /// holding no thread. If `cancel` fires (the caller was interrupted
+    /// in a wait, or is dying: see `session`), the request is withdrawn
+    /// and the caller gets `EINTR`: dropping the client's lock future
+    /// withdraws it at the server and gives back a grant on its way; an
+    /// unlock already sent is made, one not sent is left to the close of
+    /// the caller's files. A grant drops the kernel's cached attributes,
+    /// so what was written under the lock elsewhere shows here.
+    pub(crate) async fn setlk(
+        &self,
+        ino: Ino,
+        a: &mut Args<'_>,
+        wait: bool,
+        cancel: Option<oneshot::Receiver<()>>,
+    ) -> Answer {
         let lk = LkIn::parse(a)?;
         let asked = lk.request()?;
+        let withdrawn = async {
+            // A cancel dropped unfired withdraws nothing.
+            let fired = match cancel {
+                Some(rx) => rx.await.is_ok(),
+                None => false,
+            };
+            if !fired {
+                std::future::pending::<()>().await;
+            }
+        };
         if asked.0 == Mode::NL {
             let spec = &lk.spec(ino, self.owners.number(lk.owner), asked);
-            self.on_file(ino, true, |c| async move { c.unlock(spec).await }).await?;
+            tokio::select! {
+                r = self.on_file(ino, true, |c| async move { c.unlock(spec).await }) => r?,
+                () = withdrawn => return Err(libc::EINTR),
+            }
             return Ok(Vec::new());
         }
         // Held before the request goes: the number stays while the lock
@@ -293,12 +315,16 @@ impl Fs {
         }
         let owner = self.owners.number(lk.owner);
         let spec = &lk.spec(ino, owner, asked);
-        let granted = match cancel {
-            None => self.on_file(ino, true, |c| async move { c.try_lock(spec).await }).await?.is_some(),
-            Some(cancel) => tokio::select! {
-                r = self.client.lock(spec) => { r.map_err(|e| errno(&e))?; true }
-                _ = cancel => return Err(libc::EINTR),
-            },
+        let asking = async {
+            if wait {
+                self.client.lock(spec).await.map(|_| true).map_err(|e| errno(&e))
+            } else {
+                self.on_file(ino, true, |c| async move { c.try_lock(spec).await }).await.map(|g| g.is_some())
+            }
+        };
+        let granted = tokio::select! {
+            r = asking => r?,
+            () = withdrawn => return Err(libc::EINTR),
         };
         if !granted {
             return Err(libc::EAGAIN);

@@ -152,7 +152,8 @@ impl Fs {
     }
 
     /// Answers one request; `None` for those the kernel wants no answer
-    /// to. `cancel` fires if a blocking lock request is interrupted.
+    /// to. `cancel` fires if a lock request is to be withdrawn (see
+    /// `session`).
     pub async fn handle(&self, h: InHeader, body: &[u8], cancel: Option<oneshot::Receiver<()>>) -> Option<Answer> {
         if matches!(h.opcode, op::FORGET | op::BATCH_FORGET) {
             return None;
@@ -215,8 +216,8 @@ impl Fs {
             op::READDIR => self.readdir(&cred, ino, &mut a, false).await,
             op::READDIRPLUS => self.readdir(&cred, ino, &mut a, true).await,
             op::GETLK => self.getlk(ino, &mut a).await,
-            op::SETLK => self.setlk(ino, &mut a, None).await,
-            op::SETLKW => self.setlk(ino, &mut a, cancel).await,
+            op::SETLK => self.setlk(ino, &mut a, false, cancel).await,
+            op::SETLKW => self.setlk(ino, &mut a, true, cancel).await,
             op::CREATE => self.create(&cred, ino, &mut a).await,
             op::TMPFILE => self.tmpfile(&cred, ino, &mut a).await,
             op::IOCTL => crate::fileattr::answer(&mut a),

@@ -10,8 +10,10 @@
 //!
 //! - a blocking lock request: its cancel fires, the wait is withdrawn at
 //!   the server and the caller gets `EINTR`;
-//! - any other: answered `EINTR` at once if its caller is dying (a fatal
-//!   signal, `kill -9`), else watched until it is or the answer comes.
+//! - any other: once its caller is dying (a fatal signal, `kill -9`: at
+//!   once, or watched until it is or the answer comes), a lock request is
+//!   withdrawn as a blocking one is (a grant on its way is given back),
+//!   anything else answered `EINTR`.
 //!   Once the kernel has read a request, its caller waits for our answer
 //!   even through `SIGKILL`: with the server down (a mount waits for it
 //!   to come back, as a hard NFS mount does) a killed program would stay
@@ -76,7 +78,7 @@ struct Serving {
     opcode: u32,
     /// The calling thread, as the kernel names it.
     pid: u32,
-    /// For a blocking lock request: fires to withdraw its wait.
+    /// For a lock request: fires to withdraw it.
     cancel: Option<oneshot::Sender<()>>,
 }
 
@@ -149,7 +151,7 @@ pub async fn run(fs: Arc<Fs>) -> io::Result<()> {
             }
             _ => {
                 let (tx, cancel) = match h.opcode {
-                    op::SETLKW => {
+                    op::SETLK | op::SETLKW => {
                         let (tx, rx) = oneshot::channel();
                         (Some(tx), Some(rx))
                     }
@@ -175,8 +177,10 @@ pub async fn run(fs: Arc<Fs>) -> io::Result<()> {
 }
 
 /// `FUSE_INTERRUPT` of request `target`: a blocking lock request is
-/// withdrawn; any other is answered `EINTR` once its caller is dying
-/// (see the module's docs). O(1); then a read of the caller's
+/// withdrawn; any other waits for its caller to be dying (see the
+/// module's docs), then a lock request is withdrawn (so that a grant on
+/// its way is given back: the kernel will never know of it) and anything
+/// else is answered `EINTR`. O(1); then a read of the caller's
 /// `/proc/PID/status` every [`WATCH_EVERY`] while it waits.
 fn interrupt(fs: &Arc<Fs>, serving: &Table, target: u64) {
     let pid = {
@@ -184,10 +188,7 @@ fn interrupt(fs: &Arc<Fs>, serving: &Table, target: u64) {
         // None: answered already.
         let Some(s) = table.get_mut(&target) else { return };
         if s.opcode == op::SETLKW {
-            // Its task answers, `EINTR` once the wait is withdrawn.
-            if let Some(tx) = s.cancel.take() {
-                let _ = tx.send(());
-            }
+            withdraw(s);
             return;
         }
         s.pid
@@ -199,14 +200,29 @@ fn interrupt(fs: &Arc<Fs>, serving: &Table, target: u64) {
                 return;
             }
             if crate::creds::dying(pid) {
-                if serving.lock().remove(&target).is_some() {
-                    send(&fs.dev, target, Err(libc::EINTR));
+                let mut table = serving.lock();
+                match table.get_mut(&target) {
+                    Some(s) if s.cancel.is_some() => withdraw(s),
+                    Some(_) => {
+                        table.remove(&target);
+                        drop(table);
+                        send(&fs.dev, target, Err(libc::EINTR));
+                    }
+                    None => {}
                 }
                 return;
             }
             tokio::time::sleep(WATCH_EVERY).await;
         }
     });
+}
+
+/// Fires a lock request's cancel: its task withdraws it and answers,
+/// `EINTR` unless the answer came first.
+fn withdraw(s: &mut Serving) {
+    if let Some(tx) = s.cancel.take() {
+        let _ = tx.send(());
+    }
 }
 
 fn trace(h: &InHeader, a: &Answer) {
