@@ -1253,10 +1253,11 @@ fn a_crash_of_the_server_fails_no_call_on_the_mount() {
 /// by a signal it handles is not failed: its call goes on once the
 /// server answers. The open the killed program never got is closed
 /// again, so the file, removed after, is freed; nothing of the killed
-/// locker's is left held. Before session 54 the mount ignored every interrupt but a
-/// blocked lock's: `kill -9` left the program in `D` state until the
-/// server answered (as a hard NFS mount did before Linux 2.6.25), and the
-/// open it had asked for was held for as long as the mount lasted.
+/// locker's is left held. Before session 54 the mount ignored every
+/// interrupt but a blocked lock's: `kill -9` left the program in `D`
+/// state until the server answered (as a hard NFS mount did before Linux
+/// 2.6.25), and the open it had asked for was held for as long as the
+/// mount lasted.
 #[test]
 fn a_program_waiting_for_a_server_that_does_not_answer_dies_when_killed() {
     use nix::sys::signal::{Signal, kill};
