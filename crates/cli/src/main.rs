@@ -18,11 +18,18 @@ use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 #[global_allocator]
 static ALLOC: alloc::Counting = alloc::Counting;
 
-/// The version, and the protocol's: a server serves only clients and
-/// mounts of its own protocol version (`docs/protocol.md`).
+/// The version, the protocol's, and the clients' a server serves: its
+/// own version's and those older ones whose messages are the same
+/// (`interlock_proto::OLDEST_CLIENT`; `docs/protocol.md`).
 fn version() -> &'static str {
-    static VERSION: std::sync::LazyLock<String> =
-        std::sync::LazyLock::new(|| format!("{} (protocol {})", env!("CARGO_PKG_VERSION"), interlock_proto::VERSION));
+    static VERSION: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+        format!(
+            "{} (protocol {}; a server serves clients of protocol {})",
+            env!("CARGO_PKG_VERSION"),
+            interlock_proto::VERSION,
+            interlock_proto::versions_served()
+        )
+    });
     &VERSION
 }
 

@@ -57,13 +57,18 @@ fn bench_mdtest_redis_rows_give_set_and_get_each_a_rate_and_a_cost() {
     assert!(rows.iter().any(|r| r["server_cpu_us_per_op"].as_f64().is_some_and(|us| us > 0.0)), "{out}");
 }
 
-/// `--version` names the protocol version, which server and clients
-/// must share (a server refuses any other).
+/// `--version` names the protocol version, and the clients' versions a
+/// server serves (it refuses any other).
 #[test]
 fn the_version_names_the_protocol() {
     let (code, out, _) = interlock(&["--version"], "");
     assert_eq!(code, 0);
-    assert!(out.trim_end().ends_with(&format!(" (protocol {})", interlock_proto::VERSION)), "{out}");
+    let (own, oldest) = (interlock_proto::VERSION, interlock_proto::OLDEST_CLIENT);
+    let served = if oldest == own { own.to_string() } else { format!("{oldest} to {own}") };
+    assert!(
+        out.trim_end().ends_with(&format!(" (protocol {own}; a server serves clients of protocol {served})")),
+        "{out}"
+    );
 }
 
 #[test]
