@@ -79,8 +79,11 @@ enum Command {
     /// mount serves every user of the machine; any other user mounts
     /// through fusermount3, for that user alone, on a directory they may
     /// write. The server checks each operation with the calling
-    /// process's uid, gid and groups. Stays in the foreground until
-    /// unmounted (fusermount3 -u MOUNTPOINT, umount, Ctrl-C or SIGTERM).
+    /// process's uid, gid and groups. While the server does not answer
+    /// (down, restarting, cut off), calls wait for it, as on a hard NFS
+    /// mount, and go on when it is back; a program so waiting can still
+    /// be killed. Stays in the foreground until unmounted (fusermount3 -u
+    /// MOUNTPOINT, umount, Ctrl-C or SIGTERM).
     /// Exit status: 0 unmounted; 2 a usage error or a bad mount point; 69
     /// the server cannot be reached, fusermount3 is missing, or the mount
     /// failed; 77 fusermount3 refused the mount, or the token was
