@@ -52,17 +52,18 @@ impl Mount {
 
     /// With mount options (`-o`).
     fn with_options(addr: &str, options: &str) -> Mount {
-        Mount::telling(addr, options, Stdio::inherit())
+        Mount::telling(addr, options, ("warn", Stdio::inherit()))
     }
 
-    /// With mount options, what the mount says going to `stderr`. The
-    /// server is named as `mount`'s first operand, not with `--server`.
-    fn telling(addr: &str, options: &str, stderr: Stdio) -> Mount {
+    /// With mount options, what the mount says at `level` (`INTERLOCK_LOG`)
+    /// and above going to `stderr`. The server is named as `mount`'s first
+    /// operand, not with `--server`.
+    fn telling(addr: &str, options: &str, (level, stderr): (&str, Stdio)) -> Mount {
         let dir = tempfile::tempdir().unwrap();
         let child = Command::new(BIN)
             .args(["mount", "-o", options, addr])
             .arg(dir.path())
-            .env("INTERLOCK_LOG", "warn")
+            .env("INTERLOCK_LOG", level)
             .stdout(Stdio::null())
             .stderr(stderr)
             .spawn()
@@ -1323,14 +1324,9 @@ fn a_program_waiting_for_a_server_that_does_not_answer_dies_when_killed() {
         kill(Pid::from_raw(c.id() as i32), Signal::SIGKILL).unwrap();
     }
     kill(Pid::from_raw(handled.id() as i32), Signal::SIGUSR1).unwrap();
-    let until = Instant::now() + Duration::from_secs(10);
-    let died = loop {
-        match (killed.try_wait().unwrap(), locker.try_wait().unwrap()) {
-            (Some(_), Some(_)) => break true,
-            _ if Instant::now() > until => break false,
-            _ => std::thread::sleep(Duration::from_millis(10)),
-        }
-    };
+    let died = common::holds_within(Duration::from_secs(10), || {
+        [&mut killed, &mut locker].into_iter().all(|c| c.try_wait().unwrap().is_some())
+    });
     // The handled signal has been seen: its program waits on, no longer
     // interruptibly (state D), for the mount's answer.
     let state = |c: &Child| proc_of(c, "stat").rsplit(") ").next().and_then(|r| r.chars().next());
@@ -1346,6 +1342,31 @@ fn a_program_waiting_for_a_server_that_does_not_answer_dies_when_killed() {
     // its way, may be left.
     std::fs::remove_file(&f).unwrap();
     wait_for("the removed file to be freed: the abandoned open closed", || used() == with_f - 1);
+}
+
+/// A mount's log says when its server cannot be reached and when it is
+/// reached again, and the call that waited meanwhile goes on. Before
+/// session 54 a mount said nothing of an outage but that its locks were
+/// lost: whoever read its log could not tell why its programs waited.
+#[test]
+fn a_mount_logs_an_outage_of_its_server_and_its_end() {
+    let test = "a_mount_logs_an_outage_of_its_server_and_its_end";
+    let Some((data, mut server)) = restartable(test) else { return };
+    let addr = server.addr.clone();
+    let log = tempfile::NamedTempFile::new().unwrap();
+    let m = Mount::telling(&addr, "rw", ("info", Stdio::from(log.reopen().unwrap())));
+    std::fs::write(m.join("f"), "x").unwrap();
+    server.kill9();
+    let said = || std::fs::read_to_string(log.path()).unwrap();
+    std::thread::scope(|s| {
+        let read = s.spawn(|| std::fs::read(m.join("f")));
+        let told = common::holds_within(Duration::from_secs(30), || said().contains("cannot reach the server"));
+        // Back in any case: the read waits for it.
+        server = ServerProc::start(data.path(), &addr, &RESTARTED);
+        assert!(told, "the mount said nothing of the outage: {:?}", said());
+        wait_for("the mount to say it reached the server again", || said().contains("reached the server again"));
+        assert_eq!(read.join().unwrap().unwrap(), b"x");
+    });
 }
 
 /// Four programs create, lock, rename and remove files, and append a
@@ -2797,7 +2818,7 @@ fn a_user_lists_their_private_directory_on_a_root_squashed_server() {
     setup.kill9();
     let server = ServerProc::start(data.path(), "127.0.0.1:0", &squash);
     let said = data.path().join("mount.err");
-    let m = Mount::telling(&server.addr, "rw", std::fs::File::create(&said).unwrap().into());
+    let m = Mount::telling(&server.addr, "rw", ("warn", std::fs::File::create(&said).unwrap().into()));
     let said = std::fs::read_to_string(&said).unwrap();
     let told = "the server squashes root: root's requests are served as uid 65534, gid 65534\n";
     assert!(said.contains(told), "the mount says so: {said:?}");

@@ -162,14 +162,24 @@ async fn hello(inner: &Inner, stream: TcpStream) -> Result<Welcomed, ClientError
     }
 }
 
+/// How often an outage that goes on is logged again.
+const OUTAGE_TOLD_EVERY: Duration = Duration::from_secs(60);
+
 /// Reconnects with exponential backoff (50 ms to 2 s). Gives up when the
 /// server refuses the client (`Err` with the refusal: see [`refused`]) or
 /// the client is dropped (`Err(None)`). While it has a session, no
 /// attempt or pause outlasts the point its lease is trusted until: there
 /// the session is given up ([`give_up`], which takes the last server's
 /// `goodbye`), and the attempts go on for a new one.
+///
+/// An outage is logged as it begins, every [`OUTAGE_TOLD_EVERY`] while it
+/// lasts and when it ends, so that whoever reads a mount's log sees why
+/// its calls wait and when they went on.
 pub(crate) async fn reconnect(inner: &Arc<Inner>, goodbye: &mut Option<u64>) -> Result<Welcomed, Option<ClientError>> {
     let mut delay = Duration::from_millis(50);
+    let began = std::time::Instant::now();
+    let (mut failed, mut told) = (0u64, None::<std::time::Instant>);
+    let down_ms = || began.elapsed().as_millis() as u64;
     while !inner.closed() {
         let until = (inner.session.load(Ordering::Relaxed) != 0).then(|| inner.lease.lock().trusted_until());
         let Ok(attempt) = within(until, handshake(inner)).await else {
@@ -177,12 +187,25 @@ pub(crate) async fn reconnect(inner: &Arc<Inner>, goodbye: &mut Option<u64>) -> 
             continue;
         };
         match attempt {
-            Ok(c) => return Ok(c),
+            Ok(c) => {
+                if failed > 0 {
+                    tracing::info!(addr = %inner.addr, down_ms = down_ms(), attempts = failed + 1, "reached the server again");
+                }
+                return Ok(c);
+            }
             Err(e) if e.is_refusal() => {
                 tracing::error!(error = %e, "server refused the reconnect");
                 return Err(Some(e));
             }
-            Err(e) => tracing::debug!(error = %e, "reconnect failed; retrying"),
+            Err(e) => {
+                failed += 1;
+                if told.is_none_or(|t| t.elapsed() >= OUTAGE_TOLD_EVERY) {
+                    told = Some(std::time::Instant::now());
+                    tracing::warn!(addr = %inner.addr, error = %e, down_ms = down_ms(), "cannot reach the server; calls wait for it, trying again");
+                } else {
+                    tracing::debug!(error = %e, "reconnect failed; retrying");
+                }
+            }
         }
         if within(until, tokio::time::sleep(delay)).await.is_err() {
             give_up(inner, goodbye.take());

@@ -159,12 +159,21 @@ pub fn raw_hello_resuming(
 }
 
 /// Polls `done` until it holds (at most 30 s).
-pub fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
-    let until = std::time::Instant::now() + std::time::Duration::from_secs(30);
+pub fn wait_for(what: &str, done: impl FnMut() -> bool) {
+    assert!(holds_within(std::time::Duration::from_secs(30), done), "timed out waiting for {what}");
+}
+
+/// Polls `done` until it holds or `limit` passes: whether it held. For a
+/// test that must undo something before it fails.
+pub fn holds_within(limit: std::time::Duration, mut done: impl FnMut() -> bool) -> bool {
+    let until = std::time::Instant::now() + limit;
     while !done() {
-        assert!(std::time::Instant::now() < until, "timed out waiting for {what}");
+        if std::time::Instant::now() >= until {
+            return false;
+        }
         std::thread::sleep(std::time::Duration::from_millis(10));
     }
+    true
 }
 
 /// How many cases a property test runs: `default`, or what
