@@ -69,24 +69,48 @@ fn parse_syscall(line: &str) -> Option<libc::c_long> {
     line.split_whitespace().next()?.parse().ok().filter(|&nr| nr >= 0)
 }
 
-/// Whether thread `pid` is being killed: `SIGKILL` is pending for it,
-/// as the kernel makes it for every thread of a process a fatal signal
-/// ends (`kill -9`, or `SIGINT`, `SIGTERM`, … unhandled). False if it is
-/// gone or hidden. One small read, only for an interrupted request.
+/// Whether thread `pid` is dying: `SIGKILL` is pending for it, as the
+/// kernel makes it for every thread of a process a fatal signal ends
+/// (`kill -9`, or `SIGINT`, `SIGTERM`, … unhandled), or a signal that
+/// dumps core (`SIGQUIT`, `SIGSEGV`, …), for which the kernel does not,
+/// is pending with no handler, not ignored and not blocked. False if the
+/// thread is gone or hidden. One small read, only for an interrupted
+/// request.
 pub fn dying(pid: u32) -> bool {
-    pid != 0 && std::fs::read_to_string(format!("/proc/{pid}/status")).is_ok_and(|s| parse_killed(&s))
+    pid != 0 && std::fs::read_to_string(format!("/proc/{pid}/status")).is_ok_and(|s| parse_dying(&s))
 }
 
-/// Whether a `/proc/PID/status` has `SIGKILL` pending, for the thread
-/// (`SigPnd`) or its process (`ShdPnd`): the masks are hexadecimal, bit
-/// `n - 1` for signal `n`.
-fn parse_killed(status: &str) -> bool {
-    let kill = 1u64 << (libc::SIGKILL - 1);
-    status
-        .lines()
-        .filter_map(|l| l.strip_prefix("SigPnd:").or_else(|| l.strip_prefix("ShdPnd:")))
-        .filter_map(|mask| u64::from_str_radix(mask.trim(), 16).ok())
-        .any(|mask| mask & kill != 0)
+/// The signals whose default action dumps core (`signal(7)`).
+const CORE: [i32; 10] = [
+    libc::SIGQUIT,
+    libc::SIGILL,
+    libc::SIGTRAP,
+    libc::SIGABRT,
+    libc::SIGBUS,
+    libc::SIGFPE,
+    libc::SIGSEGV,
+    libc::SIGXCPU,
+    libc::SIGXFSZ,
+    libc::SIGSYS,
+];
+
+/// [`dying`] from a `/proc/PID/status`: pending for the thread (`SigPnd`)
+/// or its process (`ShdPnd`), neither caught (`SigCgt`), ignored
+/// (`SigIgn`) nor blocked (`SigBlk`), which `SIGKILL` never is. The masks
+/// are hexadecimal, bit `n - 1` for signal `n`.
+fn parse_dying(status: &str) -> bool {
+    let mask = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|m| u64::from_str_radix(m.trim(), 16).ok())
+            .unwrap_or(0)
+    };
+    let bit = |sig: i32| 1u64 << (sig - 1);
+    let ending = CORE.iter().fold(bit(libc::SIGKILL), |m, &sig| m | bit(sig));
+    let pending = mask("SigPnd:") | mask("ShdPnd:");
+    let kept = mask("SigCgt:") | mask("SigIgn:") | mask("SigBlk:");
+    pending & ending & !kept != 0
 }
 
 fn parse_groups(status: &str) -> Vec<u32> {
@@ -109,13 +133,21 @@ mod tests {
     }
 
     #[test]
-    fn a_pending_sigkill_is_read_from_either_mask() {
-        let status = |sig, shd| format!("Name:\tx\nSigPnd:\t{sig}\nShdPnd:\t{shd}\nSigBlk:\tffffffffffffffff\n");
-        assert!(parse_killed(&status("0000000000000100", "0000000000000000")));
-        assert!(parse_killed(&status("0000000000000000", "0000000000000100")));
-        // SIGINT (bit 1) and SIGTERM (bit 14) pending, a handler to run.
-        assert!(!parse_killed(&status("0000000000004002", "0000000000000000")));
-        assert!(!parse_killed("Name:\tx\n"));
+    fn a_pending_sigkill_or_unhandled_core_signal_is_dying() {
+        let status = |pnd, shd, cgt| {
+            format!("Name:\tx\nSigPnd:\t{pnd}\nShdPnd:\t{shd}\nSigBlk:\t0\nSigIgn:\t1000\nSigCgt:\t{cgt}\n")
+        };
+        // SIGKILL (bit 8), for the thread or its process.
+        assert!(parse_dying(&status("100", "0", "0")));
+        assert!(parse_dying(&status("0", "100", "0")));
+        // SIGINT (bit 1) and SIGTERM (bit 14) pending, a handler to run:
+        // not dying (unhandled, the kernel would have made them SIGKILL).
+        assert!(!parse_dying(&status("4002", "0", "4002")));
+        // SIGQUIT (bit 2): dying unless caught; SIGPIPE (bit 12, ignored here).
+        assert!(parse_dying(&status("4", "0", "0")));
+        assert!(!parse_dying(&status("4", "0", "4")));
+        assert!(!parse_dying(&status("1000", "0", "0")));
+        assert!(!parse_dying("Name:\tx\n"));
     }
 
     #[test]
