@@ -235,10 +235,9 @@ impl Fs {
     pub async fn abandoned(&self, h: &InHeader, a: Answer) {
         // Each opening answer ends with its `fuse_open_out`: the handle,
         // then 8 bytes of flags.
-        let Some(open_out) = a.ok().and_then(|out| out.len().checked_sub(16).map(|at| out[at..].to_vec())) else {
-            return;
-        };
-        let mut fh = Args::new(&open_out);
+        let Ok(out) = a else { return };
+        let Some(at) = out.len().checked_sub(16) else { return };
+        let mut fh = Args::new(&out[at..]);
         match h.opcode {
             op::OPENDIR => {
                 if let Ok(fh) = fh.u64() {
