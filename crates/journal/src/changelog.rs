@@ -351,6 +351,27 @@ impl Changelog {
     /// consumer that lags far behind pays for what it reads, not for the
     /// whole lag on every call.
     pub fn read(&self, who: &str, from: Option<u64>, max: usize, wait: Option<Duration>) -> Result<Vec<Entry>, Error> {
+        let mut out = Vec::new();
+        self.read_each(who, from, max, wait, |e| out.push(e))?;
+        Ok(out)
+    }
+
+    /// As [`read`](Self::read), handing each record to `f` as it is
+    /// decoded, in order; how many it handed. A consumer that handles
+    /// records one by one needs no vector of them: one of a few thousand
+    /// records is megabytes, which the allocator takes from the system
+    /// and gives back on every read (page faults, and TLB shootdowns
+    /// that interrupt the writers' cores: in `bench mdtest`, its reader
+    /// took 409 ns of CPU per record through vectors of up to 8,192 and
+    /// 303 through this, session 55). Same cost otherwise.
+    pub fn read_each(
+        &self,
+        who: &str,
+        from: Option<u64>,
+        max: usize,
+        wait: Option<Duration>,
+        mut f: impl FnMut(Entry),
+    ) -> Result<usize, Error> {
         let (mask, cursor) = {
             let p = self.state.lock();
             let c = &p.consumers[&find(&p, who)?];
@@ -366,19 +387,22 @@ impl Changelog {
             // Woken by the first new record: more get a moment to come.
             self.journal.watch_for(from.saturating_add(FOLLOW_BATCH), Some(FOLLOW_LINGER))?;
         }
-        let mut out = Vec::new();
+        let mut handed = 0;
         let mut next = from;
         // In batches of as many as are still wanted: records of other
         // types make another batch, never a read to the end.
-        while out.len() < max {
-            let want = max - out.len();
+        while handed < max {
+            let want = max - handed;
             let mut bad = None;
             let seen = self.journal.read(next, want, |index, bytes| {
                 if bad.is_some() {
                     return;
                 }
                 match (self.project)(bytes) {
-                    Ok(Some(record)) if mask.contains(record.rtype) => out.push(Entry { index, record }),
+                    Ok(Some(record)) if mask.contains(record.rtype) => {
+                        f(Entry { index, record });
+                        handed += 1;
+                    }
                     Ok(_) => {}
                     Err(e) => bad = Some((index, e)),
                 }
@@ -391,7 +415,7 @@ impl Changelog {
             }
             next += seen as u64;
         }
-        Ok(out)
+        Ok(handed)
     }
 
     /// Acknowledges every record up to `upto` for consumer `who`, then

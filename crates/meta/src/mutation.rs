@@ -25,6 +25,7 @@ pub enum Mutation {
     /// A new inode and its first name (create, mkdir, mknod, symlink).
     Create {
         parent: Ino,
+        #[serde(with = "serde_bytes")]
         name: Vec<u8>,
         ino: Ino,
         kind: FileType,
@@ -33,12 +34,14 @@ pub enum Mutation {
         gid: u32,
         rdev: u64,
         /// A symlink's target; empty otherwise.
+        #[serde(with = "serde_bytes")]
         target: Vec<u8>,
         time: Nanos,
     },
     /// Another name for `ino`.
     Link {
         parent: Ino,
+        #[serde(with = "serde_bytes")]
         name: Vec<u8>,
         ino: Ino,
         time: Nanos,
@@ -46,6 +49,7 @@ pub enum Mutation {
     /// A name removed (unlink, rmdir); `ino` is what it named.
     Remove {
         parent: Ino,
+        #[serde(with = "serde_bytes")]
         name: Vec<u8>,
         ino: Ino,
         /// `rmdir` (a directory went), not `unlink`.
@@ -69,51 +73,34 @@ pub enum Mutation {
     },
     /// Data written: the new size if it grew, the setuid/setgid bits a
     /// write by a non-root caller clears, and the time (mtime and ctime).
-    Write {
-        ino: Ino,
-        size: Option<u64>,
-        perm: Option<u32>,
-        time: Nanos,
-    },
+    Write { ino: Ino, size: Option<u64>, perm: Option<u32>, time: Nanos },
     SetXattr {
         ino: Ino,
+        #[serde(with = "serde_bytes")]
         name: Vec<u8>,
+        #[serde(with = "serde_bytes")]
         value: Vec<u8>,
         time: Nanos,
     },
     RemoveXattr {
         ino: Ino,
+        #[serde(with = "serde_bytes")]
         name: Vec<u8>,
         time: Nanos,
     },
     /// The last open handle of an inode with no names closed (or, after
     /// a restart, nobody reclaimed it): it goes.
-    Forget {
-        ino: Ino,
-    },
+    Forget { ino: Ino },
     /// A regular file with no name, open (`open(O_TMPFILE)` in `parent`):
     /// an orphan from its start, which a [`Link`](Mutation::Link) may name
     /// if `linkable` (made without `O_EXCL`).
-    Tmpfile {
-        parent: Ino,
-        ino: Ino,
-        perm: u32,
-        uid: u32,
-        gid: u32,
-        linkable: bool,
-        time: Nanos,
-    },
+    Tmpfile { parent: Ino, ino: Ino, perm: u32, uid: u32, gid: u32, linkable: bool, time: Nanos },
     /// A rename with `RENAME_WHITEOUT` (never an exchange), and in the
     /// same record a whiteout made at the old name: inode `whiteout`, a
     /// character device 0:0 with no permission bits, owned by
     /// `uid`:`gid` (what an overlay file system's upper layer marks a
     /// removed lower file with).
-    RenameWhiteout {
-        rename: Renamed,
-        whiteout: Ino,
-        uid: u32,
-        gid: u32,
-    },
+    RenameWhiteout { rename: Renamed, whiteout: Ino, uid: u32, gid: u32 },
     /// An access ACL set (`setfacl`), and the mode it gives the inode
     /// (its owner, group-class and other bits; setgid dropped for a
     /// setter outside the file's group): the ACL kept, or `None` where
@@ -122,6 +109,7 @@ pub enum Mutation {
     SetAcl {
         ino: Ino,
         perm: u32,
+        #[serde(with = "serde_bytes")]
         acl: Option<Vec<u8>>,
         time: Nanos,
     },
@@ -135,7 +123,9 @@ pub enum Mutation {
     Inherit {
         made: Box<Mutation>,
         ino: Ino,
+        #[serde(with = "serde_bytes")]
         access: Option<Vec<u8>>,
+        #[serde(with = "serde_bytes")]
         default: Option<Vec<u8>>,
     },
 }
@@ -216,9 +206,11 @@ impl Mutation {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Renamed {
     pub parent: Ino,
+    #[serde(with = "serde_bytes")]
     pub name: Vec<u8>,
     pub ino: Ino,
     pub new_parent: Ino,
+    #[serde(with = "serde_bytes")]
     pub new_name: Vec<u8>,
     pub victim: Option<Ino>,
     /// What became of a replaced victim.
@@ -268,5 +260,44 @@ mod tests {
         };
         assert_eq!(read, Mutation::Rename(want.clone()));
         assert_eq!(postcard::to_stdvec(&Mutation::Rename(want)).unwrap(), before, "and is written as before");
+    }
+
+    /// Byte strings (names, targets, extended attributes, ACLs) were
+    /// written as sequences of `u8` until session 55 and are written as
+    /// bytes now (`serde_bytes`, which decodes with one copy, not a call
+    /// per byte): postcard writes both as a varint length and the bytes,
+    /// so every journal written before reads the same.
+    #[test]
+    fn byte_strings_are_written_as_before_serde_bytes() {
+        let symlink = Mutation::Create {
+            parent: 1,
+            name: b"ab".to_vec(),
+            ino: 7,
+            kind: FileType::Symlink,
+            perm: 7,
+            uid: 3,
+            gid: 4,
+            rdev: 0,
+            target: b"t".to_vec(),
+            time: 5,
+        };
+        let xattr = Mutation::SetXattr { ino: 7, name: b"n".to_vec(), value: vec![0, 255], time: 5 };
+        let acl = Mutation::SetAcl { ino: 7, perm: 7, acl: Some(vec![1, 2]), time: 5 };
+        let inherit = Mutation::Inherit { made: Box::new(xattr.clone()), ino: 7, access: None, default: Some(vec![9]) };
+        let cases: [(Mutation, &[u8]); 4] = [
+            // variant 0, parent, "ab", ino, Symlink (2), perm, uid, gid,
+            // rdev, "t", time (zigzag: 10)
+            (symlink, &[0, 1, 2, b'a', b'b', 7, 2, 7, 3, 4, 0, 1, b't', 10]),
+            // variant 6, ino, "n", [0, 255], time
+            (xattr, &[6, 7, 1, b'n', 2, 0, 255, 10]),
+            // variant 11, ino, perm, Some([1, 2]), time
+            (acl, &[11, 7, 7, 1, 2, 1, 2, 10]),
+            // variant 12, the xattr above, ino, None, Some([9])
+            (inherit, &[12, 6, 7, 1, b'n', 2, 0, 255, 10, 7, 0, 1, 1, 9]),
+        ];
+        for (m, before) in cases {
+            assert_eq!(postcard::from_bytes::<Mutation>(before).unwrap(), m, "reads as before");
+            assert_eq!(postcard::to_stdvec(&m).unwrap(), before, "and is written as before");
+        }
     }
 }

@@ -405,27 +405,24 @@ pub(crate) fn changelog(inner: &Inner, sid: u64, id: u64, op: ChangelogOp) -> Op
 
 fn read(inner: &Inner, who: &str, from: Option<u64>, max: u32, wait: Option<Duration>) -> Reply {
     let max = max.clamp(1, MAX_RECORDS) as usize;
-    match inner.store.changelog().read(who, from, max, wait) {
-        Ok(entries) => Reply::Changelog(ChangelogReply::Records(
-            entries
-                .into_iter()
-                .map(|e| {
-                    let r = e.record;
-                    ChangelogRecord {
-                        index: e.index,
-                        rtype: r.rtype as u8,
-                        flags: r.flags,
-                        time: r.time_ns as i64,
-                        target: r.target,
-                        parent: r.parent,
-                        name: r.name,
-                        source: r.source.map(|s| (s.parent, s.name.into(), s.target)),
-                        uid: r.uid,
-                        gid: r.gid,
-                    }
-                })
-                .collect(),
-        )),
+    let mut records = Vec::new();
+    let read = inner.store.changelog().read_each(who, from, max, wait, |e| {
+        let r = e.record;
+        records.push(ChangelogRecord {
+            index: e.index,
+            rtype: r.rtype as u8,
+            flags: r.flags,
+            time: r.time_ns as i64,
+            target: r.target,
+            parent: r.parent,
+            name: r.name,
+            source: r.source.map(|s| (s.parent, s.name.into(), s.target)),
+            uid: r.uid,
+            gid: r.gid,
+        })
+    });
+    match read {
+        Ok(_) => Reply::Changelog(ChangelogReply::Records(records)),
         Err(e) => Reply::Error(e.to_string()),
     }
 }

@@ -84,6 +84,14 @@ impl Server {
     }
 }
 
+/// Nanoseconds the calling thread has run on a CPU (the first field of
+/// `/proc/thread-self/schedstat`), or `None` where that cannot be read:
+/// finer than [`task_ticks`]' hundredths, for a thread whose share of a
+/// run is a fraction of a second.
+pub fn thread_cpu_ns() -> Option<u64> {
+    std::fs::read_to_string("/proc/thread-self/schedstat").ok()?.split_whitespace().next()?.parse().ok()
+}
+
 /// User plus system ticks from a `/proc/PID/stat` line: its 14th and
 /// 15th fields, counted after the command name (which may hold spaces
 /// and parentheses, so from its last `)`).

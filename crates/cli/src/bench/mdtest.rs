@@ -13,7 +13,13 @@
 //!   consumer follows the changelog during the run, reading as records
 //!   come and clearing every 10,000 records or every second; the records
 //!   written are the same either way (the journal's record is the
-//!   changelog's).
+//!   changelog's). Its rows also give what the consumer cost:
+//!   `consumer_ns_per_record`, the CPU time its thread took over the
+//!   whole run (the three phases) per record it read. On two cores that
+//!   time is taken from the creators, so it is the floor under the
+//!   rate's gap between `on` and `off` when they keep both cores busy
+//!   (`--ack end`), and unlike the rates it does not swing with a shared
+//!   machine's neighbours.
 //! - `memory`: the namespace alone, no journal (not durable): how it
 //!   scales with no disk and no flusher thread beside it.
 //! - `engine-apart`, `memory-apart`: each of the T creators makes N files
@@ -62,7 +68,7 @@ use interlock_journal::changelog::Mask;
 use interlock_meta::{Cred, Errno, FileType, Ino, Namespace, NewInode, ROOT, Seq, Store, StoreOptions};
 use serde_json::{Map, Value, json};
 
-use super::machine::{Server, Span, Took, measured};
+use super::machine::{Server, Span, Took, measured, thread_cpu_ns};
 use super::{Report, scratch_dir};
 use interlock_server::now;
 
@@ -168,6 +174,7 @@ const COLUMNS: &[(&str, &str)] = &[
     ("ops/s", "ops_per_sec"),
     ("cpu µs/op", "cpu_us_per_op"),
     ("server µs/op", "server_cpu_us_per_op"),
+    ("reader ns/rec", "consumer_ns_per_record"),
 ];
 
 pub(super) const PHASES: [&str; 3] = ["create", "stat", "unlink"];
@@ -195,7 +202,10 @@ pub fn run(args: Args) -> Result<(), String> {
     let mut report = Report::new(args.json, COLUMNS);
     if args.repeat == 1 {
         for &(t, files) in &sizes {
-            round(&args, t, files, &mut |run| run.rows(t, files, |p| run.took[p], &mut report))?;
+            round(&args, t, files, &mut |run| {
+                let consumer = run.consumer.and_then(|c| c.ns_per_record());
+                run.rows(t, files, |p| run.took[p], consumer, &mut report)
+            })?;
         }
         return Ok(());
     }
@@ -216,7 +226,8 @@ pub fn run(args: Args) -> Result<(), String> {
     }
     for (k, &(t, files)) in sizes.iter().enumerate() {
         for (i, run) in rounds[0][k].iter().enumerate() {
-            run.rows(t, files, |p| median(rounds.iter().map(|r| r[k][i].took[p]).collect()), &mut report);
+            let consumer = middle(rounds.iter().filter_map(|r| r[k][i].consumer?.ns_per_record()).collect());
+            run.rows(t, files, |p| median(rounds.iter().map(|r| r[k][i].took[p]).collect()), consumer, &mut report);
         }
     }
     Ok(())
@@ -231,13 +242,30 @@ struct Run {
     /// The files made, where known to differ from the run's N (the
     /// `-apart` variants make T×N).
     files: Option<u64>,
+    /// What the changelog consumer read and cost, if one followed.
+    consumer: Option<Consumer>,
+}
+
+/// What a changelog consumer (see [`follow`]) read over a run, and the
+/// CPU time its thread took for it (`None` where the thread's time could
+/// not be read).
+#[derive(Clone, Copy, Debug)]
+struct Consumer {
+    records: u64,
+    cpu_ns: Option<u64>,
+}
+
+impl Consumer {
+    fn ns_per_record(self) -> Option<f64> {
+        Some(self.cpu_ns? as f64 / self.records.max(1) as f64)
+    }
 }
 
 impl Run {
     fn new(variant: &'static str, changelog: bool, ack: Option<&str>, took: &[Took]) -> Run {
         let mut fields = vec![("changelog", json!(changelog))];
         fields.extend(ack.map(|a| ("ack", json!(a))));
-        Run { variant, fields, took: took.to_vec(), files: None }
+        Run { variant, fields, took: took.to_vec(), files: None, consumer: None }
     }
 
     /// Made `files` files.
@@ -252,11 +280,20 @@ impl Run {
         self
     }
 
-    /// A row per phase, with what `took` gives for each.
-    fn rows(&self, threads: usize, files: u64, took: impl Fn(usize) -> Took, report: &mut Report) {
+    /// A row per phase, with what `took` gives for each, and the
+    /// consumer's CPU per record over the run (the same in each).
+    fn rows(
+        &self,
+        threads: usize,
+        files: u64,
+        took: impl Fn(usize) -> Took,
+        consumer: Option<f64>,
+        report: &mut Report,
+    ) {
         let files = self.files.unwrap_or(files);
         for (p, phase) in PHASES.iter().enumerate().take(self.took.len()) {
             let mut r = row(self.variant, phase, threads, files, took(p));
+            r.insert("consumer_ns_per_record".into(), json!(consumer));
             r.extend(self.fields.iter().map(|(k, v)| ((*k).to_string(), v.clone())));
             report.row(r);
         }
@@ -272,16 +309,19 @@ fn own_threads(client_threads: u32) -> usize {
 /// The median of some runs' seconds, and the medians of their CPU times
 /// (each on its own: the slowest run need not be the costliest).
 fn median(runs: Vec<Took>) -> Took {
-    let mid = |f: fn(&Took) -> Option<f64>| {
-        let mut v: Vec<f64> = runs.iter().map(f).collect::<Option<_>>()?;
-        v.sort_by(f64::total_cmp);
-        v.get(v.len() / 2).copied()
-    };
+    let mid = |f: fn(&Took) -> Option<f64>| middle(runs.iter().map(f).collect::<Option<_>>()?);
     Took {
         secs: mid(|t| Some(t.secs)).unwrap_or(0.0),
         cpu_secs: mid(|t| t.cpu_secs),
         server_cpu_secs: mid(|t| t.server_cpu_secs),
     }
+}
+
+/// The median of some figures (the upper of the two middle ones of an
+/// even count), if there are any.
+fn middle(mut v: Vec<f64>) -> Option<f64> {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied()
 }
 
 /// Every chosen variant once, with `t` creators: each measurement goes
@@ -301,9 +341,9 @@ fn round(args: &Args, t: usize, files: u64, out: &mut dyn FnMut(Run)) -> Result<
         for ack in &args.ack {
             for &changelog in changelogs {
                 let dir = parent.path().join(format!("t{t}-{ack}-{changelog}"));
-                let secs = engine(&dir, t, made, changelog, ack == "each", is_apart)?;
+                let (secs, consumer) = engine(&dir, t, made, changelog, ack == "each", is_apart)?;
                 let _ = std::fs::remove_dir_all(&dir);
-                out(Run::new(variant, changelog, Some(ack), &secs).made(made));
+                out(Run { consumer, ..Run::new(variant, changelog, Some(ack), &secs).made(made) });
             }
         }
     }
@@ -414,7 +454,8 @@ fn phase(threads: usize, files: u64, op: impl Fn(u64) -> Result<(), String> + Sy
     result.map(|()| took)
 }
 
-/// The engine: what create, stat and unlink took. With `apart`, each
+/// The engine: what create, stat and unlink took, and what the changelog
+/// consumer read and cost if `changelog`. With `apart`, each
 /// creator has a store of its own (journal, flusher and namespace, in
 /// `dir/K`) and a directory in it: nothing of ours is shared between the
 /// creators, only the process and the machine. Its scaling is the most
@@ -426,7 +467,7 @@ fn engine(
     changelog: bool,
     each: bool,
     apart: bool,
-) -> Result<[Took; 3], String> {
+) -> Result<([Took; 3], Option<Consumer>), String> {
     let mut stores = Vec::new();
     for k in 0..if apart { threads } else { 1 } {
         let at = if apart { dir.join(k.to_string()) } else { dir.to_path_buf() };
@@ -443,10 +484,11 @@ fn engine(
     let nss: Vec<&Namespace> = stores.iter().map(|s| s.ns()).collect();
     let secs = shape(&nss, threads, files, done, all_durable);
     stop.store(true, Ordering::Relaxed);
-    if let Some(f) = follower {
-        f.join().map_err(|_| "the changelog follower failed".to_string())??;
-    }
-    secs
+    let consumer = match follower {
+        Some(f) => Some(f.join().map_err(|_| "the changelog follower failed".to_string())??),
+        None => None,
+    };
+    Ok((secs?, consumer))
 }
 
 /// The namespace alone, with no journal (not durable): how it scales
@@ -515,28 +557,44 @@ fn shape(
 /// a Lustre changelog reader (robinhood, a replicator) does. A clear is
 /// durable (an fsync of the consumer state), so a reader that cleared
 /// each record would put an fsync beside every change.
-fn follow(store: Arc<Store>, stop: Arc<AtomicBool>) -> Result<std::thread::JoinHandle<Result<(), String>>, String> {
+/// Registered before it returns, so it sees every record the run makes;
+/// once `stop` is set (when every record is durable) it reads to the
+/// journal's end and reports what it read, and the CPU time its thread
+/// took from its start.
+fn follow(
+    store: Arc<Store>,
+    stop: Arc<AtomicBool>,
+) -> Result<std::thread::JoinHandle<Result<Consumer, String>>, String> {
+    let me = store.changelog().register(Some("bench"), Mask::default_mask(), 0).map_err(|e| e.to_string())?.id;
     // Named, so that a profile tells its time from the creators'.
     let named = std::thread::Builder::new().name("changelog-follower".into());
     let spawned = named.spawn(move || {
+        let started = thread_cpu_ns();
         let cl = store.changelog();
-        let me = cl.register(Some("bench"), Mask::default_mask(), 0).map_err(|e| e.to_string())?;
         let (mut seen, mut cleared, mut at) = (0u64, 0u64, std::time::Instant::now());
         let mut from = None;
-        while !stop.load(Ordering::Relaxed) {
-            let batch = cl.read(&me.id, from, 8192, Some(Duration::from_millis(20))).map_err(|e| e.to_string())?;
-            let Some(last) = batch.last() else { continue };
-            seen += batch.len() as u64;
-            from = Some(last.index + 1);
+        loop {
+            let stopping = stop.load(Ordering::Relaxed);
+            let wait = (!stopping).then_some(Duration::from_millis(20));
+            // Each record as it is read, as a consumer that handles them
+            // one by one would (see `read_each`).
+            let mut last = None;
+            let read = cl.read_each(&me, from, 8192, wait, |e| last = Some(e.index)).map_err(|e| e.to_string())?;
+            let Some(last) = last else {
+                if stopping {
+                    break;
+                }
+                continue;
+            };
+            seen += read as u64;
+            from = Some(last + 1);
             if seen - cleared >= 10_000 || at.elapsed() >= Duration::from_secs(1) {
-                cl.clear(&me.id, last.index, 0).map_err(|e| e.to_string())?;
+                cl.clear(&me, last, 0).map_err(|e| e.to_string())?;
                 (cleared, at) = (seen, std::time::Instant::now());
             }
         }
-        if seen == 0 {
-            return Err("the changelog consumer saw no record".into());
-        }
-        Ok(())
+        let cpu_ns = started.zip(thread_cpu_ns()).map(|(a, b)| b.saturating_sub(a));
+        Ok(Consumer { records: seen, cpu_ns })
     });
     spawned.map_err(|e| format!("cannot start the changelog follower: {e}"))
 }
@@ -652,7 +710,8 @@ mod tests {
     #[test]
     fn apart_each_creator_has_a_store_of_its_own() {
         let dir = tempfile::tempdir().unwrap();
-        engine(dir.path(), 3, 30, false, true, true).unwrap();
+        let (_, consumer) = engine(dir.path(), 3, 30, false, true, true).unwrap();
+        assert!(consumer.is_none());
         let mut stores: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
         stores.sort();
         assert_eq!(stores, ["0", "1", "2"], "a store per creator");
@@ -662,6 +721,18 @@ mod tests {
             // journal holds the directory's record and 20 more.
             assert_eq!(store.changelog().journal().next_index(), 1 + 1 + 20);
         }
+    }
+
+    #[test]
+    fn the_changelog_consumer_reads_every_record_of_the_run_and_says_what_it_cost() {
+        let dir = tempfile::tempdir().unwrap();
+        let (_, consumer) = engine(dir.path(), 2, 40, true, false, false).unwrap();
+        let c = consumer.expect("a consumer followed");
+        // The shared directory's MKDIR, then 40 CREATs and 40 UNLNKs.
+        assert_eq!(c.records, 1 + 2 * 40);
+        assert!(c.ns_per_record().is_some_and(|ns| ns > 0.0), "{c:?}");
+        let off = dir.path().join("off");
+        assert!(engine(&off, 2, 40, false, false, false).unwrap().1.is_none(), "none followed");
     }
 
     #[test]
