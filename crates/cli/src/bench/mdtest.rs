@@ -34,7 +34,11 @@
 //!   request, each on its own connection as `redis-benchmark -c T` does,
 //!   or (`--connections`) sharing fewer, as the processes of one mount
 //!   share its session: a connection's answers that one sync covers then
-//!   leave in one write.
+//!   leave in one write. With `--changelog on` a consumer follows over a
+//!   connection of its own, as `interlock changelog read --follow` does
+//!   (as many records a request as the server gives, clearing as the
+//!   engine's does); its cost to the server shows in
+//!   `server_cpu_us_per_op`.
 //! - `net-nofsync`: `net` with its own server in the unsafe mode
 //!   (`--unsafe-no-fsync`): answers once the record is written, not
 //!   durable. Not a way to run: beside `net` and `redis`, it shows what
@@ -80,7 +84,9 @@ pub struct Args {
     /// Files in all, per run (split over the threads); e.g. 100k.
     #[arg(long, default_value = "200k", value_parser = super::parse_size)]
     files: u64,
-    /// Changelog consumer following the run: on, off or both.
+    /// Changelog consumer following the run: on, off or both (`engine`:
+    /// a thread reading the store; `net`, `net-nofsync`: a client over
+    /// the protocol).
     #[arg(long, value_delimiter = ',', default_value = "off,on", value_parser = on_off)]
     changelog: Vec<bool>,
     /// When a creator counts a change as done: `each` (it waits for that
@@ -377,14 +383,17 @@ fn round(args: &Args, t: usize, files: u64, out: &mut dyn FnMut(Run)) -> Result<
             (None, 1) => Server::OtherThreads,
             _ => Server::None,
         };
-        let (took, durable) = net(&addr, &options, args.client_threads as usize, server, (t, conns), files)?;
-        let mut run = Run::new(variant, false, Some("each"), &took);
-        run.fields.push(("connections", json!(conns)));
-        // As the server measured reports itself, not as asked of it.
-        run.fields.push(("durable", json!(durable)));
-        // Our own server's workers; unknown for someone else's.
-        run.fields.push(("server_threads", json!(own.as_ref().map(|o| o.threads))));
-        out(run);
+        for &changelog in &args.changelog {
+            let shape = (t, conns);
+            let (took, durable) = net(&addr, &options, args.client_threads as usize, server, shape, files, changelog)?;
+            let mut run = Run::new(variant, changelog, Some("each"), &took);
+            run.fields.push(("connections", json!(conns)));
+            // As the server measured reports itself, not as asked of it.
+            run.fields.push(("durable", json!(durable)));
+            // Our own server's workers; unknown for someone else's.
+            run.fields.push(("server_threads", json!(own.as_ref().map(|o| o.threads))));
+            out(run);
+        }
     }
     if args.variant.iter().any(|v| v == "redis") && super::redis::installed() {
         for (variant, durable) in [("redis", false), ("redis-aof", true)] {
@@ -599,10 +608,55 @@ fn follow(
     spawned.map_err(|e| format!("cannot start the changelog follower: {e}"))
 }
 
+/// A changelog consumer over the protocol, as `interlock changelog read
+/// --follow` is one: registered before it returns; reads as many records
+/// as a request may ask for, waiting for them, and clears as
+/// [`follow`]'s does; once `stop` is set, reads to the end and
+/// deregisters (a consumer left behind would keep the journal of a
+/// server the benchmark does not own). What it read.
+async fn follow_net(c: Client, stop: Arc<AtomicBool>) -> Result<tokio::task::JoinHandle<Result<u64, String>>, String> {
+    let err = |e: interlock_client::ClientError| format!("changelog: {e}");
+    let me = c.changelog_register(None, Mask::default_mask().0).await.map_err(err)?.id;
+    Ok(tokio::spawn(async move {
+        let (mut seen, mut cleared, mut at) = (0u64, 0u64, std::time::Instant::now());
+        let mut from = None;
+        let read = loop {
+            let stopping = stop.load(Ordering::Relaxed);
+            let wait = if stopping { Duration::ZERO } else { Duration::from_millis(20) };
+            let batch = match c.changelog_read(&me, from, u32::MAX, wait).await {
+                Ok(b) => b,
+                Err(e) => break Err(err(e)),
+            };
+            let Some(last) = batch.last().map(|r| r.index) else {
+                if stopping {
+                    break Ok(seen);
+                }
+                continue;
+            };
+            seen += batch.len() as u64;
+            from = Some(last + 1);
+            if seen - cleared >= 10_000 || at.elapsed() >= Duration::from_secs(1) {
+                if let Err(e) = c.changelog_clear(&me, last).await {
+                    break Err(err(e));
+                }
+                (cleared, at) = (seen, std::time::Instant::now());
+            }
+        };
+        let gone = c.changelog_deregister(&me).await.map_err(err);
+        let _ = c.bye().await;
+        let seen = read?;
+        gone?;
+        Ok(seen)
+    }))
+}
+
 /// Through a server: `threads` creators on `conns` connections (dealt
 /// out in turn), each waiting for each answer. What create, stat and
 /// unlink took (and `server`, what of it was the server's), and whether
-/// the server said it answers changes only once durable.
+/// the server said it answers changes only once durable. With
+/// `changelog`, a consumer follows over a connection of its own (see
+/// [`follow_net`]): the server's CPU per operation then includes what
+/// serving it cost.
 fn net(
     addr: &str,
     options: &ClientOptions,
@@ -610,6 +664,7 @@ fn net(
     server: Server,
     (threads, conns): (usize, usize),
     files: u64,
+    changelog: bool,
 ) -> Result<([Took; 3], bool), String> {
     let rt = match client_threads {
         1 => tokio::runtime::Builder::new_current_thread().enable_all().build(),
@@ -622,6 +677,11 @@ fn net(
             clients.push(Client::connect(addr, options.clone()).await.map_err(|e| e.to_string())?);
         }
         let durable = clients[0].status().await.map_err(|e| e.to_string())?.durable;
+        let stop = Arc::new(AtomicBool::new(false));
+        let follower = match changelog {
+            true => Some(follow_net(Client::connect(addr, options.clone()).await.map_err(|e| e.to_string())?, stop.clone()).await?),
+            false => None,
+        };
         let root = Cred::root();
         // A fresh directory per run, so runs against one server do not meet.
         let dir = format!("mdtest.{}.{threads}", now());
@@ -656,6 +716,14 @@ fn net(
                 t.await.map_err(|e| e.to_string())??;
             }
             took[p] = span.stop();
+        }
+        stop.store(true, Ordering::Relaxed);
+        if let Some(f) = follower {
+            let seen = f.await.map_err(|e| format!("the changelog follower failed: {e}"))??;
+            // The directory's record, then a create and an unlink a file.
+            if seen < 1 + 2 * files {
+                return Err(format!("the changelog consumer read {seen} records of the run's {}", 1 + 2 * files));
+            }
         }
         let _ = clients[0].rmdir(&root, ROOT, dir.as_bytes()).await;
         for c in clients {
