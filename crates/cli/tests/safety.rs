@@ -1590,6 +1590,41 @@ fn many_clients_that_never_acknowledge_are_held_to_the_servers_budget() {
     });
 }
 
+/// Every changelog read that waits for records is answered by the first
+/// one, however many wait. Until session 55 a waiting read held one of
+/// tokio's blocking threads, at most 64 at once; a read past them looked
+/// once, then waited out the whole of its wait (30 s at most) before it
+/// looked again.
+#[test]
+fn every_waiting_changelog_read_is_answered_by_the_first_record() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = ServerProc::start(dir.path(), "127.0.0.1:0", &[]);
+    rt().block_on(async {
+        let follower = client(&server.addr).await;
+        let cl = follower.changelog_register(None, u32::MAX).await.unwrap();
+        let reads: Vec<_> = (0..200)
+            .map(|_| {
+                let (c, id) = (follower.clone(), cl.id.clone());
+                tokio::spawn(async move { c.changelog_read(&id, None, 10, Duration::MAX).await })
+            })
+            .collect();
+        let addr = server.addr.clone();
+        tokio::task::spawn_blocking(move || wait_for("the reads taken in", || status(&addr).requests >= 201))
+            .await
+            .unwrap();
+        let other = client(&server.addr).await;
+        let root = interlock_meta::Cred::root();
+        let made = other.create(&root, interlock_meta::ROOT, b"f", interlock_meta::FileType::Regular, 0o644, b"");
+        let made = made.await.unwrap();
+        let answered = tokio::time::timeout(Duration::from_secs(10), futures::future::join_all(reads)).await;
+        let answered = answered.expect("every waiting read answered by the create, not at the end of its wait");
+        for read in answered {
+            let records = read.unwrap().unwrap();
+            assert!(records.iter().any(|r| r.target == made.ino && r.name == b"f"), "{records:?}");
+        }
+    });
+}
+
 /// Changelog reads that ask to wait as long as the protocol lets them
 /// (`u32::MAX` ms: 49 days), more of them than tokio's pool has blocking
 /// threads (512), take from no one: another client's `fsync`, which the

@@ -372,14 +372,7 @@ impl Changelog {
         wait: Option<Duration>,
         mut f: impl FnMut(Entry),
     ) -> Result<usize, Error> {
-        let (mask, cursor) = {
-            let p = self.state.lock();
-            let c = &p.consumers[&find(&p, who)?];
-            (Mask(c.mask.0 & self.options.mask.0), c.cleared)
-        };
-        // Any `from` a client sends, the largest included, is taken
-        // without wrapping (a wrapped one would not wait).
-        let from = from.unwrap_or(cursor.saturating_add(1)).max(self.journal.first_index());
+        let (mask, from) = self.reading(who, from)?;
         if let Some(w) = wait
             && self.journal.durable_end() <= from
             && self.journal.watch_for(from.saturating_add(1), Some(w))? > from
@@ -416,6 +409,27 @@ impl Changelog {
             next += seen as u64;
         }
         Ok(handed)
+    }
+
+    /// Where a read of consumer `who` from `from` begins (`from`, else
+    /// after its cursor; never before the first record kept): for a
+    /// follower that waits for records past it by other means than
+    /// [`read`](Self::read)'s. O(consumers).
+    pub fn start(&self, who: &str, from: Option<u64>) -> Result<u64, Error> {
+        Ok(self.reading(who, from)?.1)
+    }
+
+    /// The types consumer `who` sees, and where its read from `from`
+    /// begins (see [`start`](Self::start)).
+    fn reading(&self, who: &str, from: Option<u64>) -> Result<(Mask, u64), Error> {
+        let (mask, cursor) = {
+            let p = self.state.lock();
+            let c = &p.consumers[&find(&p, who)?];
+            (Mask(c.mask.0 & self.options.mask.0), c.cleared)
+        };
+        // Any `from` a client sends, the largest included, is taken
+        // without wrapping (a wrapped one would not wait).
+        Ok((mask, from.unwrap_or(cursor.saturating_add(1)).max(self.journal.first_index())))
     }
 
     /// Acknowledges every record up to `upto` for consumer `who`, then

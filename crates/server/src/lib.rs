@@ -41,6 +41,7 @@ mod connection;
 mod datadir;
 mod dispatch;
 mod durable;
+mod follow;
 mod meta;
 mod metrics;
 mod origins;
@@ -109,8 +110,8 @@ pub(crate) struct Inner {
     /// recovery window are freed (the checkpointer's sweep): the recovery
     /// is over only then.
     orphans_pending: AtomicBool,
-    /// Changelog reads waiting on a blocking thread (`meta::changelog`).
-    pub followers: std::sync::atomic::AtomicUsize,
+    /// Changelog reads that wait for records, woken by the syncs.
+    pub following: Arc<follow::Waiting>,
     requests: AtomicU64,
     conns: Conns,
     /// Set when the server speaks TLS.
@@ -248,7 +249,7 @@ impl Server {
             started,
             recovery_until,
             orphans_pending: AtomicBool::new(start.restarted),
-            followers: Default::default(),
+            following: Arc::default(),
             owners_known,
             requests: AtomicU64::new(0),
             conns: Conns::default(),
@@ -259,7 +260,11 @@ impl Server {
             deferred: Mutex::default(),
         });
         // Set once, on a journal only this server holds.
-        let _ = inner.store.changelog().journal().on_durable(inner.acker.hook(inner.sessions.clone()));
+        let (answer, following) = (inner.acker.hook(inner.sessions.clone()), inner.following.clone());
+        let _ = inner.store.changelog().journal().on_durable(Box::new(move |end, failed| {
+            answer(end, failed);
+            following.synced(end, failed);
+        }));
         let me = Arc::downgrade(&inner);
         std::thread::Builder::new()
             .name("interlock-checkpointer".into())

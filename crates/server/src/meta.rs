@@ -16,7 +16,7 @@ use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use interlock_journal::changelog::{Consumer, Mask};
+use interlock_journal::changelog::{Consumer, FOLLOW_BATCH, FOLLOW_LINGER, Mask};
 use interlock_meta::ReadFrom::{Cache, Disk};
 use interlock_meta::{Caller, Cred, Errno, FileType, Ino, NewInode, Seq, Tag};
 use interlock_proto::Reply;
@@ -35,14 +35,6 @@ const MAX_RECORDS: u32 = 256;
 /// asks again: `interlock changelog read --follow` waits 5 s a read).
 /// Until session 48 a client could ask for 49 days.
 const FOLLOW_WAIT_MAX: Duration = Duration::from_secs(30);
-/// Changelog reads that wait on a blocking thread at once, woken by the
-/// first record. Each holds a thread of tokio's pool (512), which the
-/// `fsync`s, disk reads and copies of every client share: until session
-/// 48 a client's 512 reads that waited took them all, and every such call
-/// of every client waited behind them. Past this a read with no record
-/// to answer at once waits its time without a thread, then answers with
-/// what came.
-const FOLLOWERS_MAX: usize = 64;
 /// A listing stops when its entries reach this many bytes (estimated):
 /// under a frame.
 const LISTING_BYTES: usize = 192 << 10;
@@ -363,7 +355,7 @@ fn consumer_info(c: Consumer) -> ConsumerInfo {
 }
 
 /// Serves a changelog request; `None` when the answer will be pushed (a
-/// read that waits for records, on a blocking thread).
+/// read that waits for records: see [`follow`]).
 pub(crate) fn changelog(inner: &Inner, sid: u64, id: u64, op: ChangelogOp) -> Option<Reply> {
     let cl = inner.store.changelog();
     let now = now().max(0) as u64;
@@ -377,36 +369,46 @@ pub(crate) fn changelog(inner: &Inner, sid: u64, id: u64, op: ChangelogOp) -> Op
         ChangelogOp::Read { id: who, from, max, wait_ms } if wait_ms > 0 => {
             let server = inner.me.upgrade()?;
             let wait = Duration::from_millis(u64::from(wait_ms)).min(FOLLOW_WAIT_MAX);
-            if inner.followers.fetch_add(1, Ordering::SeqCst) < FOLLOWERS_MAX {
-                tokio::task::spawn_blocking(move || {
-                    let reply = read(&server, &who, from, max, Some(wait));
-                    server.followers.fetch_sub(1, Ordering::SeqCst);
-                    durable::push(&server.sessions, sid, id, reply);
-                });
-            } else {
-                inner.followers.fetch_sub(1, Ordering::SeqCst);
-                // Without a thread: the records there now, else those that
-                // came by the end of the wait.
-                tokio::spawn(async move {
-                    let mut reply = read(&server, &who, from, max, None);
-                    if matches!(&reply, Reply::Changelog(ChangelogReply::Records(r)) if r.is_empty()) {
-                        tokio::time::sleep(wait).await;
-                        reply = read(&server, &who, from, max, None);
-                    }
-                    durable::push(&server.sessions, sid, id, reply);
-                });
-            }
+            tokio::spawn(async move {
+                let reply = match follow(&server, &who, from, max, wait).await {
+                    Ok(()) => read(&server, &who, from, max),
+                    Err(e) => Reply::Error(e.to_string()),
+                };
+                durable::push(&server.sessions, sid, id, reply);
+            });
             return None;
         }
-        ChangelogOp::Read { id, from, max, .. } => return Some(read(inner, &id, from, max, None)),
+        ChangelogOp::Read { id, from, max, .. } => return Some(read(inner, &id, from, max)),
     };
     Some(r.map_or_else(|e| Reply::Error(e.to_string()), Reply::Changelog))
 }
 
-fn read(inner: &Inner, who: &str, from: Option<u64>, max: u32, wait: Option<Duration>) -> Reply {
+/// A follower's wait, on no thread (see `follow`): up to `wait` for a
+/// first record past where its read begins, then up to [`FOLLOW_LINGER`]
+/// for [`FOLLOW_BATCH`] of them (or `max`, if fewer), as
+/// [`Changelog::read`](interlock_journal::changelog::Changelog::read)
+/// waits on a thread. O(log w) for w reads waiting.
+async fn follow(
+    inner: &Inner,
+    who: &str,
+    from: Option<u64>,
+    max: u32,
+    wait: Duration,
+) -> Result<(), interlock_journal::Error> {
+    let (cl, waiting) = (inner.store.changelog(), &inner.following);
+    let start = cl.start(who, from)?;
+    waiting.until(cl.journal(), start.saturating_add(1), Instant::now() + wait).await;
+    if cl.journal().durable_end() > start {
+        let batch = FOLLOW_BATCH.min(u64::from(max.clamp(1, MAX_RECORDS)));
+        waiting.until(cl.journal(), start.saturating_add(batch), Instant::now() + FOLLOW_LINGER).await;
+    }
+    Ok(())
+}
+
+fn read(inner: &Inner, who: &str, from: Option<u64>, max: u32) -> Reply {
     let max = max.clamp(1, MAX_RECORDS) as usize;
     let mut records = Vec::new();
-    let read = inner.store.changelog().read_each(who, from, max, wait, |e| {
+    let read = inner.store.changelog().read_each(who, from, max, None, |e| {
         let r = e.record;
         records.push(ChangelogRecord {
             index: e.index,

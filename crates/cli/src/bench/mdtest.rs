@@ -679,7 +679,10 @@ fn net(
         let durable = clients[0].status().await.map_err(|e| e.to_string())?.durable;
         let stop = Arc::new(AtomicBool::new(false));
         let follower = match changelog {
-            true => Some(follow_net(Client::connect(addr, options.clone()).await.map_err(|e| e.to_string())?, stop.clone()).await?),
+            true => Some(
+                follow_net(Client::connect(addr, options.clone()).await.map_err(|e| e.to_string())?, stop.clone())
+                    .await?,
+            ),
             false => None,
         };
         let root = Cred::root();
