@@ -1590,6 +1590,29 @@ fn many_clients_that_never_acknowledge_are_held_to_the_servers_budget() {
     });
 }
 
+/// `n` changelog reads on `c` (consumer, from, max), each asking to wait
+/// as long as the protocol lets it, once the server at `addr` has taken
+/// them all in (`before`: the requests it took in before them).
+async fn waiting_reads(
+    c: &interlock_client::Client,
+    addr: &str,
+    (id, from, max): (&str, Option<u64>, u32),
+    n: u64,
+    before: u64,
+) -> Vec<tokio::task::JoinHandle<Result<Vec<interlock_proto::meta::ChangelogRecord>, ClientError>>> {
+    let reads = (0..n)
+        .map(|_| {
+            let (c, id) = (c.clone(), id.to_string());
+            tokio::spawn(async move { c.changelog_read(&id, from, max, Duration::MAX).await })
+        })
+        .collect();
+    let addr = addr.to_string();
+    tokio::task::spawn_blocking(move || wait_for("the reads taken in", || status(&addr).requests >= before + n))
+        .await
+        .unwrap();
+    reads
+}
+
 /// Every changelog read that waits for records is answered by the first
 /// one, however many wait. Until session 55 a waiting read held one of
 /// tokio's blocking threads, at most 64 at once; a read past them looked
@@ -1602,16 +1625,8 @@ fn every_waiting_changelog_read_is_answered_by_the_first_record() {
     rt().block_on(async {
         let follower = client(&server.addr).await;
         let cl = follower.changelog_register(None, u32::MAX).await.unwrap();
-        let reads: Vec<_> = (0..200)
-            .map(|_| {
-                let (c, id) = (follower.clone(), cl.id.clone());
-                tokio::spawn(async move { c.changelog_read(&id, None, 10, Duration::MAX).await })
-            })
-            .collect();
-        let addr = server.addr.clone();
-        tokio::task::spawn_blocking(move || wait_for("the reads taken in", || status(&addr).requests >= 201))
-            .await
-            .unwrap();
+        // Each after the register.
+        let reads = waiting_reads(&follower, &server.addr, (&cl.id, None, 10), 200, 1).await;
         let other = client(&server.addr).await;
         let root = interlock_meta::Cred::root();
         let made = other.create(&root, interlock_meta::ROOT, b"f", interlock_meta::FileType::Regular, 0o644, b"");
@@ -1642,16 +1657,8 @@ fn changelog_reads_that_wait_for_weeks_hold_up_neither_disk_work_nor_a_stop() {
         let cl = follower.changelog_register(None, u32::MAX).await.unwrap();
         let end = follower.changelog_read(&cl.id, None, 1, Duration::ZERO).await.unwrap().last().map(|r| r.index);
         let from = end.map_or(0, |i| i + 1) + 1_000_000;
-        let waits: Vec<_> = (0..600)
-            .map(|_| {
-                let (c, id) = (follower.clone(), cl.id.clone());
-                tokio::spawn(async move { c.changelog_read(&id, Some(from), 1, Duration::MAX).await })
-            })
-            .collect();
-        let addr = server.addr.clone();
-        tokio::task::spawn_blocking(move || wait_for("the reads taken in", || status(&addr).requests >= 602))
-            .await
-            .unwrap();
+        // Each after the register and the first read.
+        let waits = waiting_reads(&follower, &server.addr, (&cl.id, Some(from), 1), 600, 2).await;
         let other = client(&server.addr).await;
         let f = other.create_open(&root, interlock_meta::ROOT, b"f", (0o644, 0)).await.unwrap();
         other.write(&root, f.ino, 0, b"data").await.unwrap();
