@@ -402,6 +402,12 @@ async fn follow(
         let batch = FOLLOW_BATCH.min(u64::from(max.clamp(1, MAX_RECORDS)));
         waiting.until(cl.journal(), start.saturating_add(batch), Instant::now() + FOLLOW_LINGER).await;
     }
+    // Not an empty answer at once, which the follower would ask again at
+    // once, and again, until the server stops (as it does on a failed
+    // journal).
+    if cl.journal().failed() {
+        return Err(interlock_journal::Error::Failed("the journal failed: no record is made durable".into()));
+    }
     Ok(())
 }
 
