@@ -561,11 +561,10 @@ fn shape(
     Ok([create, stat, unlink])
 }
 
-/// A changelog consumer that reads records as they come, until `stop`,
-/// and clears (acknowledges) every 10,000 records or every second: what
-/// a Lustre changelog reader (robinhood, a replicator) does. A clear is
-/// durable (an fsync of the consumer state), so a reader that cleared
-/// each record would put an fsync beside every change.
+/// A changelog consumer on a thread of its own that reads records as
+/// they come, until `stop`, and clears them as [`Following`] says (a
+/// reader that cleared each record would put an fsync beside every
+/// change).
 /// Registered before it returns, so it sees every record the run makes;
 /// once `stop` is set (when every record is durable) it reads to the
 /// journal's end and reports what it read, and the CPU time its thread
@@ -577,35 +576,74 @@ fn follow(
     let me = store.changelog().register(Some("bench"), Mask::default_mask(), 0).map_err(|e| e.to_string())?.id;
     // Named, so that a profile tells its time from the creators'.
     let named = std::thread::Builder::new().name("changelog-follower".into());
-    let spawned = named.spawn(move || {
-        let started = thread_cpu_ns();
-        let cl = store.changelog();
-        let (mut seen, mut cleared, mut at) = (0u64, 0u64, std::time::Instant::now());
-        let mut from = None;
-        loop {
-            let stopping = stop.load(Ordering::Relaxed);
-            let wait = (!stopping).then_some(Duration::from_millis(20));
-            // Each record as it is read, as a consumer that handles them
-            // one by one would (see `read_each`).
-            let mut last = None;
-            let read = cl.read_each(&me, from, 8192, wait, |e| last = Some(e.index)).map_err(|e| e.to_string())?;
-            let Some(last) = last else {
-                if stopping {
-                    break;
-                }
-                continue;
-            };
-            seen += read as u64;
-            from = Some(last + 1);
-            if seen - cleared >= 10_000 || at.elapsed() >= Duration::from_secs(1) {
-                cl.clear(&me, last, 0).map_err(|e| e.to_string())?;
-                (cleared, at) = (seen, std::time::Instant::now());
-            }
-        }
-        let cpu_ns = started.zip(thread_cpu_ns()).map(|(a, b)| b.saturating_sub(a));
-        Ok(Consumer { records: seen, cpu_ns })
-    });
+    let spawned = named.spawn(move || consume(&store, &me, &stop));
     spawned.map_err(|e| format!("cannot start the changelog follower: {e}"))
+}
+
+/// [`follow`]'s loop, on the calling thread: reads consumer `me`'s
+/// records as they come until `stop`, then to the journal's end; what it
+/// read, and the CPU time the thread took.
+fn consume(store: &Store, me: &str, stop: &AtomicBool) -> Result<Consumer, String> {
+    let started = thread_cpu_ns();
+    let cl = store.changelog();
+    let mut place = Following::new();
+    loop {
+        let stopping = stop.load(Ordering::Relaxed);
+        // Each record as it is read, as a consumer that handles them one
+        // by one would (see `read_each`).
+        let mut last = None;
+        let wait = Some(Following::wait(stopping));
+        let read = cl.read_each(me, place.from, 8192, wait, |e| last = Some(e.index)).map_err(|e| e.to_string())?;
+        let Some(last) = last else {
+            if stopping {
+                break;
+            }
+            continue;
+        };
+        if let Some(upto) = place.read(read as u64, last) {
+            cl.clear(me, upto, 0).map_err(|e| e.to_string())?;
+        }
+    }
+    let cpu_ns = started.zip(thread_cpu_ns()).map(|(a, b)| b.saturating_sub(a));
+    Ok(Consumer { records: place.seen, cpu_ns })
+}
+
+/// Where a benchmark's changelog consumer stands, the engine's
+/// ([`follow`]) or the protocol's ([`follow_net`]): both read and clear
+/// alike, as a Lustre changelog reader (robinhood, a replicator) does.
+struct Following {
+    /// Records read.
+    seen: u64,
+    /// Where the next read begins (after the cursor, at first).
+    from: Option<u64>,
+    /// `seen` at the last clear, and when that was.
+    cleared: (u64, std::time::Instant),
+}
+
+impl Following {
+    fn new() -> Following {
+        Following { seen: 0, from: None, cleared: (0, std::time::Instant::now()) }
+    }
+
+    /// How long the next read waits for records: 20 ms while the run
+    /// goes on, not at all once it has stopped (the consumer then reads
+    /// to the end).
+    fn wait(stopping: bool) -> Duration {
+        if stopping { Duration::ZERO } else { Duration::from_millis(20) }
+    }
+
+    /// After a read of `n` records, the last `last`: where to clear up
+    /// to, if a clear is due (every 10,000 records or every second; a
+    /// clear is durable, an fsync of the consumers' state).
+    fn read(&mut self, n: u64, last: u64) -> Option<u64> {
+        self.seen += n;
+        self.from = Some(last + 1);
+        let due = self.seen - self.cleared.0 >= 10_000 || self.cleared.1.elapsed() >= Duration::from_secs(1);
+        due.then(|| {
+            self.cleared = (self.seen, std::time::Instant::now());
+            last
+        })
+    }
 }
 
 /// A changelog consumer over the protocol, as `interlock changelog read
@@ -618,28 +656,23 @@ async fn follow_net(c: Client, stop: Arc<AtomicBool>) -> Result<tokio::task::Joi
     let err = |e: interlock_client::ClientError| format!("changelog: {e}");
     let me = c.changelog_register(None, Mask::default_mask().0).await.map_err(err)?.id;
     Ok(tokio::spawn(async move {
-        let (mut seen, mut cleared, mut at) = (0u64, 0u64, std::time::Instant::now());
-        let mut from = None;
+        let mut place = Following::new();
         let read = loop {
             let stopping = stop.load(Ordering::Relaxed);
-            let wait = if stopping { Duration::ZERO } else { Duration::from_millis(20) };
-            let batch = match c.changelog_read(&me, from, u32::MAX, wait).await {
+            let batch = match c.changelog_read(&me, place.from, u32::MAX, Following::wait(stopping)).await {
                 Ok(b) => b,
                 Err(e) => break Err(err(e)),
             };
             let Some(last) = batch.last().map(|r| r.index) else {
                 if stopping {
-                    break Ok(seen);
+                    break Ok(place.seen);
                 }
                 continue;
             };
-            seen += batch.len() as u64;
-            from = Some(last + 1);
-            if seen - cleared >= 10_000 || at.elapsed() >= Duration::from_secs(1) {
-                if let Err(e) = c.changelog_clear(&me, last).await {
-                    break Err(err(e));
-                }
-                (cleared, at) = (seen, std::time::Instant::now());
+            if let Some(upto) = place.read(batch.len() as u64, last)
+                && let Err(e) = c.changelog_clear(&me, upto).await
+            {
+                break Err(err(e));
             }
         };
         let gone = c.changelog_deregister(&me).await.map_err(err);
@@ -804,6 +837,27 @@ mod tests {
         assert!(c.ns_per_record().is_some_and(|ns| ns > 0.0), "{c:?}");
         let off = dir.path().join("off");
         assert!(engine(&off, 2, 40, false, false, false).unwrap().1.is_none(), "none followed");
+    }
+
+    /// Told to stop with records still unread, the consumer reads them
+    /// all before it stops, and clears as it goes.
+    #[test]
+    fn a_stopped_consumer_reads_to_the_end() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, _) = Store::open(dir.path(), StoreOptions::default(), now()).unwrap();
+        let me = store.changelog().register(None, Mask::default_mask(), 0).unwrap().id;
+        let file = || NewInode { kind: FileType::Regular, perm: 0o644, rdev: 0, umask: 0 };
+        let mut last = 0;
+        for i in 0..20_000u64 {
+            let (_, seq) =
+                store.ns().create(&Cred::root(), ROOT, format!("f{i}").as_bytes(), file(), b"", now()).unwrap();
+            last = seq;
+        }
+        store.wait(last).unwrap();
+        let c = consume(&store, &me, &AtomicBool::new(true)).unwrap();
+        assert_eq!(c.records, 20_000);
+        let cleared = store.changelog().consumers().into_iter().find(|k| k.id == me).unwrap().cleared;
+        assert!(cleared >= 10_000, "a clear every 10,000 records: cleared to {cleared}");
     }
 
     #[test]
