@@ -22,7 +22,8 @@
 //!   A group is closed at once when someone waits for one of its records
 //!   ([`Journal::want`], [`Journal::wait_for`]); while nobody does, the
 //!   flusher lets it grow as long as records keep coming, up to
-//!   [`Options::linger_bytes`]. A sync costs CPU (the write-out, the
+//!   [`Options::linger_bytes`], napping between them
+//!   ([`Options::linger_nap`]) rather than spinning. A sync costs CPU (the write-out, the
 //!   device's interrupt, the flusher's wake-up, which preempts an
 //!   appender): syncing eagerly for records nobody waits for made two
 //!   appenders on two cores barely faster than one.
@@ -92,6 +93,14 @@ pub struct Options {
     /// bytes for as long as appenders keep adding to it, so that one sync
     /// covers them all; a waiter closes it at once.
     pub linger_bytes: usize,
+    /// While nobody waits for a group's records (appenders that never
+    /// wait), the longest the flusher naps for its next record before
+    /// writing what it has. A waiter wakes it at once, and so does the
+    /// appender that fills half the ring (or finds it full); no other
+    /// appender pays a wake-up. Where someone waited for the last group
+    /// it yields instead (see `flusher::linger`). Tests set it to an
+    /// hour, so that only a wake-up can end a nap.
+    pub linger_nap: Duration,
     /// The threads that wait for records make them durable themselves:
     /// an append wakes no flusher, and whoever waits calls
     /// [`Journal::sync_wanted`] (a server's worker, when it runs out of
@@ -131,6 +140,7 @@ impl Default for Options {
             ring_slots: 8192,
             max_group_bytes: 4 << 20,
             linger_bytes: 1 << 20,
+            linger_nap: Duration::from_millis(2),
             callers_sync: false,
             backstop: Duration::from_micros(300),
             backstop_max: Duration::from_millis(5),
@@ -192,6 +202,11 @@ struct Shared {
     zeros_left: AtomicU64,
     shutdown: AtomicBool,
     flusher_sleeping: AtomicBool,
+    /// 0, or while the flusher naps over a group nobody waits for (see
+    /// `flusher::linger`), 1 + the ring position it naps for. A waiter
+    /// wakes it ([`Journal::want`]), and so does an appender that finds
+    /// half the ring filled since, or none left; no other appender does.
+    flusher_napping: AtomicU64,
     flusher: std::sync::OnceLock<Thread>,
     /// Called by the flusher after each advance of the watermark (see
     /// [`Journal::on_durable`]).
@@ -277,7 +292,7 @@ impl Journal {
             written_end: AtomicU64::new(next),
             wanted: AtomicU64::new(next),
             state: Mutex::new(State { segments }),
-            writer: Mutex::new(Writer { file, pos: 0, group: Vec::new(), unsynced: false }),
+            writer: Mutex::new(Writer { file, pos: 0, group: Vec::new(), unsynced: false, waited: false }),
             gathered: AtomicU64::new(0),
             failure: Mutex::new(None),
             durable_waiters: Mutex::new(Vec::new()),
@@ -290,6 +305,7 @@ impl Journal {
             zeros_left: AtomicU64::new(u64::MAX),
             shutdown: AtomicBool::new(false),
             flusher_sleeping: AtomicBool::new(false),
+            flusher_napping: AtomicU64::new(0),
             on_durable: std::sync::OnceLock::new(),
             flusher: std::sync::OnceLock::new(),
         });
@@ -334,6 +350,12 @@ impl Journal {
         fence(Ordering::SeqCst);
         if s.flusher_sleeping.load(Ordering::Relaxed) && s.flusher_sleeping.swap(false, Ordering::AcqRel) {
             s.flusher.get().expect("flusher started").unpark();
+        }
+        // Half the ring filled while the flusher napped: it gathers now,
+        // before the appenders run out of room.
+        let napping = s.flusher_napping.load(Ordering::Relaxed);
+        if napping != 0 && pos + 1 >= napping + s.ring.capacity() / 2 {
+            s.wake_napping();
         }
         Ok(index)
     }
@@ -401,7 +423,14 @@ impl Journal {
     /// until the durable hook) calls this, or its record may wait for the
     /// group to fill or for the appenders to pause. O(1).
     pub fn want(&self, end: u64) {
-        self.shared.wanted.fetch_max(end, Ordering::SeqCst);
+        let s = &*self.shared;
+        s.wanted.fetch_max(end, Ordering::SeqCst);
+        // Pairs with the fence in `flusher::linger`: either the flusher
+        // sees this want before it naps, or we see that it naps.
+        fence(Ordering::SeqCst);
+        if s.flusher_napping.load(Ordering::Relaxed) != 0 {
+            s.wake_napping();
+        }
     }
 
     /// Blocks until the durable watermark reaches `end` (every index below
@@ -616,12 +645,22 @@ impl Shared {
     /// it frees slots).
     fn wait_for_space(&self, pos: u64) {
         self.space_waiters.fetch_add(1, Ordering::SeqCst);
+        // A flusher napping over a group must not leave a full ring
+        // waiting out its nap.
+        self.wake_napping();
         let mut g = self.space.lock();
         while !self.ring.writable(pos) && !self.failed.load(Ordering::Acquire) {
             self.space_cv.wait_for(&mut g, Duration::from_millis(10));
         }
         drop(g);
         self.space_waiters.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    /// Wakes the flusher if it naps over a group (see `flusher_napping`).
+    fn wake_napping(&self) {
+        if self.flusher_napping.swap(0, Ordering::AcqRel) != 0 {
+            self.flusher.get().expect("flusher started").unpark();
+        }
     }
 
     /// Wakes appenders waiting for ring space, if any.

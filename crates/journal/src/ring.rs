@@ -94,7 +94,8 @@ impl Ring {
         Ring { slots: slots.collect(), mask: capacity as u64 - 1, tail: CachePadded::new(AtomicU64::new(0)) }
     }
 
-    fn capacity(&self) -> u64 {
+    /// How many slots it has.
+    pub fn capacity(&self) -> u64 {
         self.mask + 1
     }
 

@@ -386,3 +386,46 @@ fn records_nobody_waits_for_become_durable_while_appends_go_on() {
     assert_eq!(end, last + 1, "the last group was left unwritten after the appends stopped");
     assert_eq!(read_all(&j, 1).len() as u64, last);
 }
+
+/// A flusher that naps over a group nobody waits for (an hour here, so
+/// that only a wake-up ends a nap): the journal with the first record
+/// taken and the nap begun.
+fn napping(options: Options) -> (tempfile::TempDir, Journal, u64) {
+    let dir = tempfile::tempdir().unwrap();
+    let options = Options { linger_nap: std::time::Duration::from_secs(3600), ..options };
+    let (j, _) = Journal::open(dir.path(), options).unwrap();
+    let unwaited = j.append(&payload(1)).unwrap();
+    // Time for the flusher to take the record and begin its nap (else
+    // what follows finds it awake, and the test proves less).
+    j.watch_for(unwaited + 1, Some(std::time::Duration::from_millis(100))).unwrap();
+    (dir, j, unwaited)
+}
+
+/// Appenders that never wait leave the flusher napping over their group
+/// for its next record (`Options::linger_nap`); the first waiter must
+/// wake it, not wait out the nap.
+#[test]
+fn a_waiter_wakes_the_flusher_napping_over_a_group() {
+    let (_dir, j, _) = napping(opts());
+    let waited = j.append(&payload(2)).unwrap();
+    let end = j.wait_for(waited + 1, Some(std::time::Duration::from_secs(30))).unwrap();
+    assert!(end > waited, "the waiter's record was left to the end of the flusher's nap");
+    assert_eq!(read_all(&j, 1).len(), 2);
+}
+
+/// Nor may appenders that never wait fill the ring while it naps: the
+/// one that fills half of it wakes the flusher, which gathers them (a
+/// group full at 1 KiB, so written and synced at once).
+#[test]
+fn appenders_that_fill_half_the_ring_wake_the_napping_flusher() {
+    let (_dir, j, first) = napping(Options { ring_slots: 64, linger_bytes: 1024, ..opts() });
+    for k in 2..=40 {
+        j.append(&payload(k)).unwrap();
+    }
+    // The 33rd record after the one it naps past fills half the ring:
+    // that append wakes it, and it gathers at least up to there.
+    let woken = first + 33;
+    // Watching asks for nothing: only the appenders can have woken it.
+    let end = j.watch_for(woken + 1, Some(std::time::Duration::from_secs(30))).unwrap();
+    assert!(end > woken, "half the ring waited out the flusher's nap: durable below {end}");
+}

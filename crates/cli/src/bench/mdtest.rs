@@ -19,7 +19,10 @@
 //!   time is taken from the creators, so it is the floor under the
 //!   rate's gap between `on` and `off` when they keep both cores busy
 //!   (`--ack end`), and unlike the rates it does not swing with a shared
-//!   machine's neighbours.
+//!   machine's neighbours. `flusher_ns_per_record` is the same for the
+//!   journal's flusher thread (every store's, `engine-apart`), per
+//!   record it wrote: what a creator's record costs beside the creator,
+//!   on a core that two creators need.
 //! - `memory`: the namespace alone, no journal (not durable): how it
 //!   scales with no disk and no flusher thread beside it.
 //! - `engine-apart`, `memory-apart`: each of the T creators makes N files
@@ -72,7 +75,7 @@ use interlock_journal::changelog::Mask;
 use interlock_meta::{Cred, Errno, FileType, Ino, Namespace, NewInode, ROOT, Seq, Store, StoreOptions};
 use serde_json::{Map, Value, json};
 
-use super::machine::{Server, Span, Took, measured, thread_cpu_ns};
+use super::machine::{Server, Span, Took, measured, named_threads_cpu_ns, thread_cpu_ns};
 use super::{Report, scratch_dir};
 use interlock_server::now;
 
@@ -181,6 +184,7 @@ const COLUMNS: &[(&str, &str)] = &[
     ("cpu µs/op", "cpu_us_per_op"),
     ("server µs/op", "server_cpu_us_per_op"),
     ("reader ns/rec", "consumer_ns_per_record"),
+    ("flusher ns/rec", "flusher_ns_per_record"),
 ];
 
 pub(super) const PHASES: [&str; 3] = ["create", "stat", "unlink"];
@@ -209,8 +213,8 @@ pub fn run(args: Args) -> Result<(), String> {
     if args.repeat == 1 {
         for &(t, files) in &sizes {
             round(&args, t, files, &mut |run| {
-                let consumer = run.consumer.and_then(|c| c.ns_per_record());
-                run.rows(t, files, |p| run.took[p], consumer, &mut report)
+                let per = |s: Option<Spent>| s.and_then(Spent::ns_per_record);
+                run.rows(t, files, |p| run.took[p], (per(run.consumer), per(run.flusher)), &mut report)
             })?;
         }
         return Ok(());
@@ -232,8 +236,11 @@ pub fn run(args: Args) -> Result<(), String> {
     }
     for (k, &(t, files)) in sizes.iter().enumerate() {
         for (i, run) in rounds[0][k].iter().enumerate() {
-            let consumer = middle(rounds.iter().filter_map(|r| r[k][i].consumer?.ns_per_record()).collect());
-            run.rows(t, files, |p| median(rounds.iter().map(|r| r[k][i].took[p]).collect()), consumer, &mut report);
+            let per = |s: fn(&Run) -> Option<Spent>| {
+                middle(rounds.iter().filter_map(|r| s(&r[k][i])?.ns_per_record()).collect())
+            };
+            let spent = (per(|r| r.consumer), per(|r| r.flusher));
+            run.rows(t, files, |p| median(rounds.iter().map(|r| r[k][i].took[p]).collect()), spent, &mut report);
         }
     }
     Ok(())
@@ -249,19 +256,22 @@ struct Run {
     /// `-apart` variants make T×N).
     files: Option<u64>,
     /// What the changelog consumer read and cost, if one followed.
-    consumer: Option<Consumer>,
+    consumer: Option<Spent>,
+    /// What the journals' flushers wrote and cost (`engine` only).
+    flusher: Option<Spent>,
 }
 
-/// What a changelog consumer (see [`follow`]) read over a run, and the
-/// CPU time its thread took for it (`None` where the thread's time could
-/// not be read).
+/// What a thread of a run went through (a changelog consumer's records
+/// read, see [`follow`]; a journal flusher's records written), and the
+/// CPU time it took for them (`None` where a thread's time could not be
+/// read).
 #[derive(Clone, Copy, Debug)]
-struct Consumer {
+struct Spent {
     records: u64,
     cpu_ns: Option<u64>,
 }
 
-impl Consumer {
+impl Spent {
     fn ns_per_record(self) -> Option<f64> {
         Some(self.cpu_ns? as f64 / self.records.max(1) as f64)
     }
@@ -271,7 +281,7 @@ impl Run {
     fn new(variant: &'static str, changelog: bool, ack: Option<&str>, took: &[Took]) -> Run {
         let mut fields = vec![("changelog", json!(changelog))];
         fields.extend(ack.map(|a| ("ack", json!(a))));
-        Run { variant, fields, took: took.to_vec(), files: None, consumer: None }
+        Run { variant, fields, took: took.to_vec(), files: None, consumer: None, flusher: None }
     }
 
     /// Made `files` files.
@@ -287,19 +297,21 @@ impl Run {
     }
 
     /// A row per phase, with what `took` gives for each, and the
-    /// consumer's CPU per record over the run (the same in each).
+    /// consumer's and the flushers' CPU per record over the run (the same
+    /// in each).
     fn rows(
         &self,
         threads: usize,
         files: u64,
         took: impl Fn(usize) -> Took,
-        consumer: Option<f64>,
+        (consumer, flusher): (Option<f64>, Option<f64>),
         report: &mut Report,
     ) {
         let files = self.files.unwrap_or(files);
         for (p, phase) in PHASES.iter().enumerate().take(self.took.len()) {
             let mut r = row(self.variant, phase, threads, files, took(p));
             r.insert("consumer_ns_per_record".into(), json!(consumer));
+            r.insert("flusher_ns_per_record".into(), json!(flusher));
             r.extend(self.fields.iter().map(|(k, v)| ((*k).to_string(), v.clone())));
             report.row(r);
         }
@@ -347,9 +359,13 @@ fn round(args: &Args, t: usize, files: u64, out: &mut dyn FnMut(Run)) -> Result<
         for ack in &args.ack {
             for &changelog in changelogs {
                 let dir = parent.path().join(format!("t{t}-{ack}-{changelog}"));
-                let (secs, consumer) = engine(&dir, t, made, changelog, ack == "each", is_apart)?;
+                let e = engine(&dir, t, made, changelog, ack == "each", is_apart)?;
                 let _ = std::fs::remove_dir_all(&dir);
-                out(Run { consumer, ..Run::new(variant, changelog, Some(ack), &secs).made(made) });
+                out(Run {
+                    consumer: e.consumer,
+                    flusher: e.flusher,
+                    ..Run::new(variant, changelog, Some(ack), &e.took).made(made)
+                });
             }
         }
     }
@@ -463,8 +479,16 @@ fn phase(threads: usize, files: u64, op: impl Fn(u64) -> Result<(), String> + Sy
     result.map(|()| took)
 }
 
+/// What an [`engine`] run took: each phase, and what its changelog
+/// consumer (if one followed) and its journals' flushers cost.
+struct EngineRun {
+    took: [Took; 3],
+    consumer: Option<Spent>,
+    flusher: Option<Spent>,
+}
+
 /// The engine: what create, stat and unlink took, and what the changelog
-/// consumer read and cost if `changelog`. With `apart`, each
+/// consumer read and cost if `changelog`, and the flushers. With `apart`, each
 /// creator has a store of its own (journal, flusher and namespace, in
 /// `dir/K`) and a directory in it: nothing of ours is shared between the
 /// creators, only the process and the machine. Its scaling is the most
@@ -476,7 +500,7 @@ fn engine(
     changelog: bool,
     each: bool,
     apart: bool,
-) -> Result<([Took; 3], Option<Consumer>), String> {
+) -> Result<EngineRun, String> {
     let mut stores = Vec::new();
     for k in 0..if apart { threads } else { 1 } {
         let at = if apart { dir.join(k.to_string()) } else { dir.to_path_buf() };
@@ -491,14 +515,24 @@ fn engine(
         stores.iter().try_for_each(|s| s.wait(s.changelog().journal().next_index().saturating_sub(1)).map_err(failed))
     };
     let nss: Vec<&Namespace> = stores.iter().map(|s| s.ns()).collect();
-    let secs = shape(&nss, threads, files, done, all_durable);
+    let appended = || stores.iter().map(|s| s.changelog().journal().next_index()).sum::<u64>();
+    let (flushing, before) = (named_threads_cpu_ns(FLUSHER), appended());
+    let took = shape(&nss, threads, files, done, all_durable);
+    let (flushed, records) = (named_threads_cpu_ns(FLUSHER), appended() - before);
     stop.store(true, Ordering::Relaxed);
     let consumer = match follower {
         Some(f) => Some(f.join().map_err(|_| "the changelog follower failed".to_string())??),
         None => None,
     };
-    Ok((secs?, consumer))
+    // Every flusher of the process: the run's stores' alone, as no other
+    // store is open meanwhile.
+    let cpu_ns = (!flushed.is_empty())
+        .then(|| flushed.iter().map(|(tid, ns)| ns.saturating_sub(flushing.get(tid).copied().unwrap_or(0))).sum());
+    Ok(EngineRun { took: took?, consumer, flusher: Some(Spent { records, cpu_ns }) })
 }
+
+/// The name a journal gives its flusher thread.
+const FLUSHER: &str = "journal-flusher";
 
 /// The namespace alone, with no journal (not durable): how it scales
 /// with no disk and no flusher beside it. With `apart`, a namespace per
@@ -569,10 +603,7 @@ fn shape(
 /// once `stop` is set (when every record is durable) it reads to the
 /// journal's end and reports what it read, and the CPU time its thread
 /// took from its start.
-fn follow(
-    store: Arc<Store>,
-    stop: Arc<AtomicBool>,
-) -> Result<std::thread::JoinHandle<Result<Consumer, String>>, String> {
+fn follow(store: Arc<Store>, stop: Arc<AtomicBool>) -> Result<std::thread::JoinHandle<Result<Spent, String>>, String> {
     let me = store.changelog().register(Some("bench"), Mask::default_mask(), 0).map_err(|e| e.to_string())?.id;
     // Named, so that a profile tells its time from the creators'.
     let named = std::thread::Builder::new().name("changelog-follower".into());
@@ -583,7 +614,7 @@ fn follow(
 /// [`follow`]'s loop, on the calling thread: reads consumer `me`'s
 /// records as they come until `stop`, then to the journal's end; what it
 /// read, and the CPU time the thread took.
-fn consume(store: &Store, me: &str, stop: &AtomicBool) -> Result<Consumer, String> {
+fn consume(store: &Store, me: &str, stop: &AtomicBool) -> Result<Spent, String> {
     let started = thread_cpu_ns();
     let cl = store.changelog();
     let mut place = Following::new();
@@ -605,7 +636,7 @@ fn consume(store: &Store, me: &str, stop: &AtomicBool) -> Result<Consumer, Strin
         }
     }
     let cpu_ns = started.zip(thread_cpu_ns()).map(|(a, b)| b.saturating_sub(a));
-    Ok(Consumer { records: place.seen, cpu_ns })
+    Ok(Spent { records: place.seen, cpu_ns })
 }
 
 /// Where a benchmark's changelog consumer stands, the engine's
@@ -814,8 +845,7 @@ mod tests {
     #[test]
     fn apart_each_creator_has_a_store_of_its_own() {
         let dir = tempfile::tempdir().unwrap();
-        let (_, consumer) = engine(dir.path(), 3, 30, false, true, true).unwrap();
-        assert!(consumer.is_none());
+        assert!(engine(dir.path(), 3, 30, false, true, true).unwrap().consumer.is_none());
         let mut stores: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
         stores.sort();
         assert_eq!(stores, ["0", "1", "2"], "a store per creator");
@@ -830,13 +860,17 @@ mod tests {
     #[test]
     fn the_changelog_consumer_reads_every_record_of_the_run_and_says_what_it_cost() {
         let dir = tempfile::tempdir().unwrap();
-        let (_, consumer) = engine(dir.path(), 2, 40, true, false, false).unwrap();
-        let c = consumer.expect("a consumer followed");
+        let run = engine(dir.path(), 2, 40, true, false, false).unwrap();
+        let c = run.consumer.expect("a consumer followed");
         // The shared directory's MKDIR, then 40 CREATs and 40 UNLNKs.
         assert_eq!(c.records, 1 + 2 * 40);
         assert!(c.ns_per_record().is_some_and(|ns| ns > 0.0), "{c:?}");
+        // The flusher wrote the same records, and its thread was found.
+        let f = run.flusher.expect("the engine's flusher");
+        assert_eq!(f.records, 1 + 2 * 40);
+        assert!(f.ns_per_record().is_some_and(|ns| ns > 0.0), "{f:?}");
         let off = dir.path().join("off");
-        assert!(engine(&off, 2, 40, false, false, false).unwrap().1.is_none(), "none followed");
+        assert!(engine(&off, 2, 40, false, false, false).unwrap().consumer.is_none(), "none followed");
     }
 
     /// Told to stop with records still unread, the consumer reads them
