@@ -160,6 +160,8 @@ fn bench_mdtest_json_rows_one_per_variant_phase_and_threads_whatever_repeat() {
             assert_eq!(row["changelog"], false, "{row}");
         }
         assert!(row["consumer_ns_per_record"].is_null(), "{row}");
+        // No journal of the benchmark's own: no flusher to time.
+        assert!(row["flusher_ns_per_record"].is_null(), "{row}");
         // A phase this short may pass within one tick of /proc/stat: null
         // then, never a negative or a missing field.
         let cpu = row.get("cpu_us_per_op").unwrap_or_else(|| panic!("no cpu_us_per_op: {row}"));
