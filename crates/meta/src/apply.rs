@@ -205,7 +205,7 @@ impl Namespace {
     }
 
     /// Inode `ino`: from `held` if it is there, else from the table.
-    fn find<'a>(&self, held: &[&'a Inode], ino: Ino) -> crate::errno::Result<Found<'a>> {
+    pub(crate) fn find<'a>(&self, held: &[&'a Inode], ino: Ino) -> crate::errno::Result<Found<'a>> {
         match held.iter().find(|i| i.ino == ino) {
             Some(i) => Ok(Found::Held(i)),
             None => self.inode(ino).map(Found::Looked),
@@ -407,7 +407,7 @@ fn reparent(i: &Inode, from: &Inode, to: &Inode) {
 
 /// An inode [`Namespace::apply_held`] works on: one its caller holds, or
 /// one looked up in the table.
-enum Found<'a> {
+pub(crate) enum Found<'a> {
     Held(&'a Inode),
     Looked(Arc<Inode>),
 }

@@ -322,6 +322,7 @@ impl Data {
                     cut += 1;
                 }
                 i.blocks.store(held.blocks(), Relaxed);
+                i.note_data();
             }
         }
         Ok((removed, cut))

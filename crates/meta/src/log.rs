@@ -14,7 +14,7 @@ use crate::inode::Inode;
 use crate::mutation::Mutation;
 use crate::namespace::Namespace;
 use crate::replies::{self, Tag};
-use crate::types::Cred;
+use crate::types::{Cred, Ino};
 
 /// A record's position in the log: the change may be acknowledged once
 /// the log has made this position durable. 0: nothing was recorded
@@ -29,6 +29,11 @@ pub trait Log: Send + Sync {
     /// error (`EIO`: the journal failed) fails the operation before
     /// anything changes.
     fn record(&self, cred: &Cred, m: &Mutation, tag: Option<Tag>) -> Result<Seq>;
+
+    /// The change recorded at `seq` freed inode `ino`, which may have a
+    /// data file: its data is to go once `seq` is durable. Not called for
+    /// an inode that never had one ([`Inode::has_data`]). O(1).
+    fn freed(&self, _seq: Seq, _ino: Ino) {}
 
     /// Whether the log's disk has room for its records. O(1) while it
     /// has (the journal's look for room while full: one `write`).
@@ -98,7 +103,15 @@ impl Namespace {
     pub(crate) fn commit_admitted(&self, cred: &Cred, m: &Mutation, held: &[&Inode]) -> Result<Seq> {
         let tag = replies::current();
         let seq = match &self.log {
-            Some(log) => log.record(cred, m, tag)?,
+            Some(log) => {
+                let seq = log.record(cred, m, tag)?;
+                if let Some(ino) = m.frees()
+                    && self.find(held, ino).is_ok_and(|i| i.has_data())
+                {
+                    log.freed(seq, ino);
+                }
+                seq
+            }
             None => 0,
         };
         if let Some(tag) = tag {

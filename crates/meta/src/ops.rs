@@ -607,6 +607,7 @@ impl Namespace {
         let end = offset.checked_add(len).filter(|&e| e <= FILE_SIZE_MAX).ok_or(Errno::EFBIG)?;
         self.admit(frees)?;
         self.kill_caps(who.cred, &i, now)?;
+        i.note_data();
         i.blocks.store(put(offset)?, Relaxed);
         let size = (grow && end > i.size.load(Relaxed)).then_some(end);
         let perm = access::dropped_by_data(who.cred, &o);

@@ -94,17 +94,17 @@ struct JournalLog {
 }
 
 impl Log for JournalLog {
-    /// O(record) on the caller's thread, no lock (the journal's append);
-    /// a record that frees an inode also notes it, for its data.
+    /// O(record) on the caller's thread, no lock (the journal's append).
     fn record(&self, cred: &Cred, m: &Mutation, tag: Option<Tag>) -> Result<Seq> {
-        let seq = record::encoded(cred, m, tag, |bytes| self.changelog.journal().append(bytes)).map_err(|e| {
+        record::encoded(cred, m, tag, |bytes| self.changelog.journal().append(bytes)).map_err(|e| {
             tracing::error!(error = %e, "journal append failed");
             Errno::EIO
-        })?;
-        if let Some(ino) = m.frees() {
-            self.freed.lock().push((seq, ino));
-        }
-        Ok(seq)
+        })
+    }
+
+    /// Notes the freed inode, for [`Store::collect_freed`]: one lock.
+    fn freed(&self, seq: Seq, ino: Ino) {
+        self.freed.lock().push((seq, ino));
     }
 
     /// The journal's disk is full while it writes into the zeros it set

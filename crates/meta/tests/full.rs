@@ -203,7 +203,7 @@ fn an_orphan_closed_on_a_full_disk_is_freed_once_there_is_room() {
         removed += 1;
     }
     assert!(removed < made, "the reserve took every removal of {made}");
-    assert_eq!(store.collect_freed(), removed, "the removed names' inodes");
+    assert_eq!(store.collect_freed(), 0, "the removed names' files had no data to delete");
 
     assert_eq!(store.ns().release(&root, held), Ok(0), "the last close, with no room to record the end");
     assert!(store.ns().getattr(held).is_ok(), "the orphan is kept until its end is recorded");
