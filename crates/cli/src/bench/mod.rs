@@ -140,13 +140,15 @@ impl Report {
             println!("{}", Value::Object(row));
             return;
         }
+        // A space between columns, so that a header or a cell as wide as
+        // its column still stands apart ("flusher ns/rec" is 14).
         if !self.printed_header {
-            let head: Vec<String> = self.columns.iter().map(|(h, _)| format!("{h:>14}")).collect();
-            println!("{}", head.join(""));
+            let head: Vec<String> = self.columns.iter().map(|(h, _)| format!("{h:>13}")).collect();
+            println!(" {}", head.join(" "));
             self.printed_header = true;
         }
-        let cells: Vec<String> = self.columns.iter().map(|(_, k)| format!("{:>14}", cell(row.get(*k)))).collect();
-        println!("{}", cells.join(""));
+        let cells: Vec<String> = self.columns.iter().map(|(_, k)| format!("{:>13}", cell(row.get(*k)))).collect();
+        println!(" {}", cells.join(" "));
     }
 }
 
