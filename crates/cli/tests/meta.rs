@@ -794,6 +794,10 @@ impl Drop for FailingDisk {
 /// durable, and nothing told a supervisor. A restart replays what is
 /// durable (`a_server_restart_keeps_open_files_even_unlinked_and_locks`
 /// in the mount's tests shows clients carrying on across one).
+///
+/// A changelog read waiting for records meanwhile is answered with the
+/// failure, not with an empty page (which a follower would ask again at
+/// once, and again, until the server stopped; session 55).
 #[test]
 fn a_server_whose_disk_fails_stops_with_an_error() {
     let Some(disk) = FailingDisk::new("a_server_whose_disk_fails_stops_with_an_error") else { return };
@@ -812,8 +816,14 @@ fn a_server_whose_disk_fails_stops_with_an_error() {
     // Killed on drop if the test fails: a server left running would hold
     // the disk's loop device.
     let mut server = ServerProc { child, addr: addr.clone() };
-    rt().block_on(async {
+    let follow = rt().block_on(async {
         let (c, me) = (client(&addr).await, root());
+        let follower = client(&addr).await;
+        let id = follower.changelog_register(None, u32::MAX).await.unwrap().id;
+        // From far past the end: only the failure can end its wait early.
+        let waiting = tokio::spawn(async move {
+            follower.changelog_read(&id, Some(u64::MAX / 2), 16, std::time::Duration::from_secs(600)).await
+        });
         let f = c.create(&me, ROOT, b"big", FileType::Regular, 0o644, b"").await.unwrap();
         let chunk = vec![7u8; 1 << 20];
         // Data until the disk fails (at 48 MiB at most). Then records of
@@ -831,7 +841,13 @@ fn a_server_whose_disk_fails_stops_with_an_error() {
                 break;
             }
         }
+        tokio::time::timeout(std::time::Duration::from_secs(30), waiting).await
     });
+    let answer = follow.expect("the waiting read answered once the journal failed").unwrap();
+    assert!(
+        matches!(&answer, Err(ClientError::Server(e)) if e.contains("the journal failed")),
+        "the waiting read's answer: {answer:?}"
+    );
     let until = std::time::Instant::now() + std::time::Duration::from_secs(30);
     let status = loop {
         if let Some(status) = server.child.try_wait().unwrap() {
