@@ -23,10 +23,10 @@
 //!   ([`Journal::want`], [`Journal::wait_for`]); while nobody does, the
 //!   flusher lets it grow as long as records keep coming, up to
 //!   [`Options::linger_bytes`], napping between them
-//!   ([`Options::linger_nap`]) rather than spinning. A sync costs CPU (the write-out, the
-//!   device's interrupt, the flusher's wake-up, which preempts an
-//!   appender): syncing eagerly for records nobody waits for made two
-//!   appenders on two cores barely faster than one.
+//!   ([`Options::linger_nap`]) rather than spinning. A sync costs CPU
+//!   (the write-out, the device's interrupt, the flusher's wake-up,
+//!   which preempts an appender): syncing eagerly for records nobody
+//!   waits for made two appenders on two cores barely faster than one.
 //! - Durable wait: returns at once if the watermark has passed; otherwise
 //!   parks until the flusher, after the sync that covers it, unparks it
 //!   (each waiter directly, outside any lock). A server that must not
@@ -425,6 +425,11 @@ impl Journal {
     pub fn want(&self, end: u64) {
         let s = &*self.shared;
         s.wanted.fetch_max(end, Ordering::SeqCst);
+        // A flusher of callers that sync never lingers (the server's
+        // every durable change comes this way).
+        if s.options.callers_sync {
+            return;
+        }
         // Pairs with the fence in `flusher::linger`: either the flusher
         // sees this want before it naps, or we see that it naps.
         fence(Ordering::SeqCst);
