@@ -32,7 +32,8 @@ pub trait Log: Send + Sync {
 
     /// The change recorded at `seq` freed inode `ino`, which may have a
     /// data file: its data is to go once `seq` is durable. Not called for
-    /// an inode that never had one ([`Inode::has_data`]). O(1).
+    /// an inode that never had one (a write, `fallocate` or copy into it
+    /// makes one; the store notes those found when it opens). O(1).
     fn freed(&self, _seq: Seq, _ino: Ino) {}
 
     /// Whether the log's disk has room for its records. O(1) while it
