@@ -70,8 +70,8 @@ const DEFAULT_ACL: u32 = 1 << 17;
 /// In an inode's `perm` word: a data file may have been made for it
 /// (a write, `fallocate` or copy into it since the store opened, or a
 /// data file found then). Without it, freeing the inode removes no data
-/// file: no path made and no `unlink(2)` that finds nothing, which for
-/// empty files was ~2.5 µs of a server's CPU an unlink (session 56).
+/// file: no path made and no `unlink(2)` that finds nothing, which took
+/// the collecting thread 0.6-1.1 µs per freed empty file (session 56).
 const HAS_DATA: u32 = 1 << 18;
 /// The mode's bits of the `perm` word.
 const MODE_BITS: u32 = 0o7777;
