@@ -20,9 +20,11 @@
 //! file then takes (one `fstat` more), which the namespace shows as
 //! `st_blocks`.
 
+use std::ffi::OsString;
 use std::fs::{File, OpenOptions};
 use std::io::ErrorKind;
 use std::io::IoSliceMut;
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
@@ -97,6 +99,12 @@ fn zero_within(f: &File, at: u64, len: u64) -> Result<()> {
     if at < to { zero(f, at, to - at) } else { Ok(()) }
 }
 
+/// Appends the low `digits` hex digits of `n` to `out`, lower case,
+/// with leading zeros.
+fn hex(out: &mut Vec<u8>, n: u64, digits: u32) {
+    out.extend((0..digits).rev().map(|d| b"0123456789abcdef"[(n >> (4 * d) & 0xf) as usize]));
+}
+
 /// The 512-byte blocks `f` takes on the local file system.
 fn blocks(f: &File) -> Result<u64> {
     f.metadata().map(|m| m.blocks()).map_err(errno)
@@ -114,8 +122,21 @@ impl Data {
         Ok(Data { dir, nowait: AtomicBool::new(true) })
     }
 
+    /// Where `ino`'s data file is: `data/LL/NNNNNNNNNNNNNNNN`, its low
+    /// byte and its number in lower-case hex. Written digit by digit
+    /// into one buffer, one allocation: with `format!` and two joins
+    /// (~2.4k instructions in callgrind, four allocations) a path took
+    /// 270-350 ns here, this way 25-115 (session 56), and every data
+    /// call and every freed data file's removal makes one. O(1).
     fn path(&self, ino: Ino) -> PathBuf {
-        self.dir.join(format!("{:02x}", ino & 0xff)).join(format!("{ino:016x}"))
+        let dir = self.dir.as_os_str().as_bytes();
+        let mut p = Vec::with_capacity(dir.len() + 20);
+        p.extend_from_slice(dir);
+        p.push(b'/');
+        hex(&mut p, ino & 0xff, 2);
+        p.push(b'/');
+        hex(&mut p, ino, 16);
+        PathBuf::from(OsString::from_vec(p))
     }
 
     fn file(&self, ino: Ino) -> Result<Option<File>> {
@@ -326,5 +347,21 @@ impl Data {
             }
         }
         Ok((removed, cut))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The data files' layout is on disk (`docs/namespace.md`): the path
+    /// built digit by digit must be the one the formatted form gives.
+    #[test]
+    fn a_data_files_path_is_its_low_byte_then_its_number_in_hex() {
+        let data = Data { dir: PathBuf::from("/srv/store/data"), nowait: AtomicBool::new(true) };
+        for ino in [0, 1, 0xff, 0x100, 0xabc_def, 0x0123_4567_89ab_cdef, u64::MAX] {
+            let formatted = data.dir.join(format!("{:02x}", ino & 0xff)).join(format!("{ino:016x}"));
+            assert_eq!(data.path(ino), formatted, "{ino:#x}");
+        }
     }
 }
