@@ -35,7 +35,7 @@ use std::path::{Path, PathBuf};
 
 pub use frame::MAX_PAYLOAD;
 pub use held::in_use;
-pub use log::{DurableHook, Journal, Options, RESERVE, Recovery, sync_wanted_everywhere};
+pub use log::{DurableHook, FLUSHER_THREAD, Journal, Options, RESERVE, Recovery, sync_wanted_everywhere};
 
 /// What went wrong, with the file it went wrong in.
 #[derive(Debug, thiserror::Error)]

@@ -71,6 +71,10 @@ use tail::PREALLOCATE;
 pub use tail::RESERVE;
 use tail::Tail;
 
+/// The name of each journal's flusher thread: what a profile, or a
+/// benchmark timing the thread (`bench mdtest`), finds it by.
+pub const FLUSHER_THREAD: &str = "journal-flusher";
+
 /// How a journal writes.
 #[derive(Clone, Debug)]
 pub struct Options {
@@ -311,7 +315,7 @@ impl Journal {
         });
         let s = shared.clone();
         let handle = std::thread::Builder::new()
-            .name("journal-flusher".into())
+            .name(FLUSHER_THREAD.into())
             .spawn(move || flusher(&s))
             .map_err(|e| Error::io(dir, e))?;
         let _ = shared.flusher.set(handle.thread().clone());

@@ -14,6 +14,7 @@
 //! time is `None`.
 
 use std::collections::BTreeMap;
+use std::path::Path;
 use std::time::Instant;
 
 /// A span being measured: see [`Span::stop`].
@@ -90,7 +91,13 @@ impl Server {
 /// finer than [`task_ticks`]' hundredths, for a thread whose share of a
 /// run is a fraction of a second.
 pub fn thread_cpu_ns() -> Option<u64> {
-    std::fs::read_to_string("/proc/thread-self/schedstat").ok()?.split_whitespace().next()?.parse().ok()
+    run_ns(Path::new("/proc/thread-self/schedstat"))
+}
+
+/// The first field of a `schedstat` file: nanoseconds its thread has run
+/// on a CPU.
+fn run_ns(schedstat: &Path) -> Option<u64> {
+    std::fs::read_to_string(schedstat).ok()?.split_whitespace().next()?.parse().ok()
 }
 
 /// Nanoseconds each of this process's threads named `name` (its `comm`,
@@ -105,9 +112,7 @@ pub fn named_threads_cpu_ns(name: &str) -> BTreeMap<u64, u64> {
             let t = t.ok()?;
             let tid = t.file_name().to_str()?.parse().ok()?;
             (std::fs::read_to_string(t.path().join("comm")).ok()?.trim_end() == name).then_some(())?;
-            let ns =
-                std::fs::read_to_string(t.path().join("schedstat")).ok()?.split_whitespace().next()?.parse().ok()?;
-            Some((tid, ns))
+            Some((tid, run_ns(&t.path().join("schedstat"))?))
         })
         .collect()
 }

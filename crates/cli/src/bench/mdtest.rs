@@ -71,6 +71,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use interlock_client::{Client, ClientOptions};
+use interlock_journal::FLUSHER_THREAD;
 use interlock_journal::changelog::Mask;
 use interlock_meta::{Cred, Errno, FileType, Ino, Namespace, NewInode, ROOT, Seq, Store, StoreOptions};
 use serde_json::{Map, Value, json};
@@ -516,9 +517,9 @@ fn engine(
     };
     let nss: Vec<&Namespace> = stores.iter().map(|s| s.ns()).collect();
     let appended = || stores.iter().map(|s| s.changelog().journal().next_index()).sum::<u64>();
-    let (flushing, before) = (named_threads_cpu_ns(FLUSHER), appended());
+    let (flushing, before) = (named_threads_cpu_ns(FLUSHER_THREAD), appended());
     let took = shape(&nss, threads, files, done, all_durable);
-    let (flushed, records) = (named_threads_cpu_ns(FLUSHER), appended() - before);
+    let (flushed, records) = (named_threads_cpu_ns(FLUSHER_THREAD), appended() - before);
     stop.store(true, Ordering::Relaxed);
     let consumer = match follower {
         Some(f) => Some(f.join().map_err(|_| "the changelog follower failed".to_string())??),
@@ -530,9 +531,6 @@ fn engine(
         .then(|| flushed.iter().map(|(tid, ns)| ns.saturating_sub(flushing.get(tid).copied().unwrap_or(0))).sum());
     Ok(EngineRun { took: took?, consumer, flusher: Some(Spent { records, cpu_ns }) })
 }
-
-/// The name a journal gives its flusher thread.
-const FLUSHER: &str = "journal-flusher";
 
 /// The namespace alone, with no journal (not durable): how it scales
 /// with no disk and no flusher beside it. With `apart`, a namespace per
