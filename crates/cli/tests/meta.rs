@@ -747,6 +747,54 @@ fn a_long_fsync_holds_up_no_other_connection() {
     });
 }
 
+/// A changelog clear saves the consumers' state with two fsyncs, on a
+/// blocking thread: with one worker, another client is answered while it
+/// saves (until session 57 the worker made the save, and every other
+/// connection waited for it). A clear whose save fails is refused, and
+/// its cursor does not move.
+///
+/// The save is held up by making its temporary file a FIFO: opening it
+/// to write blocks until a reader opens it, and its fsync then fails.
+#[test]
+fn a_changelog_clear_holds_up_no_other_connection() {
+    let data = tempfile::tempdir().unwrap();
+    let server = ServerProc::start(data.path(), "127.0.0.1:0", &["--threads", "1"]);
+    let fifo = data.path().join("meta/consumers.json.tmp");
+    let unblock = || drop(std::fs::read(&fifo).unwrap());
+    rt().block_on(async {
+        let (a, b, me) = (client(&server.addr).await, client(&server.addr).await, root());
+        let id = a.changelog_register(Some("audit"), u32::MAX).await.unwrap().id;
+        a.create(&me, ROOT, b"f", FileType::Regular, 0o644, b"").await.unwrap();
+        assert!(Command::new("mkfifo").arg(&fifo).status().unwrap().success(), "mkfifo");
+        let clear = tokio::spawn({
+            let (a, id) = (a.clone(), id.clone());
+            async move { a.changelog_clear(&id, 1).await }
+        });
+        let pid = server.child.id();
+        tokio::task::spawn_blocking(move || wait_opening_fifo(pid)).await.unwrap();
+        let others = async {
+            for _ in 0..20 {
+                b.getattr(&me, ROOT).await?;
+            }
+            b.changelog_list().await
+        };
+        // Looked at before the save goes on, and asserted after: a failed
+        // assertion must not leave the server blocked.
+        let listed = tokio::time::timeout(std::time::Duration::from_secs(20), others).await;
+        let saving = !clear.is_finished();
+        unblock();
+        let cleared = clear.await.unwrap();
+        let Ok(Ok(listed)) = listed else { panic!("another client was not answered while a clear saved: {listed:?}") };
+        assert_eq!(listed.iter().map(|c| c.cleared).collect::<Vec<_>>(), [0], "shown before it was saved");
+        assert!(saving, "the clear was answered with its save held up");
+        assert!(cleared.is_err(), "a FIFO's fsync fails: {cleared:?}");
+        assert_eq!(b.changelog_list().await.unwrap()[0].cleared, 0, "a failed save's change was shown");
+        std::fs::remove_file(&fifo).unwrap();
+        a.changelog_clear(&id, 1).await.unwrap();
+        assert_eq!(b.changelog_list().await.unwrap()[0].cleared, 1);
+    });
+}
+
 /// An ext4 image of 256 MiB on a 48 MiB tmpfs, mounted through a loop
 /// device: once the tmpfs is full the device's writes fail, as a failing
 /// disk's do (a sync fails, ext4 then goes read-only). Unmounted on drop,

@@ -17,7 +17,12 @@
 //!
 //! Consumer state lives in `consumers.json` beside the segments, replaced
 //! atomically (write, fsync, rename, fsync the directory) on every change:
-//! O(consumers) bytes and one fsync per register, clear or GC.
+//! O(consumers) bytes and one fsync per register, clear or GC. What the
+//! changelog shows (cursors, consumers, the purge bound) is always what
+//! is on disk: a change is shown once saved, never before, so the journal
+//! is never purged under a cursor a crash would take back. Changes are
+//! saved one at a time, and nobody else waits for a save: reads, lists
+//! and the purge bound look at the state shown meanwhile.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -159,7 +164,7 @@ pub struct Consumer {
 }
 
 /// What survives a restart besides the records.
-#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 struct Persisted {
     next_id: u32,
     /// Records up to here are covered by a metadata checkpoint.
@@ -216,7 +221,13 @@ pub struct Changelog {
     dir: PathBuf,
     options: ChangelogOptions,
     project: Projection,
+    /// The state as saved: taken only to look or to swap, never over a
+    /// save, which would stall every read of every consumer behind a
+    /// clear's fsyncs.
     state: Mutex<Persisted>,
+    /// Held over a change and its save: changes are saved in the order
+    /// they are shown, each built on the one before.
+    saving: Mutex<()>,
 }
 
 const CONSUMERS: &str = "consumers.json";
@@ -259,7 +270,8 @@ impl Changelog {
     ) -> Result<(Changelog, crate::Recovery), Error> {
         let (journal, recovery) = Journal::open(dir, journal)?;
         let state = Mutex::new(load(dir)?);
-        Ok((Changelog { journal, dir: dir.to_path_buf(), options, project, state }, recovery))
+        let saving = Mutex::new(());
+        Ok((Changelog { journal, dir: dir.to_path_buf(), options, project, state, saving }, recovery))
     }
 
     pub fn journal(&self) -> &Journal {
@@ -273,6 +285,22 @@ impl Changelog {
             return Ok(None);
         }
         self.journal.append(&record.encode()).map(Some)
+    }
+
+    /// Applies `change` to a copy of the state, saves the copy if it
+    /// differs, and only then shows it. O(consumers), with two fsyncs
+    /// where something changed. Nothing but another change waits for it;
+    /// a change that fails (or whose save does) leaves the state as it
+    /// was.
+    fn change<T>(&self, change: impl FnOnce(&mut Persisted) -> Result<T, Error>) -> Result<T, Error> {
+        let _one_at_a_time = self.saving.lock();
+        let mut next = self.state.lock().clone();
+        let out = change(&mut next)?;
+        if next != *self.state.lock() {
+            self.save(&next)?;
+            *self.state.lock() = next;
+        }
+        Ok(out)
     }
 
     fn save(&self, p: &Persisted) -> Result<(), Error> {
@@ -299,38 +327,33 @@ impl Changelog {
         if let Some(n) = name {
             check_name(n)?;
         }
-        let mut p = self.state.lock();
-        let id = format!("cl{}", p.next_id.max(1));
-        if let Some(n) = name
-            && p.consumers.values().any(|c| c.name.as_deref() == Some(n))
-        {
-            return Err(Error::Invalid(format!("a consumer named {n:?} is already registered")));
-        }
-        let c = Consumer {
-            id: id.clone(),
-            name: name.map(str::to_string),
-            mask,
-            cleared: self.journal.durable_end().saturating_sub(1),
-            last_active_ns: now_ns,
-        };
-        let mut next = p.clone();
-        next.next_id = p.next_id.max(1) + 1;
-        next.consumers.insert(id, c.clone());
-        self.save(&next)?;
-        *p = next;
-        Ok(c)
+        self.change(|p| {
+            if let Some(n) = name
+                && p.consumers.values().any(|c| c.name.as_deref() == Some(n))
+            {
+                return Err(Error::Invalid(format!("a consumer named {n:?} is already registered")));
+            }
+            let id = format!("cl{}", p.next_id.max(1));
+            let c = Consumer {
+                id: id.clone(),
+                name: name.map(str::to_string),
+                mask,
+                cleared: self.journal.durable_end().saturating_sub(1),
+                last_active_ns: now_ns,
+            };
+            p.next_id = p.next_id.max(1) + 1;
+            p.consumers.insert(id, c.clone());
+            Ok(c)
+        })
     }
 
     /// Removes a consumer (by id or name); the log may then be purged past
     /// it.
     pub fn deregister(&self, who: &str) -> Result<(), Error> {
-        let mut p = self.state.lock();
-        let id = find(&p, who)?;
-        let mut next = p.clone();
-        next.consumers.remove(&id);
-        self.save(&next)?;
-        *p = next;
-        drop(p);
+        self.change(|p| {
+            p.consumers.remove(&find(p, who)?);
+            Ok(())
+        })?;
         self.purge()
     }
 
@@ -439,26 +462,21 @@ impl Changelog {
         if upto > last {
             return Err(Error::Invalid(format!("cannot clear up to {upto}: the last record is {last}")));
         }
-        let mut p = self.state.lock();
-        let id = find(&p, who)?;
-        let mut next = p.clone();
-        let c = next.consumers.get_mut(&id).expect("found");
-        c.cleared = c.cleared.max(upto);
-        c.last_active_ns = now_ns;
-        self.save(&next)?;
-        *p = next;
-        drop(p);
+        self.change(|p| {
+            let c = p.consumers.get_mut(&find(p, who)?).expect("found");
+            c.cleared = c.cleared.max(upto);
+            c.last_active_ns = now_ns;
+            Ok(())
+        })?;
         self.purge()
     }
 
     /// Records up to `index` are covered by a metadata checkpoint.
     pub fn set_checkpoint(&self, index: u64) -> Result<(), Error> {
-        let mut p = self.state.lock();
-        let mut next = p.clone();
-        next.checkpoint = next.checkpoint.max(index);
-        self.save(&next)?;
-        *p = next;
-        drop(p);
+        self.change(|p| {
+            p.checkpoint = p.checkpoint.max(index);
+            Ok(())
+        })?;
         self.purge()
     }
 
@@ -479,27 +497,25 @@ impl Changelog {
     /// O(consumers).
     pub fn gc(&self, now_ns: u64) -> Result<Vec<String>, Error> {
         let last = self.journal.durable_end().saturating_sub(1);
-        let mut p = self.state.lock();
-        let mut next = p.clone();
         let mut gone = Vec::new();
-        next.consumers.retain(|id, c| {
-            let idle = Duration::from_nanos(now_ns.saturating_sub(c.last_active_ns));
-            let lag = last.saturating_sub(c.cleared);
-            let why = match (self.options.max_idle, self.options.max_lag) {
-                (Some(max), _) if idle > max => Some(format!("idle for {}s", idle.as_secs())),
-                (_, Some(max)) if lag > max => Some(format!("{lag} records behind")),
-                _ => None,
-            };
-            if let Some(why) = &why {
-                tracing::warn!(consumer = %id, name = ?c.name, reason = %why, "deregistering changelog consumer");
-                gone.push(id.clone());
-            }
-            why.is_none()
-        });
+        self.change(|p| {
+            p.consumers.retain(|id, c| {
+                let idle = Duration::from_nanos(now_ns.saturating_sub(c.last_active_ns));
+                let lag = last.saturating_sub(c.cleared);
+                let why = match (self.options.max_idle, self.options.max_lag) {
+                    (Some(max), _) if idle > max => Some(format!("idle for {}s", idle.as_secs())),
+                    (_, Some(max)) if lag > max => Some(format!("{lag} records behind")),
+                    _ => None,
+                };
+                if let Some(why) = &why {
+                    tracing::warn!(consumer = %id, name = ?c.name, reason = %why, "deregistering changelog consumer");
+                    gone.push(id.clone());
+                }
+                why.is_none()
+            });
+            Ok(())
+        })?;
         if !gone.is_empty() {
-            self.save(&next)?;
-            *p = next;
-            drop(p);
             self.purge()?;
         }
         Ok(gone)

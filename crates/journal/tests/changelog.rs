@@ -301,3 +301,70 @@ fn a_read_stops_once_it_has_its_records() {
     assert_eq!(got.iter().map(|e| e.index).collect::<Vec<_>>(), (101..120).step_by(2).collect::<Vec<_>>());
     assert!(cl.read("all", Some(1), 20_000, None).is_err(), "the damage is there, for a read that reaches it");
 }
+
+/// A consumer's change waits for its save, and nothing else does: while
+/// one consumer's clear is saving, another's read, the list of
+/// consumers and the purge bound are answered (until session 57 they
+/// waited on the lock the save held: in the server, every changelog
+/// read and `status` queued behind a clear's two fsyncs). A change whose
+/// save fails is not shown, and so cannot purge the journal under a
+/// cursor the disk does not have.
+///
+/// The save is held up by making its temporary file a FIFO: opening it
+/// to write blocks until a reader opens it, and its fsync then fails.
+#[test]
+fn a_save_holds_up_only_other_changes_and_a_failed_one_shows_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let cl = open(dir.path());
+    let (a, b) = (cl.register(Some("a"), Mask::ALL, 0).unwrap().id, cl.register(Some("b"), Mask::ALL, 0).unwrap().id);
+    for n in 1..=10 {
+        cl.append(&record(n, RecordType::CREAT)).unwrap();
+    }
+    cl.journal().wait_durable(10).unwrap();
+    let fifo = dir.path().join("consumers.json.tmp");
+    assert!(std::process::Command::new("mkfifo").arg(&fifo).status().unwrap().success(), "mkfifo");
+    let unblock = || drop(std::fs::read(&fifo).unwrap());
+    std::thread::scope(|s| {
+        let clearing = s.spawn(|| cl.clear(&a, 10, 5));
+        wait_opening_fifo();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (cl, b) = (&cl, &b);
+        s.spawn(move || {
+            let seen = (cl.read(b, None, 100, None).unwrap().len(), cl.consumers(), cl.purge_bound());
+            tx.send(seen).unwrap();
+        });
+        // Looked at before the save goes on, and asserted after: a
+        // failed assertion must not leave the clear blocked.
+        let seen = rx.recv_timeout(Duration::from_secs(30));
+        let saving = !clearing.is_finished();
+        unblock();
+        let failed = clearing.join().unwrap();
+        let (read, consumers, bound) = seen.expect("a read, the list and the purge bound waited for another's save");
+        assert_eq!(read, 10);
+        assert!(consumers.iter().all(|c| c.cleared == 0), "a change shown before it was saved: {consumers:?}");
+        assert_eq!(bound, 1);
+        assert!(saving, "the clear ended with its save held up");
+        assert!(failed.is_err(), "a FIFO's fsync fails: {failed:?}");
+    });
+    assert!(cl.consumers().iter().all(|c| c.cleared == 0), "a failed save's change was shown");
+    assert_eq!(cl.purge_bound(), 1);
+    std::fs::remove_file(&fifo).unwrap();
+    cl.clear(&a, 10, 5).unwrap();
+    drop(cl);
+    let cl = open(dir.path());
+    let cleared: Vec<u64> = cl.consumers().iter().map(|c| c.cleared).collect();
+    assert_eq!(cleared, [10, 0]);
+}
+
+/// Waits until a thread of this process is opening a FIFO to write and
+/// waits for a reader (the kernel's `wait_for_partner`).
+fn wait_opening_fifo() {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .any(|t| std::fs::read_to_string(t.unwrap().path().join("wchan")).is_ok_and(|w| w == "wait_for_partner"))
+    {
+        assert!(std::time::Instant::now() < deadline, "nobody came to open the FIFO");
+        std::thread::yield_now();
+    }
+}

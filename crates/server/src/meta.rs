@@ -16,7 +16,7 @@ use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use interlock_journal::changelog::{Consumer, FOLLOW_BATCH, FOLLOW_LINGER, Mask};
+use interlock_journal::changelog::{Changelog, Consumer, FOLLOW_BATCH, FOLLOW_LINGER, Mask};
 use interlock_meta::ReadFrom::{Cache, Disk};
 use interlock_meta::{Caller, Cred, Errno, FileType, Ino, NewInode, Seq, Tag};
 use interlock_proto::Reply;
@@ -355,17 +355,23 @@ fn consumer_info(c: Consumer) -> ConsumerInfo {
 }
 
 /// Serves a changelog request; `None` when the answer will be pushed (a
-/// read that waits for records: see [`follow`]).
+/// read that waits for records: see [`follow`]; a change of the
+/// consumers, see [`change_consumers`]).
 pub(crate) fn changelog(inner: &Inner, sid: u64, id: u64, op: ChangelogOp) -> Option<Reply> {
-    let cl = inner.store.changelog();
-    let now = now().max(0) as u64;
-    let r = match op {
-        ChangelogOp::Register { name, mask } => {
+    match op {
+        ChangelogOp::Register { name, mask } => change_consumers(inner, sid, id, move |cl, now| {
             cl.register(name.as_deref(), Mask(mask), now).map(|c| ChangelogReply::Consumer(consumer_info(c)))
+        }),
+        ChangelogOp::Deregister { id: who } => {
+            change_consumers(inner, sid, id, move |cl, _| cl.deregister(&who).map(|()| ChangelogReply::Done))
         }
-        ChangelogOp::Deregister { id } => cl.deregister(&id).map(|()| ChangelogReply::Done),
-        ChangelogOp::List => Ok(ChangelogReply::Consumers(cl.consumers().into_iter().map(consumer_info).collect())),
-        ChangelogOp::Clear { id, upto } => cl.clear(&id, upto, now).map(|()| ChangelogReply::Done),
+        ChangelogOp::Clear { id: who, upto } => {
+            change_consumers(inner, sid, id, move |cl, now| cl.clear(&who, upto, now).map(|()| ChangelogReply::Done))
+        }
+        ChangelogOp::List => {
+            let consumers = inner.store.changelog().consumers().into_iter().map(consumer_info).collect();
+            Some(Reply::Changelog(ChangelogReply::Consumers(consumers)))
+        }
         ChangelogOp::Read { id: who, from, max, wait_ms } if wait_ms > 0 => {
             let server = inner.me.upgrade()?;
             let wait = Duration::from_millis(u64::from(wait_ms)).min(FOLLOW_WAIT_MAX);
@@ -376,11 +382,30 @@ pub(crate) fn changelog(inner: &Inner, sid: u64, id: u64, op: ChangelogOp) -> Op
                 };
                 durable::push(&server.sessions, sid, id, reply);
             });
-            return None;
+            None
         }
-        ChangelogOp::Read { id, from, max, .. } => return Some(read(inner, &id, from, max)),
-    };
-    Some(r.map_or_else(|e| Reply::Error(e.to_string()), Reply::Changelog))
+        ChangelogOp::Read { id, from, max, .. } => Some(read(inner, &id, from, max)),
+    }
+}
+
+/// Registers, deregisters or clears on a blocking thread, which pushes
+/// the answer: each saves the consumers' state with two fsyncs (and a
+/// clear may purge segments), which on a worker would hold up every
+/// other connection it serves meanwhile. Counted until answered, as the
+/// namespace's offloaded calls are.
+fn change_consumers(
+    inner: &Inner,
+    sid: u64,
+    id: u64,
+    change: impl FnOnce(&Changelog, u64) -> Result<ChangelogReply, interlock_journal::Error> + Send + 'static,
+) -> Option<Reply> {
+    let task = crate::stop::offload(inner.me.upgrade()?);
+    tokio::task::spawn_blocking(move || {
+        let server = task.server();
+        let r = change(server.store.changelog(), now().max(0) as u64);
+        durable::push(&server.sessions, sid, id, r.map_or_else(|e| Reply::Error(e.to_string()), Reply::Changelog));
+    });
+    None
 }
 
 /// A follower's wait, on no thread (see `follow`): up to `wait` for a

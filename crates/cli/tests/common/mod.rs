@@ -357,3 +357,17 @@ impl Draw {
         self.below(one_in) == 0
     }
 }
+
+/// Waits until a thread of process `pid` is opening a FIFO to write and
+/// waits for a reader (the kernel's `wait_for_partner`): how a test holds
+/// up a write at a known point and knows it is held.
+pub fn wait_opening_fifo(pid: u32) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .any(|t| std::fs::read_to_string(t.unwrap().path().join("wchan")).is_ok_and(|w| w == "wait_for_partner"))
+    {
+        assert!(std::time::Instant::now() < deadline, "no thread of {pid} came to open the FIFO");
+        std::thread::yield_now();
+    }
+}
