@@ -376,7 +376,9 @@ impl Client {
         }
     }
 
-    /// Acknowledges consumer `id`'s records up to `upto`.
+    /// Acknowledges consumer `id`'s records up to `upto`, durably when it
+    /// returns; a read from the cursor sent before then may begin before
+    /// `upto` (requests in flight at once are served in either order).
     pub async fn changelog_clear(&self, id: &str, upto: u64) -> Result<(), ClientError> {
         match self.changelog(ChangelogOp::Clear { id: id.to_string(), upto }).await? {
             ChangelogReply::Done => Ok(()),
