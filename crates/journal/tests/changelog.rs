@@ -368,3 +368,31 @@ fn wait_opening_fifo() {
         std::thread::yield_now();
     }
 }
+
+/// Changes from many threads at once, each its own consumer's clears and
+/// one thread's checkpoints, are each saved on top of the others: none
+/// is lost, in memory or on disk (a change built on a state another
+/// change then replaced would take that change back).
+#[test]
+fn changes_at_once_lose_none_of_each_other() {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let cl = open(dir.path());
+    const UPTO: u64 = 40;
+    for n in 1..=UPTO {
+        cl.append(&record(n, RecordType::CREAT)).unwrap();
+    }
+    cl.journal().wait_durable(UPTO).unwrap();
+    let ids: Vec<String> = (0..4).map(|_| cl.register(None, Mask::ALL, 0).unwrap().id).collect();
+    std::thread::scope(|s| {
+        for id in &ids {
+            let cl = &cl;
+            s.spawn(move || (1..=UPTO).for_each(|n| cl.clear(id, n, n).unwrap()));
+        }
+        s.spawn(|| (1..=UPTO).for_each(|n| cl.set_checkpoint(n).unwrap()));
+    });
+    let shown: Vec<u64> = cl.consumers().iter().map(|c| c.cleared).collect();
+    assert_eq!(shown, [UPTO; 4], "a clear was lost in memory");
+    let (saved, checkpoint) = interlock_journal::changelog::consumers_of(dir.path()).unwrap();
+    assert_eq!(saved.iter().map(|c| c.cleared).collect::<Vec<_>>(), [UPTO; 4], "a clear was lost on disk");
+    assert_eq!(checkpoint, UPTO, "a checkpoint was lost");
+}
