@@ -17,7 +17,9 @@
 //!
 //! Consumer state lives in `consumers.json` beside the segments, replaced
 //! atomically (write, fsync, rename, fsync the directory) on every change:
-//! O(consumers) bytes and one fsync per register, clear or GC. What the
+//! O(consumers) bytes and two fsyncs (the file's, the directory's) per
+//! register, deregister, clear, checkpoint or GC that changes something.
+//! What the
 //! changelog shows (cursors, consumers, the purge bound) is always what
 //! is on disk: a change is shown once saved, never before, so the journal
 //! is never purged under a cursor a crash would take back. Changes are
