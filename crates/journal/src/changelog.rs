@@ -19,12 +19,12 @@
 //! atomically (write, fsync, rename, fsync the directory) on every change:
 //! O(consumers) bytes and two fsyncs (the file's, the directory's) per
 //! register, deregister, clear, checkpoint or GC that changes something.
-//! What the
-//! changelog shows (cursors, consumers, the purge bound) is always what
-//! is on disk: a change is shown once saved, never before, so the journal
-//! is never purged under a cursor a crash would take back. Changes are
-//! saved one at a time, and nobody else waits for a save: reads, lists
-//! and the purge bound look at the state shown meanwhile.
+//! What the changelog shows (cursors, consumers, the purge bound) is
+//! always what is on disk: a change is shown once saved, never before,
+//! so the journal is never purged under a cursor a crash would take
+//! back. Changes are saved one at a time, and nobody else waits for a
+//! save: reads, lists and the purge bound look at the state shown
+//! meanwhile.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
