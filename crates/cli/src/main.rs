@@ -82,7 +82,7 @@ enum Command {
     /// process's uid, gid and groups. While the server does not answer
     /// (down, restarting, cut off), calls wait for it, as on a hard NFS
     /// mount, and go on when it is back; a program so waiting can still
-    /// be killed. Stays in the foreground until unmounted (fusermount3 -u
+    /// be killed (with -o soft, they fail with EIO after a minute). Stays in the foreground until unmounted (fusermount3 -u
     /// MOUNTPOINT, umount, Ctrl-C or SIGTERM).
     /// Exit status: 0 unmounted; 2 a usage error or a bad mount point; 69
     /// the server cannot be reached, fusermount3 is missing, or the mount

@@ -1286,29 +1286,11 @@ fn a_program_waiting_for_a_server_that_does_not_answer_dies_when_killed() {
     // The write dropped the kernel's attributes: got again now, not by the
     // first program.
     std::fs::metadata(&f).unwrap();
-    let used = || {
-        let v = nix::sys::statvfs::statvfs(&m.join("")).unwrap();
-        v.files() - v.files_free()
-    };
+    let used = || inodes_used(&m);
     let with_f = used();
     // A program with the file open, to lock it when told.
-    let mut locker = Command::new(&perl)
-        .args([
-            "-e",
-            r#"use Fcntl ":flock"; open(my $fh, "<", $ARGV[0]) or die; $| = 1; print "open\n"; <STDIN>;
-                       flock($fh, LOCK_EX | LOCK_NB);"#,
-        ])
-        .arg(&f)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    std::io::BufRead::read_line(&mut std::io::BufReader::new(locker.stdout.take().unwrap()), &mut line).unwrap();
-    assert_eq!(line, "open\n");
+    let mut locker = opened_then(&perl, &f, "flock($fh, LOCK_EX | LOCK_NB);");
     relay.freeze();
-    let proc_of = |c: &Child, file| std::fs::read_to_string(format!("/proc/{}/{file}", c.id())).unwrap_or_default();
-    let waiting = |c: &Child| proc_of(c, "wchan") == "request_wait_answer";
     locker.stdin.take().unwrap().write_all(b"lock\n").unwrap();
     wait_for("the locker to wait for the server", || waiting(&locker));
     let mut killed = Command::new("cat").arg(&f).stdout(Stdio::null()).spawn().unwrap();
@@ -1335,7 +1317,7 @@ fn a_program_waiting_for_a_server_that_does_not_answer_dies_when_killed() {
     });
     // The handled signal has been seen: its program waits on, no longer
     // interruptibly (state D), for the mount's answer.
-    let state = |c: &Child| proc_of(c, "stat").rsplit(") ").next().and_then(|r| r.chars().next());
+    let state = |c: &Child| proc_file(c, "stat").rsplit(") ").next().and_then(|r| r.chars().next());
     wait_for("the signalled program to wait on", || state(&handled) == Some('D'));
     relay.thaw();
     assert!(died, "a killed program stayed until the server answered");
@@ -1348,6 +1330,90 @@ fn a_program_waiting_for_a_server_that_does_not_answer_dies_when_killed() {
     // its way, may be left.
     std::fs::remove_file(&f).unwrap();
     wait_for("the removed file to be freed: the abandoned open closed", || used() == with_f - 1);
+}
+
+/// The inodes a mount's file system has in use.
+fn inodes_used(m: &Mount) -> u64 {
+    let v = nix::sys::statvfs::statvfs(&m.join("")).unwrap();
+    v.files() - v.files_free()
+}
+
+/// A file of `/proc/PID` of program `c` (empty once it is gone).
+fn proc_file(c: &Child, file: &str) -> String {
+    std::fs::read_to_string(format!("/proc/{}/{file}", c.id())).unwrap_or_default()
+}
+
+/// Whether program `c` waits for a FUSE mount's answer.
+fn waiting(c: &Child) -> bool {
+    proc_file(c, "wchan") == "request_wait_answer"
+}
+
+/// A perl program that opens `file`, says "open", and once told (a line
+/// on its stdin) runs `then` with the file as `$fh`.
+fn opened_then(perl: &Path, file: &Path, then: &str) -> Child {
+    let script = format!(r#"open(my $fh, "<", $ARGV[0]) or die; $| = 1; print "open\n"; <STDIN>; {then}"#);
+    let mut c = Command::new(perl)
+        .args(["-MFcntl=:flock", "-e", &script])
+        .arg(file)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(c.stdout.as_mut().unwrap()), &mut line).unwrap();
+    assert_eq!(line, "open\n");
+    c
+}
+
+/// A soft mount (`-o soft_timeout=1`) fails with `EIO` the calls its
+/// server does not answer in time: an open, a look-up, a lock request
+/// that would not wait. A blocking lock wait waits on (it waits for the
+/// lock, and the server is not asked for one it cannot answer). Once the
+/// server answers again, calls succeed, the waiter gets its lock, and
+/// the open given up, made at the server after all, is closed again: its
+/// file, removed, is freed. Before session 57 every mount was hard.
+#[test]
+fn a_soft_mount_fails_calls_its_server_does_not_answer_with_eio() {
+    let Some(perl) = perl_with_fuse("a_soft_mount_fails_calls_its_server_does_not_answer_with_eio") else { return };
+    let (_data, server) = common::long_lease_server();
+    let relay = common::Relay::start(&server.addr);
+    // Names and attributes kept long: the opens, not their look-ups, wait
+    // for the server.
+    let m = Mount::with_options(&relay.addr, "rw,soft_timeout=1,entry_timeout=600,attr_timeout=600");
+    let f = m.join("f");
+    std::fs::write(&f, "x").unwrap();
+    std::fs::metadata(&f).unwrap();
+    let with_f = inodes_used(&m);
+    let report = r#"print((flock($fh, LOCK_EX) ? "locked" : "failed: $!"), "\n");"#;
+    let mut waiter = opened_then(&perl, &f, report);
+    let mut trier = opened_then(&perl, &f, &report.replace("LOCK_EX", "LOCK_EX | LOCK_NB"));
+    relay.freeze();
+    waiter.stdin.take().unwrap().write_all(b"go\n").unwrap();
+    wait_for("the blocking lock to wait for the server", || waiting(&waiter));
+    trier.stdin.take().unwrap().write_all(b"go\n").unwrap();
+    let quiet = |c: &mut Command| c.stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
+    let mut given_up = [quiet(Command::new("cat").arg(&f)), quiet(Command::new("stat").arg(m.join("g"))), trier];
+    // Looked at before the server answers again, asserted after: a
+    // failing build fails the test, it does not hang it.
+    let ended =
+        common::holds_within(Duration::from_secs(30), || given_up.iter_mut().all(|c| c.try_wait().unwrap().is_some()));
+    let still_waiting = waiting(&waiter);
+    relay.thaw();
+    assert!(ended, "a call waited past the soft mount's time for a server that did not answer");
+    assert!(still_waiting, "the blocking lock wait was given up too");
+    let [cat, stat, trier] = given_up.map(|c| c.wait_with_output().unwrap());
+    for (what, out) in [("cat", &cat), ("stat", &stat)] {
+        let said = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && said.contains("Input/output error"), "{what}: {said}");
+    }
+    assert_eq!(String::from_utf8_lossy(&trier.stdout), "failed: Input/output error\n");
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(waiter.stdout.take().unwrap()), &mut line).unwrap();
+    assert_eq!(line, "locked\n", "the waiter's lock once the server answered");
+    waiter.wait().unwrap();
+    assert!(std::fs::read(&f).is_ok_and(|d| d == b"x"), "a call once the server answers again");
+    std::fs::remove_file(&f).unwrap();
+    wait_for("the removed file to be freed: the open given up closed", || inodes_used(&m) == with_f - 1);
 }
 
 /// Calls interrupted by a signal their program handles are not failed,

@@ -11,7 +11,8 @@
 //! - `session`: one task reads requests; each runs as a task on the
 //!   client's runtime and answers when done, so requests overlap and a
 //!   blocked lock holds no thread. `FUSE_INTERRUPT` withdraws a blocked
-//!   lock at the server.
+//!   lock at the server; a soft mount gives up calls not answered in
+//!   time.
 //! - `ops`: requests → client calls; the server checks permissions with
 //!   the caller's uid, gid and supplementary groups (`creds`).
 //! - `locks`: the kernel's lock owners → the client's owners; what
@@ -69,6 +70,11 @@ pub struct Config {
     pub entry_timeout: Duration,
     /// How long the kernel may keep attributes.
     pub attr_timeout: Duration,
+    /// A soft mount: a call the server has not answered within this long
+    /// fails with `EIO`, as on a soft NFS mount, instead of waiting for
+    /// the server (`None`, the default: a hard mount). A blocking lock
+    /// wait is not timed: it waits for the lock. See `session`.
+    pub soft_timeout: Option<Duration>,
     /// The server squashes root (`serve --root-squash`, as its status
     /// said when the mount started): root's `opendir` is then asked of the
     /// server, which serves root as another user, where the kernel would
@@ -83,6 +89,7 @@ impl Default for Config {
             options: MountOptions::default(),
             entry_timeout: Duration::from_secs(1),
             attr_timeout: Duration::from_secs(1),
+            soft_timeout: None,
             root_squashed: false,
         }
     }

@@ -270,8 +270,9 @@ impl Fs {
     /// `F_SETLK(W)`, `F_OFD_SETLK(W)`, `flock`: a lock or an unlock at
     /// the server. A blocking request (`wait`) waits there, in FIFO order,
     /// holding no thread. If `cancel` fires (the caller was interrupted
-    /// in a wait, or is dying: see `session`), the request is withdrawn
-    /// and the caller gets `EINTR`: dropping the client's lock future
+    /// in a wait, or is dying, or a soft mount's time for the request is
+    /// up: see `session`), the request is withdrawn and the caller gets
+    /// the errno it carries (`EINTR`, `EIO`): dropping the client's lock future
     /// withdraws it at the server and gives back a grant on its way; an
     /// unlock already sent is made, one not sent is left to the close of
     /// the caller's files. A grant drops the kernel's cached attributes,
@@ -281,25 +282,25 @@ impl Fs {
         ino: Ino,
         a: &mut Args<'_>,
         wait: bool,
-        cancel: Option<oneshot::Receiver<()>>,
+        cancel: Option<oneshot::Receiver<i32>>,
     ) -> Answer {
         let lk = LkIn::parse(a)?;
         let asked = lk.request()?;
         let withdrawn = async {
             // A cancel dropped unfired withdraws nothing.
-            let fired = match cancel {
-                Some(rx) => rx.await.is_ok(),
-                None => false,
-            };
-            if !fired {
-                std::future::pending::<()>().await;
+            match cancel {
+                Some(rx) => match rx.await {
+                    Ok(errno) => errno,
+                    Err(_) => std::future::pending().await,
+                },
+                None => std::future::pending().await,
             }
         };
         if asked.0 == Mode::NL {
             let spec = &lk.spec(ino, self.owners.number(lk.owner), asked);
             tokio::select! {
                 r = self.on_file(ino, true, |c| async move { c.unlock(spec).await }) => r?,
-                () = withdrawn => return Err(libc::EINTR),
+                errno = withdrawn => return Err(errno),
             }
             return Ok(Vec::new());
         }
@@ -324,7 +325,7 @@ impl Fs {
         };
         let granted = tokio::select! {
             r = asking => r?,
-            () = withdrawn => return Err(libc::EINTR),
+            errno = withdrawn => return Err(errno),
         };
         if !granted {
             return Err(libc::EAGAIN);

@@ -49,6 +49,8 @@ pub struct Fs {
     pub(crate) lost: Lost,
     unsynced: Unsynced,
     pub(crate) dev: Arc<File>,
+    /// See [`Config::soft_timeout`].
+    pub(crate) soft_timeout: Option<Duration>,
 }
 
 /// A call's result, failures as errnos.
@@ -148,13 +150,14 @@ impl Fs {
             lost: Lost::default(),
             unsynced: Unsynced::default(),
             dev,
+            soft_timeout: cfg.soft_timeout,
         }
     }
 
     /// Answers one request; `None` for those the kernel wants no answer
-    /// to. `cancel` fires if a lock request is to be withdrawn (see
-    /// `session`).
-    pub async fn handle(&self, h: InHeader, body: &[u8], cancel: Option<oneshot::Receiver<()>>) -> Option<Answer> {
+    /// to. `cancel` fires, with the errno to answer, if a lock request is
+    /// to be withdrawn (see `session`).
+    pub async fn handle(&self, h: InHeader, body: &[u8], cancel: Option<oneshot::Receiver<i32>>) -> Option<Answer> {
         if matches!(h.opcode, op::FORGET | op::BATCH_FORGET) {
             return None;
         }

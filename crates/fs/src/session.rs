@@ -22,11 +22,19 @@
 //!   fails so (`stat`, `unlink`), even with `SA_RESTART`. The call goes on
 //!   at the server, as a killed program's call to an NFS server may; an
 //!   open it made is closed again when it is done (`Fs::abandoned`).
+//!
+//! On a soft mount (`Config::soft_timeout`) a request not answered in
+//! time is given up as a dying caller's is, but with `EIO`: a lock
+//! request is withdrawn, anything else answered at once. The call may
+//! still be made at the server once it answers (a soft NFS mount's
+//! timed-out write may have been written too); an open it made is closed
+//! again. A blocking lock wait is not timed: it waits for the lock, as
+//! long as the holder holds it, and a signal interrupts it.
 
 use std::fs::File;
 use std::io::{self, Read, Write};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use foldhash::HashMap;
 use parking_lot::Mutex;
@@ -78,8 +86,12 @@ struct Serving {
     opcode: u32,
     /// The calling thread, as the kernel names it.
     pid: u32,
-    /// For a lock request: fires to withdraw it.
-    cancel: Option<oneshot::Sender<()>>,
+    /// For a lock request: fires to withdraw it, with the errno its
+    /// caller gets.
+    cancel: Option<oneshot::Sender<i32>>,
+    /// On a soft mount: when it is given up (not for a blocking lock
+    /// wait, nor for a lock request already withdrawn).
+    deadline: Option<Instant>,
 }
 
 /// The requests being served, by unique id. Whoever takes a request out
@@ -107,6 +119,7 @@ pub async fn run(fs: Arc<Fs>) -> io::Result<()> {
     let mut buf = vec![0u8; MAX_WRITE + 4096];
     let serving: Table = Arc::default();
     let mut initialized = false;
+    let _timer = fs.soft_timeout.map(|timeout| Timer(tokio::spawn(give_up(fs.clone(), serving.clone(), timeout))));
     loop {
         let n = {
             let mut ready = dev.ready(WAKE).await?;
@@ -157,7 +170,8 @@ pub async fn run(fs: Arc<Fs>) -> io::Result<()> {
                     }
                     _ => (None, None),
                 };
-                serving.lock().insert(h.unique, Serving { opcode: h.opcode, pid: h.pid, cancel: tx });
+                let deadline = fs.soft_timeout.filter(|_| h.opcode != op::SETLKW).map(|t| Instant::now() + t);
+                serving.lock().insert(h.unique, Serving { opcode: h.opcode, pid: h.pid, cancel: tx, deadline });
                 let (fs, serving, body) = (fs.clone(), serving.clone(), args.to_vec());
                 tokio::spawn(async move {
                     let answer = fs.handle(h, &body, cancel).await;
@@ -188,7 +202,7 @@ fn interrupt(fs: &Arc<Fs>, serving: &Table, target: u64) {
         // None: answered already.
         let Some(s) = table.get_mut(&target) else { return };
         if s.opcode == op::SETLKW {
-            withdraw(s);
+            withdraw(s, libc::EINTR);
             return;
         }
         s.pid
@@ -201,14 +215,9 @@ fn interrupt(fs: &Arc<Fs>, serving: &Table, target: u64) {
             }
             if crate::creds::dying(pid) {
                 let mut table = serving.lock();
-                match table.get_mut(&target) {
-                    Some(s) if s.cancel.is_some() => withdraw(s),
-                    Some(_) => {
-                        table.remove(&target);
-                        drop(table);
-                        send(&fs.dev, target, Err(libc::EINTR));
-                    }
-                    None => {}
+                if give_up_one(&mut table, target, libc::EINTR) {
+                    drop(table);
+                    send(&fs.dev, target, Err(libc::EINTR));
                 }
                 return;
             }
@@ -217,11 +226,62 @@ fn interrupt(fs: &Arc<Fs>, serving: &Table, target: u64) {
     });
 }
 
-/// Fires a lock request's cancel: its task withdraws it and answers,
-/// `EINTR` unless the answer came first.
-fn withdraw(s: &mut Serving) {
+/// Gives request `target` up, if it is still being served, with `errno`:
+/// a lock request is withdrawn (its task answers); anything else is
+/// taken out of the table for the caller to answer (true), so that its
+/// task's answer, when it comes, is
+/// [`Fs::abandoned`](crate::ops::Fs::abandoned). O(1).
+fn give_up_one(table: &mut HashMap<u64, Serving>, target: u64, errno: i32) -> bool {
+    match table.get_mut(&target) {
+        Some(s) if s.cancel.is_some() => {
+            withdraw(s, errno);
+            false
+        }
+        Some(_) => table.remove(&target).is_some(),
+        None => false,
+    }
+}
+
+/// Fires a lock request's cancel: its task withdraws it and answers
+/// `errno`, unless the answer came first. Given up once: no deadline
+/// after.
+fn withdraw(s: &mut Serving, errno: i32) {
+    s.deadline = None;
     if let Some(tx) = s.cancel.take() {
-        let _ = tx.send(());
+        let _ = tx.send(errno);
+    }
+}
+
+/// A soft mount's timer: every quarter of `timeout` (from 10 ms to 1 s),
+/// gives up with `EIO` every request past its deadline. O(requests being
+/// served) a look.
+async fn give_up(fs: Arc<Fs>, serving: Table, timeout: Duration) {
+    let every = (timeout / 4).clamp(Duration::from_millis(10), Duration::from_secs(1));
+    loop {
+        tokio::time::sleep(every).await;
+        let now = Instant::now();
+        let (late, answer) = {
+            let mut table = serving.lock();
+            let late: Vec<u64> =
+                table.iter().filter(|(_, s)| s.deadline.is_some_and(|d| d <= now)).map(|(&u, _)| u).collect();
+            let answer: Vec<u64> = late.iter().copied().filter(|&u| give_up_one(&mut table, u, libc::EIO)).collect();
+            (late.len(), answer)
+        };
+        if late > 0 {
+            tracing::warn!(calls = late, ?timeout, "no answer from the server in the soft mount's time: EIO");
+        }
+        for unique in answer {
+            send(&fs.dev, unique, Err(libc::EIO));
+        }
+    }
+}
+
+/// The soft mount's timer task, stopped when the mount's loop ends.
+struct Timer(tokio::task::JoinHandle<()>);
+
+impl Drop for Timer {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 

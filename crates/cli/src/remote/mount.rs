@@ -37,7 +37,12 @@ pub struct MountArgs {
     /// the kernel may keep names and attributes; default 1, 0 to ask the
     /// server every time), `allow_other` (a user's mount open to every
     /// user, as root's always is; fusermount3 allows it only with
-    /// `user_allow_other` in /etc/fuse.conf). File data is never cached.
+    /// `user_allow_other` in /etc/fuse.conf), `hard` (the default: calls
+    /// wait for a server that does not answer, as long as it takes),
+    /// `soft` or `soft_timeout=SECS` (a call the server has not answered
+    /// in SECS, 60 for `soft`, fails with EIO, as on a soft NFS mount; it
+    /// may still be made at the server later; a blocking lock wait still
+    /// waits for the lock). File data is never cached.
     #[arg(short = 'o', value_name = "OPTIONS")]
     options: Vec<String>,
     /// Detach once the mount is live: what the mount process says until
@@ -74,6 +79,11 @@ impl MountArgs {
     }
 }
 
+/// A soft mount's time for a call unless told (`-o soft`): a soft NFS
+/// mount's over TCP for one try (`timeo=600`, in tenths of a second).
+/// A server restart, which the mount rides out, takes far less.
+const SOFT_TIMEOUT: Duration = Duration::from_secs(60);
+
 /// `-o` options into a mount configuration.
 fn config(args: &MountArgs) -> Result<Config, String> {
     let mut cfg =
@@ -92,9 +102,18 @@ fn config(args: &MountArgs) -> Result<Config, String> {
             None if opt == "allow_other" => cfg.options.allow_other = true,
             Some(("entry_timeout", v)) => cfg.entry_timeout = secs(v)?,
             Some(("attr_timeout", v)) => cfg.attr_timeout = secs(v)?,
+            None if opt == "hard" => cfg.soft_timeout = None,
+            None if opt == "soft" => cfg.soft_timeout = Some(SOFT_TIMEOUT),
+            Some(("soft_timeout", v)) => {
+                let t = secs(v)?;
+                if t.is_zero() {
+                    return Err(format!("-o {opt}: a soft mount's time must be more than 0 seconds"));
+                }
+                cfg.soft_timeout = Some(t);
+            }
             _ => {
                 return Err(format!(
-                    "unknown mount option {opt:?} (known: ro, rw, entry_timeout=SECS, attr_timeout=SECS, allow_other)"
+                    "unknown mount option {opt:?} (known: ro, rw, entry_timeout=SECS, attr_timeout=SECS, allow_other, hard, soft, soft_timeout=SECS)"
                 ));
             }
         }
@@ -344,6 +363,8 @@ fn pass_on(err: std::process::ChildStderr) -> mpsc::Receiver<()> {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use clap::Parser;
 
     use super::MountArgs;
@@ -375,5 +396,26 @@ mod tests {
         let bad = resolve(&["not-an-address", "/mnt/x"], false).unwrap_err();
         assert!(bad.contains("is not HOST:PORT"), "{bad}");
         assert!(resolve(&[], false).is_err() && resolve(&["a:1", "/m", "/n"], false).is_err());
+    }
+
+    /// The soft mount's time `-o OPTIONS` give, or the error.
+    fn soft(options: &str) -> Result<Option<Duration>, String> {
+        let m = Cli::try_parse_from(["mount", "-o", options, "/mnt/x"]).unwrap().mount;
+        super::config(&m).map(|c| c.soft_timeout)
+    }
+
+    /// `hard` by default; `soft` a minute; `soft_timeout=SECS` that, and
+    /// implies `soft`; the last word wins; a time of 0 or none is refused.
+    #[test]
+    fn a_mount_is_hard_unless_told_soft_with_a_time() {
+        assert_eq!(soft("rw"), Ok(None));
+        assert_eq!(soft("soft"), Ok(Some(super::SOFT_TIMEOUT)));
+        assert_eq!(soft("soft_timeout=2.5"), Ok(Some(Duration::from_millis(2500))));
+        assert_eq!(soft("soft,hard"), Ok(None));
+        assert_eq!(soft("hard,soft_timeout=3"), Ok(Some(Duration::from_secs(3))));
+        for bad in ["soft_timeout=0", "soft_timeout=", "soft_timeout=-1", "soft_timeout=4000"] {
+            let e = soft(bad).unwrap_err();
+            assert!(e.contains("soft_timeout"), "{bad}: {e}");
+        }
     }
 }
