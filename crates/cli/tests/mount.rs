@@ -1274,19 +1274,8 @@ fn a_program_waiting_for_a_server_that_does_not_answer_dies_when_killed() {
     let Some(perl) = perl_with_fuse("a_program_waiting_for_a_server_that_does_not_answer_dies_when_killed") else {
         return;
     };
-    // A lease the partition stays well inside: the session, and so the
-    // order of the two opens on its connection, outlives it.
-    let (_data, server) = common::long_lease_server();
-    let relay = common::Relay::start(&server.addr);
-    // Names and attributes kept long: the opens, not their look-ups, wait
-    // for the server.
-    let m = Mount::with_options(&relay.addr, "rw,entry_timeout=600,attr_timeout=600");
-    let f = m.join("f");
-    std::fs::write(&f, "x").unwrap();
-    // The write dropped the kernel's attributes: got again now, not by the
-    // first program.
-    std::fs::metadata(&f).unwrap();
-    let used = || inodes_used(&m);
+    let Relayed { relay, m, f, .. } = &Relayed::new("");
+    let used = || inodes_used(m);
     let with_f = used();
     // A program with the file open, to lock it when told.
     let mut locker = opened_then(&perl, &f, "flock($fh, LOCK_EX | LOCK_NB);");
@@ -1332,6 +1321,37 @@ fn a_program_waiting_for_a_server_that_does_not_answer_dies_when_killed() {
     wait_for("the removed file to be freed: the abandoned open closed", || used() == with_f - 1);
 }
 
+/// A mount through a relay the test may freeze, with a file `f` in it.
+/// Dropped in the order of its fields: the mount first, the server's
+/// directory last.
+struct Relayed {
+    m: Mount,
+    f: PathBuf,
+    relay: common::Relay,
+    _server: ServerProc,
+    _data: tempfile::TempDir,
+}
+
+impl Relayed {
+    /// With `options` (each followed by a comma) before those it always
+    /// has.
+    fn new(options: &str) -> Relayed {
+        // A lease the partition stays well inside: the session, and so
+        // the order of requests on its connection, outlives it.
+        let (_data, _server) = common::long_lease_server();
+        let relay = common::Relay::start(&_server.addr);
+        // Names and attributes kept long: the opens, not their look-ups,
+        // wait for the server.
+        let m = Mount::with_options(&relay.addr, &format!("rw,{options}entry_timeout=600,attr_timeout=600"));
+        let f = m.join("f");
+        std::fs::write(&f, "x").unwrap();
+        // The write dropped the kernel's attributes: got again now, not
+        // by the first program to wait.
+        std::fs::metadata(&f).unwrap();
+        Relayed { m, f, relay, _server, _data }
+    }
+}
+
 /// The inodes a mount's file system has in use.
 fn inodes_used(m: &Mount) -> u64 {
     let v = nix::sys::statvfs::statvfs(&m.join("")).unwrap();
@@ -1375,15 +1395,8 @@ fn opened_then(perl: &Path, file: &Path, then: &str) -> Child {
 #[test]
 fn a_soft_mount_fails_calls_its_server_does_not_answer_with_eio() {
     let Some(perl) = perl_with_fuse("a_soft_mount_fails_calls_its_server_does_not_answer_with_eio") else { return };
-    let (_data, server) = common::long_lease_server();
-    let relay = common::Relay::start(&server.addr);
-    // Names and attributes kept long: the opens, not their look-ups, wait
-    // for the server.
-    let m = Mount::with_options(&relay.addr, "rw,soft_timeout=1,entry_timeout=600,attr_timeout=600");
-    let f = m.join("f");
-    std::fs::write(&f, "x").unwrap();
-    std::fs::metadata(&f).unwrap();
-    let with_f = inodes_used(&m);
+    let Relayed { relay, m, f, .. } = &Relayed::new("soft_timeout=1,");
+    let with_f = inodes_used(m);
     let report = r#"print((flock($fh, LOCK_EX) ? "locked" : "failed: $!"), "\n");"#;
     let mut waiter = opened_then(&perl, &f, report);
     let mut trier = opened_then(&perl, &f, &report.replace("LOCK_EX", "LOCK_EX | LOCK_NB"));
