@@ -1278,11 +1278,11 @@ fn a_program_waiting_for_a_server_that_does_not_answer_dies_when_killed() {
     let used = || inodes_used(m);
     let with_f = used();
     // A program with the file open, to lock it when told.
-    let mut locker = opened_then(&perl, &f, "flock($fh, LOCK_EX | LOCK_NB);");
+    let mut locker = opened_then(&perl, f, "flock($fh, LOCK_EX | LOCK_NB);");
     relay.freeze();
     locker.stdin.take().unwrap().write_all(b"lock\n").unwrap();
     wait_for("the locker to wait for the server", || waiting(&locker));
-    let mut killed = Command::new("cat").arg(&f).stdout(Stdio::null()).spawn().unwrap();
+    let mut killed = Command::new("cat").arg(f).stdout(Stdio::null()).spawn().unwrap();
     wait_for("the first program to wait for the server", || waiting(&killed));
     // Its open goes after the first's, on the same connection.
     let handled = Command::new(perl)
@@ -1291,7 +1291,7 @@ fn a_program_waiting_for_a_server_that_does_not_answer_dies_when_killed() {
             r#"$SIG{USR1} = sub { print STDERR "signalled\n" };
                        print open(my $fh, "<", $ARGV[0]) ? "opened\n" : "failed: $!\n";"#,
         ])
-        .arg(&f)
+        .arg(f)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -1313,11 +1313,11 @@ fn a_program_waiting_for_a_server_that_does_not_answer_dies_when_killed() {
     let out = handled.wait_with_output().unwrap();
     let said = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
     assert_eq!((said(&out.stdout), said(&out.stderr)), ("opened\n".into(), "signalled\n".into()));
-    let free = || Command::new("flock").arg("-n").arg(&f).arg("true").status().unwrap().success();
+    let free = || Command::new("flock").arg("-n").arg(f).arg("true").status().unwrap().success();
     wait_for("the killed locker's lock to be withdrawn", free);
     // The first open was made before the second: only its release, on
     // its way, may be left.
-    std::fs::remove_file(&f).unwrap();
+    std::fs::remove_file(f).unwrap();
     wait_for("the removed file to be freed: the abandoned open closed", || used() == with_f - 1);
 }
 
@@ -1398,14 +1398,14 @@ fn a_soft_mount_fails_calls_its_server_does_not_answer_with_eio() {
     let Relayed { relay, m, f, .. } = &Relayed::new("soft_timeout=1,");
     let with_f = inodes_used(m);
     let report = r#"print((flock($fh, LOCK_EX) ? "locked" : "failed: $!"), "\n");"#;
-    let mut waiter = opened_then(&perl, &f, report);
-    let mut trier = opened_then(&perl, &f, &report.replace("LOCK_EX", "LOCK_EX | LOCK_NB"));
+    let mut waiter = opened_then(&perl, f, report);
+    let mut trier = opened_then(&perl, f, &report.replace("LOCK_EX", "LOCK_EX | LOCK_NB"));
     relay.freeze();
     waiter.stdin.take().unwrap().write_all(b"go\n").unwrap();
     wait_for("the blocking lock to wait for the server", || waiting(&waiter));
     trier.stdin.take().unwrap().write_all(b"go\n").unwrap();
     let quiet = |c: &mut Command| c.stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
-    let mut given_up = [quiet(Command::new("cat").arg(&f)), quiet(Command::new("stat").arg(m.join("g"))), trier];
+    let mut given_up = [quiet(Command::new("cat").arg(f)), quiet(Command::new("stat").arg(m.join("g"))), trier];
     // Looked at before the server answers again, asserted after: a
     // failing build fails the test, it does not hang it.
     let ended =
@@ -1424,9 +1424,9 @@ fn a_soft_mount_fails_calls_its_server_does_not_answer_with_eio() {
     std::io::BufRead::read_line(&mut std::io::BufReader::new(waiter.stdout.take().unwrap()), &mut line).unwrap();
     assert_eq!(line, "locked\n", "the waiter's lock once the server answered");
     waiter.wait().unwrap();
-    assert!(std::fs::read(&f).is_ok_and(|d| d == b"x"), "a call once the server answers again");
-    std::fs::remove_file(&f).unwrap();
-    wait_for("the removed file to be freed: the open given up closed", || inodes_used(&m) == with_f - 1);
+    assert!(std::fs::read(f).is_ok_and(|d| d == b"x"), "a call once the server answers again");
+    std::fs::remove_file(f).unwrap();
+    wait_for("the removed file to be freed: the open given up closed", || inodes_used(m) == with_f - 1);
 }
 
 /// Calls interrupted by a signal their program handles are not failed,
