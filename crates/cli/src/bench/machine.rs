@@ -63,6 +63,12 @@ pub enum Server {
     /// Every thread of this process but the calling one: a server run
     /// in-process whose clients all run on the calling thread.
     OtherThreads,
+    /// Every thread of this process but the calling one and those named
+    /// so: a server run in-process whose clients run on the calling
+    /// thread and on threads of that name (`comm`, at most 15 bytes),
+    /// which must live until the span ends (an ended thread's time is the
+    /// process's, and no longer its own).
+    OtherThreadsBut(&'static str),
 }
 
 impl Server {
@@ -82,6 +88,11 @@ impl Server {
                 let mine = read("/proc/thread-self/stat")?;
                 Some(read("/proc/self/stat")?.saturating_sub(mine))
             }
+            Server::OtherThreadsBut(name) => {
+                let clients =
+                    read("/proc/thread-self/stat")? + named_threads(name, "stat", task_ticks).values().sum::<u64>();
+                Some(read("/proc/self/stat")?.saturating_sub(clients))
+            }
         }
     }
 }
@@ -97,7 +108,12 @@ pub fn thread_cpu_ns() -> Option<u64> {
 /// The first field of a `schedstat` file: nanoseconds its thread has run
 /// on a CPU.
 fn run_ns(schedstat: &Path) -> Option<u64> {
-    std::fs::read_to_string(schedstat).ok()?.split_whitespace().next()?.parse().ok()
+    schedstat_ns(&std::fs::read_to_string(schedstat).ok()?)
+}
+
+/// The first field of a `schedstat` file's text.
+fn schedstat_ns(text: &str) -> Option<u64> {
+    text.split_whitespace().next()?.parse().ok()
 }
 
 /// Nanoseconds each of this process's threads named `name` (its `comm`,
@@ -106,13 +122,19 @@ fn run_ns(schedstat: &Path) -> Option<u64> {
 /// time from inside. Empty where `/proc/self/task` cannot be read; a
 /// thread that ends meanwhile is left out. O(threads).
 pub fn named_threads_cpu_ns(name: &str) -> BTreeMap<u64, u64> {
+    named_threads(name, "schedstat", schedstat_ns)
+}
+
+/// What `parse` reads from `file` of `/proc/self/task/TID` for each of
+/// this process's threads named `name`, by thread id. O(threads).
+fn named_threads(name: &str, file: &str, parse: impl Fn(&str) -> Option<u64>) -> BTreeMap<u64, u64> {
     let Ok(tasks) = std::fs::read_dir("/proc/self/task") else { return BTreeMap::new() };
     tasks
         .filter_map(|t| {
             let t = t.ok()?;
             let tid = t.file_name().to_str()?.parse().ok()?;
             (std::fs::read_to_string(t.path().join("comm")).ok()?.trim_end() == name).then_some(())?;
-            Some((tid, run_ns(&t.path().join("schedstat"))?))
+            Some((tid, parse(&std::fs::read_to_string(t.path().join(file)).ok()?)?))
         })
         .collect()
 }
@@ -251,6 +273,35 @@ mod tests {
         if cfg!(target_os = "linux") {
             let server = took.server_cpu_secs.expect("/proc/self is readable on Linux");
             assert!(server >= 0.2, "{server} CPU seconds for a thread that spun 0.3 s");
+        }
+    }
+
+    /// A thread of the clients' name spins 0.3 s: the others' time
+    /// counts it, the server's but theirs does not. Both read the same
+    /// moments, so what tests beside this one add is in both.
+    #[test]
+    fn the_server_s_time_leaves_out_its_clients_named_threads() {
+        let (all, but) = (Server::OtherThreads, Server::OtherThreadsBut("bench-client"));
+        let before = (all.ticks(), but.ticks());
+        let ((spun, has_spun), (end, ends)) = (std::sync::mpsc::channel(), std::sync::mpsc::channel::<()>());
+        let client = std::thread::Builder::new().name("bench-client".into());
+        let client = client
+            .spawn(move || {
+                spin();
+                spun.send(()).unwrap();
+                ends.recv().unwrap();
+            })
+            .unwrap();
+        has_spun.recv().unwrap();
+        // Read while it is still a thread of the process: once it ends
+        // it is gone from /proc/self/task, and its time is the process's.
+        let after = (all.ticks(), but.ticks());
+        end.send(()).unwrap();
+        client.join().unwrap();
+        if cfg!(target_os = "linux") {
+            let spent = |a: Option<u64>, b: Option<u64>| b.expect("after").saturating_sub(a.expect("before"));
+            let (others, server) = (spent(before.0, after.0), spent(before.1, after.1));
+            assert!(others >= server + 20, "a client thread spun 0.3 s: others {others} ticks, server {server}");
         }
     }
 

@@ -40,8 +40,10 @@
 //!   leave in one write. With `--changelog on` a consumer follows over a
 //!   connection of its own, as `interlock changelog read --follow` does
 //!   (as many records a request as the server gives, clearing as the
-//!   engine's does); its cost to the server shows in
-//!   `server_cpu_us_per_op`.
+//!   engine's does), on a thread and a runtime of its own as a program
+//!   of its own would be; its cost to the server shows in
+//!   `server_cpu_us_per_op`, its own (the protocol's records decoded) in
+//!   `consumer_ns_per_record`.
 //! - `net-nofsync`: `net` with its own server in the unsafe mode
 //!   (`--unsafe-no-fsync`): answers once the record is written, not
 //!   durable. Not a way to run: beside `net` and `redis`, it shows what
@@ -395,15 +397,18 @@ fn round(args: &Args, t: usize, files: u64, out: &mut dyn FnMut(Run)) -> Result<
             },
         )?;
         // It runs in this process; its time is that of every thread but
-        // the one its clients run on (when they run on one).
+        // the one its clients run on (when they run on one) and the
+        // changelog consumer's.
         let server = match (&args.server, args.client_threads) {
-            (None, 1) => Server::OtherThreads,
+            (None, 1) => Server::OtherThreadsBut(FOLLOWER),
             _ => Server::None,
         };
         for &changelog in &args.changelog {
             let shape = (t, conns);
-            let (took, durable) = net(&addr, &options, args.client_threads as usize, server, shape, files, changelog)?;
+            let (took, durable, consumer) =
+                net(&addr, &options, args.client_threads as usize, server, shape, files, changelog)?;
             let mut run = Run::new(variant, changelog, Some("each"), &took);
+            run.consumer = consumer;
             run.fields.push(("connections", json!(conns)));
             // As the server measured reports itself, not as asked of it.
             run.fields.push(("durable", json!(durable)));
@@ -593,6 +598,10 @@ fn shape(
     Ok([create, stat, unlink])
 }
 
+/// The name of a changelog consumer's thread, in-process or over the
+/// protocol.
+const FOLLOWER: &str = "changelog-follower";
+
 /// A changelog consumer on a thread of its own that reads records as
 /// they come, until `stop`, and clears them as [`Following`] says (a
 /// reader that cleared each record would put an fsync beside every
@@ -604,7 +613,7 @@ fn shape(
 fn follow(store: Arc<Store>, stop: Arc<AtomicBool>) -> Result<std::thread::JoinHandle<Result<Spent, String>>, String> {
     let me = store.changelog().register(Some("bench"), Mask::default_mask(), 0).map_err(|e| e.to_string())?.id;
     // Named, so that a profile tells its time from the creators'.
-    let named = std::thread::Builder::new().name("changelog-follower".into());
+    let named = std::thread::Builder::new().name(FOLLOWER.into());
     let spawned = named.spawn(move || consume(&store, &me, &stop));
     spawned.map_err(|e| format!("cannot start the changelog follower: {e}"))
 }
@@ -676,49 +685,75 @@ impl Following {
 }
 
 /// A changelog consumer over the protocol, as `interlock changelog read
-/// --follow` is one: registered before it returns; reads as many records
-/// as a request may ask for, waiting for them, and clears as
-/// [`follow`]'s does; once `stop` is set, reads to the end and
-/// deregisters (a consumer left behind would keep the journal of a
-/// server the benchmark does not own). What it read.
-async fn follow_net(c: Client, stop: Arc<AtomicBool>) -> Result<tokio::task::JoinHandle<Result<u64, String>>, String> {
-    let err = |e: interlock_client::ClientError| format!("changelog: {e}");
-    let me = c.changelog_register(None, Mask::default_mask().0).await.map_err(err)?.id;
-    Ok(tokio::spawn(async move {
-        let mut place = Following::new();
-        let read = loop {
-            let stopping = stop.load(Ordering::Relaxed);
-            let batch = match c.changelog_read(&me, place.from, u32::MAX, Following::wait(stopping)).await {
-                Ok(b) => b,
-                Err(e) => break Err(err(e)),
+/// --follow` is one: on a thread and a runtime of its own, as a program
+/// of its own would be (a task among the creators', on their one thread,
+/// held their answers up while it decoded a batch); registered before it
+/// returns; reads as many records as a request may ask for, waiting for
+/// them, and clears as [`follow`]'s does; once `stop` is set, reads to
+/// the end and deregisters (a consumer left behind would keep the
+/// journal of a server the benchmark does not own). What it read, and
+/// the CPU time its thread took.
+fn follow_net(
+    addr: &str,
+    options: &ClientOptions,
+    stop: Arc<AtomicBool>,
+) -> Result<std::thread::JoinHandle<Result<Spent, String>>, String> {
+    let (addr, options) = (addr.to_string(), options.clone());
+    let (registered, is_registered) = std::sync::mpsc::channel();
+    let named = std::thread::Builder::new().name(FOLLOWER.into());
+    let spawned = named.spawn(move || {
+        let started = thread_cpu_ns();
+        let err = |e: interlock_client::ClientError| format!("changelog: {e}");
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
+        let seen = rt.block_on(async {
+            let c = Client::connect(&addr, options).await.map_err(|e| e.to_string());
+            let me = match c {
+                Ok(c) => c.changelog_register(None, Mask::default_mask().0).await.map_err(err).map(|r| (c, r.id)),
+                Err(e) => Err(e),
             };
-            let Some(last) = batch.last().map(|r| r.index) else {
-                if stopping {
-                    break Ok(place.seen);
+            let _ = registered.send(me.as_ref().map(drop).map_err(String::clone));
+            let (c, me) = me?;
+            let mut place = Following::new();
+            let read = loop {
+                let stopping = stop.load(Ordering::Relaxed);
+                let batch = match c.changelog_read(&me, place.from, u32::MAX, Following::wait(stopping)).await {
+                    Ok(b) => b,
+                    Err(e) => break Err(err(e)),
+                };
+                let Some(last) = batch.last().map(|r| r.index) else {
+                    if stopping {
+                        break Ok(place.seen);
+                    }
+                    continue;
+                };
+                if let Some(upto) = place.read(batch.len() as u64, last)
+                    && let Err(e) = c.changelog_clear(&me, upto).await
+                {
+                    break Err(err(e));
                 }
-                continue;
             };
-            if let Some(upto) = place.read(batch.len() as u64, last)
-                && let Err(e) = c.changelog_clear(&me, upto).await
-            {
-                break Err(err(e));
-            }
-        };
-        let gone = c.changelog_deregister(&me).await.map_err(err);
-        let _ = c.bye().await;
-        let seen = read?;
-        gone?;
-        Ok(seen)
-    }))
+            let gone = c.changelog_deregister(&me).await.map_err(err);
+            let _ = c.bye().await;
+            let seen = read?;
+            gone?;
+            Ok::<u64, String>(seen)
+        })?;
+        let cpu_ns = started.zip(thread_cpu_ns()).map(|(a, b)| b.saturating_sub(a));
+        Ok(Spent { records: seen, cpu_ns })
+    });
+    let spawned = spawned.map_err(|e| format!("cannot start the changelog follower: {e}"))?;
+    is_registered.recv().map_err(|_| "the changelog follower ended before it registered".to_string())??;
+    Ok(spawned)
 }
 
 /// Through a server: `threads` creators on `conns` connections (dealt
 /// out in turn), each waiting for each answer. What create, stat and
-/// unlink took (and `server`, what of it was the server's), and whether
-/// the server said it answers changes only once durable. With
-/// `changelog`, a consumer follows over a connection of its own (see
+/// unlink took (and `server`, what of it was the server's), whether the
+/// server said it answers changes only once durable, and what the
+/// changelog consumer read and cost. With `changelog`, a consumer
+/// follows over a connection of its own, on a thread of its own (see
 /// [`follow_net`]): the server's CPU per operation then includes what
-/// serving it cost.
+/// serving it cost, and the consumer's own time is not the server's.
 fn net(
     addr: &str,
     options: &ClientOptions,
@@ -727,7 +762,7 @@ fn net(
     (threads, conns): (usize, usize),
     files: u64,
     changelog: bool,
-) -> Result<([Took; 3], bool), String> {
+) -> Result<([Took; 3], bool, Option<Spent>), String> {
     let rt = match client_threads {
         1 => tokio::runtime::Builder::new_current_thread().enable_all().build(),
         n => tokio::runtime::Builder::new_multi_thread().worker_threads(n).enable_all().build(),
@@ -740,13 +775,7 @@ fn net(
         }
         let durable = clients[0].status().await.map_err(|e| e.to_string())?.durable;
         let stop = Arc::new(AtomicBool::new(false));
-        let follower = match changelog {
-            true => Some(
-                follow_net(Client::connect(addr, options.clone()).await.map_err(|e| e.to_string())?, stop.clone())
-                    .await?,
-            ),
-            false => None,
-        };
+        let follower = changelog.then(|| follow_net(addr, options, stop.clone())).transpose()?;
         let root = Cred::root();
         // A fresh directory per run, so runs against one server do not meet.
         let dir = format!("mdtest.{}.{threads}", now());
@@ -783,18 +812,21 @@ fn net(
             took[p] = span.stop();
         }
         stop.store(true, Ordering::Relaxed);
-        if let Some(f) = follower {
-            let seen = f.await.map_err(|e| format!("the changelog follower failed: {e}"))??;
-            // The directory's record, then a create and an unlink a file.
-            if seen < 1 + 2 * files {
-                return Err(format!("the changelog consumer read {seen} records of the run's {}", 1 + 2 * files));
-            }
+        let consumer = match follower {
+            Some(f) => Some(f.join().map_err(|_| "the changelog follower panicked".to_string())??),
+            None => None,
+        };
+        // The directory's record, then a create and an unlink a file.
+        if let Some(seen) = consumer.map(|c| c.records)
+            && seen < 1 + 2 * files
+        {
+            return Err(format!("the changelog consumer read {seen} records of the run's {}", 1 + 2 * files));
         }
         let _ = clients[0].rmdir(&root, ROOT, dir.as_bytes()).await;
         for c in clients {
             let _ = c.bye().await;
         }
-        Ok((took, durable))
+        Ok((took, durable, consumer))
     })
 }
 
