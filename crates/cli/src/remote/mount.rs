@@ -227,7 +227,8 @@ async fn run(client: Client, cfg: &Config, caller_reads: bool) -> ExitCode {
         let _ = nix::unistd::dup2_stderr(null);
     }
     let path = std::fs::canonicalize(&cfg.mountpoint).unwrap_or_else(|_| cfg.mountpoint.clone());
-    tracing::info!(mountpoint = %path.display(), "mounted");
+    let soft = cfg.soft_timeout.map(|t| format!("soft, {} s", t.as_secs_f64()));
+    tracing::info!(mountpoint = %path.display(), mode = soft.as_deref().unwrap_or("hard"), "mounted");
     let (Ok(mut int), Ok(mut term)) = (signal(SignalKind::interrupt()), signal(SignalKind::terminate())) else {
         eprintln!("interlock mount: cannot handle signals");
         let _ = interlock_fs::unmount(&path);
