@@ -240,34 +240,41 @@ pub fn runnable_by_anyone() -> (tempfile::TempDir, std::path::PathBuf) {
 /// A TCP relay that can stop passing bytes both ways (a partition): while
 /// frozen, neither side hears of the other's close either. It can also
 /// cut its connections. A client it cannot connect onward (the server is
-/// down) is closed, and the relay goes on.
+/// down) is closed, and the relay goes on. A connection whose two
+/// directions have both ended is let go of (its sockets closed).
 pub struct Relay {
     pub addr: String,
     frozen: std::sync::Arc<std::sync::atomic::AtomicBool>,
-    /// Both ends of each connection relayed since the last cut.
-    open: std::sync::Arc<std::sync::Mutex<Vec<std::net::TcpStream>>>,
-    /// Each connection's own freeze (see [`Relay::freeze_open`]).
-    held: std::sync::Arc<std::sync::Mutex<Vec<std::sync::Arc<std::sync::atomic::AtomicBool>>>>,
+    /// The connections relayed, by number: both ends, and each one's own
+    /// freeze (see [`Relay::freeze_open`]).
+    open: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<u64, Relayed>>>,
+}
+
+/// One relayed connection: its two ends, and its own freeze.
+struct Relayed {
+    ends: [std::net::TcpStream; 2],
+    held: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Relay {
     pub fn start(to: &str) -> Relay {
-        use std::sync::atomic::{AtomicBool, Ordering};
+        use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = l.local_addr().unwrap().to_string();
         let frozen = std::sync::Arc::new(AtomicBool::new(false));
-        let open = std::sync::Arc::<std::sync::Mutex<Vec<std::net::TcpStream>>>::default();
-        let held = std::sync::Arc::<std::sync::Mutex<Vec<std::sync::Arc<AtomicBool>>>>::default();
-        let (to, f, o, h) = (to.to_string(), frozen.clone(), open.clone(), held.clone());
+        let open = std::sync::Arc::<std::sync::Mutex<std::collections::HashMap<u64, Relayed>>>::default();
+        let (to, f, o) = (to.to_string(), frozen.clone(), open.clone());
         std::thread::spawn(move || {
-            for c in l.incoming() {
+            for (number, c) in (0u64..).zip(l.incoming()) {
                 let Ok(c) = c else { return };
                 let Ok(s) = std::net::TcpStream::connect(&to) else { continue };
-                o.lock().unwrap().extend([c.try_clone().unwrap(), s.try_clone().unwrap()]);
                 let mine = std::sync::Arc::new(AtomicBool::new(false));
-                h.lock().unwrap().push(mine.clone());
+                let relayed = Relayed { ends: [c.try_clone().unwrap(), s.try_clone().unwrap()], held: mine.clone() };
+                o.lock().unwrap().insert(number, relayed);
+                // The direction that ends last lets the connection go.
+                let running = std::sync::Arc::new(AtomicUsize::new(2));
                 for (mut from, mut into) in [(c.try_clone().unwrap(), s.try_clone().unwrap()), (s, c)] {
-                    let (f, mine) = (f.clone(), mine.clone());
+                    let (f, mine, o, running) = (f.clone(), mine.clone(), o.clone(), running.clone());
                     let thawed = move || {
                         while f.load(Ordering::Relaxed) || mine.load(Ordering::Relaxed) {
                             std::thread::sleep(std::time::Duration::from_millis(10));
@@ -287,18 +294,23 @@ impl Relay {
                         }
                         thawed();
                         let _ = into.shutdown(std::net::Shutdown::Both);
+                        if running.fetch_sub(1, Ordering::AcqRel) == 1 {
+                            o.lock().unwrap().remove(&number);
+                        }
                     });
                 }
             }
         });
-        Relay { addr, frozen, open, held }
+        Relay { addr, frozen, open }
     }
 
     /// Closes every connection relayed so far, both ways; what a frozen
     /// relay holds of them is dropped at the thaw. New ones pass.
     pub fn cut(&self) {
-        for s in self.open.lock().unwrap().drain(..) {
-            let _ = s.shutdown(std::net::Shutdown::Both);
+        for r in self.open.lock().unwrap().values() {
+            for end in &r.ends {
+                let _ = end.shutdown(std::net::Shutdown::Both);
+            }
         }
     }
 
@@ -306,19 +318,24 @@ impl Relay {
         self.frozen.store(true, std::sync::atomic::Ordering::Relaxed);
     }
 
+    /// The connections it relays now (not yet ended both ways).
+    pub fn connections(&self) -> usize {
+        self.open.lock().unwrap().len()
+    }
+
     /// Freezes the connections open now, both ways, until the thaw; new
     /// ones pass. What they carry meanwhile is held, and passed on at the
     /// thaw: a copy of a request held up in the network.
     pub fn freeze_open(&self) {
-        for h in self.held.lock().unwrap().iter() {
-            h.store(true, std::sync::atomic::Ordering::Relaxed);
+        for r in self.open.lock().unwrap().values() {
+            r.held.store(true, std::sync::atomic::Ordering::Relaxed);
         }
     }
 
     pub fn thaw(&self) {
         self.frozen.store(false, std::sync::atomic::Ordering::Relaxed);
-        for h in self.held.lock().unwrap().drain(..) {
-            h.store(false, std::sync::atomic::Ordering::Relaxed);
+        for r in self.open.lock().unwrap().values() {
+            r.held.store(false, std::sync::atomic::Ordering::Relaxed);
         }
     }
 }
