@@ -609,11 +609,11 @@ fn changelog_commands_and_status() {
     let (_, out, _) = cli(&addr, &["status"]);
     assert!(out.contains("GiB available of"), "{out}");
 
-    // --follow prints a record made after it started, and goes on across
-    // a clean stop of the server and a kill of it (before, it ended with
-    // "connection to the server lost").
+    // `follow` (`read --follow`) prints a record made after it started,
+    // and goes on across a clean stop of the server and a kill of it
+    // (before, it ended with "connection to the server lost").
     let mut follower = Command::new(BIN)
-        .args(["changelog", "read", "cl1", "--follow", "--json"])
+        .args(["changelog", "follow", "--user", "cl1", "--json"])
         .env("INTERLOCK_SERVER", &addr)
         .stdout(Stdio::piped())
         .stderr(Stdio::null())

@@ -62,6 +62,22 @@ enum ChangelogCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Print a consumer's records as they come, until interrupted, across
+    /// restarts of the server: the same as `read ID --follow`.
+    Follow {
+        /// The consumer, by id or name (or --user).
+        #[arg(required_unless_present = "user", conflicts_with = "user")]
+        id: Option<String>,
+        /// The consumer, by id or name.
+        #[arg(long, value_name = "ID")]
+        user: Option<String>,
+        /// Start at this index instead of after the cursor.
+        #[arg(long)]
+        from: Option<u64>,
+        /// One JSON object per record, as `read --json`.
+        #[arg(long)]
+        json: bool,
+    },
     /// Acknowledge a consumer's records up to INDEX (0: all so far).
     Clear { id: String, index: u64 },
 }
@@ -101,46 +117,56 @@ async fn run(client: &Client, command: ChangelogCommand) -> Result<(), ClientErr
             };
             client.changelog_clear(&id, upto).await?;
         }
-        ChangelogCommand::Read { id, from, follow, json } => {
-            let mut out = std::io::BufWriter::new(std::io::stdout().lock());
-            let mut from = from;
-            let mut waiting = false;
-            loop {
-                let wait = if follow { Duration::from_secs(5) } else { Duration::ZERO };
-                let batch = match client.changelog_read(&id, from, 256, wait).await {
-                    Ok(batch) => batch,
-                    // Following, a server that restarts or stops for a
-                    // while is waited for, as `tail -F` waits for its
-                    // file: the client reconnects by itself, and the read
-                    // (which changes nothing) is made again from where it
-                    // was.
-                    Err(ClientError::ConnectionLost | ClientError::Unread | ClientError::Recovering(_)) if follow => {
-                        if !waiting {
-                            eprintln!("interlock changelog: lost the server; following on once it is back");
-                            waiting = true;
-                        }
-                        tokio::time::sleep(Duration::from_millis(200)).await;
-                        continue;
-                    }
-                    Err(e) => return Err(e),
-                };
-                waiting = false;
-                for r in &batch {
-                    let shown = if json { json_line(r) } else { line(r.index, &record(r)) };
-                    if writeln!(out, "{shown}").is_err() {
-                        // The reader went away (`| head`): done, quietly.
-                        return Ok(());
-                    }
+        ChangelogCommand::Read { id, from, follow, json } => read(client, &id, from, follow, json).await?,
+        ChangelogCommand::Follow { id, user, from, json } => {
+            let id = id.or(user).expect("clap asks for an id or --user");
+            read(client, &id, from, true, json).await?;
+        }
+    }
+    Ok(())
+}
+
+/// Prints consumer `id`'s records from `from` (else after its cursor), in
+/// Lustre's format or as JSON; with `follow`, waits for more until
+/// interrupted, across restarts of the server.
+async fn read(client: &Client, id: &str, from: Option<u64>, follow: bool, json: bool) -> Result<(), ClientError> {
+    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+    let mut from = from;
+    let mut waiting = false;
+    loop {
+        let wait = if follow { Duration::from_secs(5) } else { Duration::ZERO };
+        let batch = match client.changelog_read(id, from, 256, wait).await {
+            Ok(batch) => batch,
+            // Following, a server that restarts or stops for a
+            // while is waited for, as `tail -F` waits for its
+            // file: the client reconnects by itself, and the read
+            // (which changes nothing) is made again from where it
+            // was.
+            Err(ClientError::ConnectionLost | ClientError::Unread | ClientError::Recovering(_)) if follow => {
+                if !waiting {
+                    eprintln!("interlock changelog: lost the server; following on once it is back");
+                    waiting = true;
                 }
-                if out.flush().is_err() {
-                    return Ok(());
-                }
-                match batch.last() {
-                    Some(last) => from = Some(last.index + 1),
-                    None if !follow => break,
-                    None => {}
-                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                continue;
             }
+            Err(e) => return Err(e),
+        };
+        waiting = false;
+        for r in &batch {
+            let shown = if json { json_line(r) } else { line(r.index, &record(r)) };
+            if writeln!(out, "{shown}").is_err() {
+                // The reader went away (`| head`): done, quietly.
+                return Ok(());
+            }
+        }
+        if out.flush().is_err() {
+            return Ok(());
+        }
+        match batch.last() {
+            Some(last) => from = Some(last.index + 1),
+            None if !follow => break,
+            None => {}
         }
     }
     Ok(())
@@ -196,4 +222,37 @@ fn json_line(r: &ChangelogRecord) -> String {
         v["source"] = json!({ "parent": p, "name": name(n), "target": t });
     }
     v.to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::{ChangelogArgs, ChangelogCommand};
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        changelog: ChangelogArgs,
+    }
+
+    /// The consumer `changelog follow ARGS` follows, or clap's error.
+    fn follows(args: &[&str]) -> Result<String, String> {
+        let cli = Cli::try_parse_from(std::iter::once("changelog").chain(args.iter().copied()))
+            .map_err(|e| e.kind().to_string())?;
+        match cli.changelog.command {
+            ChangelogCommand::Follow { id, user, .. } => Ok(id.or(user).unwrap()),
+            _ => Err("not follow".into()),
+        }
+    }
+
+    /// `follow ID` or `follow --user ID` (the design brief's form); one
+    /// of them, not both, not neither.
+    #[test]
+    fn follow_names_its_consumer_once() {
+        assert_eq!(follows(&["follow", "cl1"]), Ok("cl1".into()));
+        assert_eq!(follows(&["follow", "--user", "audit", "--json"]), Ok("audit".into()));
+        assert!(follows(&["follow"]).is_err());
+        assert!(follows(&["follow", "cl1", "--user", "cl2"]).is_err());
+    }
 }
