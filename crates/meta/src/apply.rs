@@ -114,6 +114,11 @@ impl Namespace {
                 self.xattrs_of(&i, |xattrs| set_xattr(xattrs, acl::ACCESS, acl.as_deref()));
                 i.changed(*time);
             }
+            Mutation::SetFlags { ino, flags, time } => {
+                let Ok(i) = self.find(held, *ino) else { return };
+                i.set_flags(*flags);
+                i.changed(*time);
+            }
             Mutation::Inherit { made, ino, access, default } => {
                 self.apply_held(made, held);
                 let Ok(i) = self.find(held, *ino) else { return };

@@ -34,7 +34,7 @@ use interlock_journal::Error;
 use serde::{Deserialize, Serialize};
 
 use crate::access::Owner;
-use crate::inode::{Inode, Meta};
+use crate::inode::{Inode, Meta, with_flags};
 use crate::namespace::Namespace;
 use crate::replies::Recent;
 use crate::types::{FileType, Ino, Nanos};
@@ -87,6 +87,9 @@ enum Item {
 struct InodeImage {
     ino: Ino,
     kind: FileType,
+    /// The mode's bits, and from session 58 its attribute flags above
+    /// them (see `inode::with_flags`): an older image has none there,
+    /// and reads as an inode without flags.
     perm: u32,
     uid: u32,
     gid: u32,
@@ -112,7 +115,7 @@ impl InodeImage {
         InodeImage {
             ino: i.ino,
             kind: i.kind,
-            perm: o.perm,
+            perm: with_flags(o.perm, i.flags()),
             uid: o.uid,
             gid: o.gid,
             rdev: m.rdev(),

@@ -33,6 +33,9 @@ impl Errno {
     pub const EIO: Errno = Errno(libc::EIO);
     pub const EBADF: Errno = Errno(libc::EBADF);
     pub const ENXIO: Errno = Errno(libc::ENXIO);
+    /// Attribute flags asked of an inode that has none (see
+    /// `Namespace::flags`).
+    pub const ENOTTY: Errno = Errno(libc::ENOTTY);
     /// A read from the page cache only would wait for the disk.
     pub const EAGAIN: Errno = Errno(libc::EAGAIN);
     /// An inode a request named by number is gone (the server's answer;

@@ -29,6 +29,8 @@ pub enum Mutation {
         name: Vec<u8>,
         ino: Ino,
         kind: FileType,
+        /// Its mode's bits, and above them the attribute flags it takes
+        /// from its directory (see `inode::with_flags`).
         perm: u32,
         uid: u32,
         gid: u32,
@@ -93,7 +95,8 @@ pub enum Mutation {
     Forget { ino: Ino },
     /// A regular file with no name, open (`open(O_TMPFILE)` in `parent`):
     /// an orphan from its start, which a [`Link`](Mutation::Link) may name
-    /// if `linkable` (made without `O_EXCL`).
+    /// if `linkable` (made without `O_EXCL`). `perm` as a
+    /// [`Create`](Mutation::Create)'s.
     Tmpfile { parent: Ino, ino: Ino, perm: u32, uid: u32, gid: u32, linkable: bool, time: Nanos },
     /// A rename with `RENAME_WHITEOUT` (never an exchange), and in the
     /// same record a whiteout made at the old name: inode `whiteout`, a
@@ -128,6 +131,9 @@ pub enum Mutation {
         #[serde(with = "serde_bytes")]
         default: Option<Vec<u8>>,
     },
+    /// An inode's attribute flags set (`chattr`: see
+    /// [`KEPT_FLAGS`](crate::KEPT_FLAGS)), all of them, as they now are.
+    SetFlags { ino: Ino, flags: u32, time: Nanos },
 }
 
 impl Mutation {
@@ -147,7 +153,8 @@ impl Mutation {
             | Mutation::Tmpfile { ino, .. }
             | Mutation::Rename(Renamed { ino, .. })
             | Mutation::RenameWhiteout { rename: Renamed { ino, .. }, .. }
-            | Mutation::SetAcl { ino, .. } => *ino,
+            | Mutation::SetAcl { ino, .. }
+            | Mutation::SetFlags { ino, .. } => *ino,
             Mutation::Inherit { made, .. } => made.ino(),
         }
     }

@@ -26,8 +26,8 @@ use crate::log::Log;
 use crate::replies::Replies;
 use crate::spread;
 use crate::types::{
-    Attr, Caller, Cred, DirEntry, FILES_MAX, FileType, Ino, NAME_MAX, Nanos, ROOT, STATFS_BLOCK, StatFs,
-    XATTR_LIST_MAX, XATTR_NAME_MAX,
+    Attr, Caller, Cred, DirEntry, FILES_MAX, FLAG_APPEND, FLAG_IMMUTABLE, FileType, Ino, NAME_MAX, Nanos, ROOT,
+    STATFS_BLOCK, StatFs, XATTR_LIST_MAX, XATTR_NAME_MAX,
 };
 use crate::usage::{self, Usage};
 
@@ -307,6 +307,16 @@ impl Namespace {
             .collect())
     }
 
+    /// `FS_IOC_GETFLAGS` (`lsattr`): regular file or directory `ino`'s
+    /// attribute flags (see [`KEPT_FLAGS`](crate::KEPT_FLAGS); `ENOTTY`
+    /// for another kind of inode). Anyone's to read, as Linux lets
+    /// whoever opened a file read them. O(1) expected.
+    pub fn flags(&self, ino: Ino) -> Result<u32> {
+        let i = self.inode(ino)?;
+        crate::ops::attributed(&i)?;
+        Ok(i.flags())
+    }
+
     /// An extended attribute's value (`ENODATA` if unset).
     pub fn getxattr(&self, cred: &Cred, ino: Ino, name: &[u8]) -> Result<Vec<u8>> {
         let i = self.inode(ino)?;
@@ -412,7 +422,8 @@ pub(crate) const CAPS: &[u8] = b"security.capability";
 /// kernel nor the server applied them. A name that is its namespace's prefix alone (`user.`)
 /// names nothing: `EINVAL` once the caller may, as Linux's
 /// `xattr_resolve_name` answers after the permission checks (until
-/// session 41 it was stored).
+/// session 41 it was stored). No change to an immutable or append-only
+/// inode's (`EPERM`, before the rest, as Linux's `xattr_permission`).
 pub(crate) fn xattr_permission(cred: &Cred, i: &Inode, name: &[u8], write: bool) -> Result<()> {
     xattr_access(cred, i, name, write)?;
     if [b"trusted.".as_slice(), b"user.", b"security."].contains(&name) {
@@ -428,6 +439,9 @@ fn xattr_access(cred: &Cred, i: &Inode, name: &[u8], write: bool) -> Result<()> 
     }
     if name.is_empty() {
         return Err(Errno::ERANGE);
+    }
+    if write {
+        i.refuse_if(FLAG_IMMUTABLE | FLAG_APPEND)?;
     }
     let o = i.owner();
     if name.starts_with(b"trusted.") {

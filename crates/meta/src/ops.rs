@@ -11,21 +11,40 @@ use smallvec::SmallVec;
 use crate::access::{self, EXEC, Owner, WRITE};
 use crate::acl;
 use crate::errno::{Errno, Result};
-use crate::inode::Inode;
+use crate::inode::{Inode, with_flags};
 use crate::locks::stripe;
 use crate::log::Seq;
 use crate::mutation::{Gone, Mutation, Renamed};
 use crate::namespace::{CAPS, Namespace, check_name, xattr_permission};
 use crate::types::{
-    Attr, Caller, Cred, FILE_SIZE_MAX, Fallocate, FileType, Ino, LINK_MAX, Nanos, ROOT, RenameFlags, SYMLINK_MAX,
-    SetAttr, TimeSet, XATTR_SIZE_MAX, XattrMode,
+    Attr, Caller, Cred, FILE_SIZE_MAX, FLAG_APPEND, FLAG_IMMUTABLE, Fallocate, FileType, Ino, KEPT_FLAGS, LINK_MAX,
+    Nanos, ROOT, RenameFlags, SYMLINK_MAX, SetAttr, TimeSet, WANT_APPEND, XATTR_SIZE_MAX, XattrMode,
 };
+
+/// The flags that forbid a change to an inode's attributes, names and
+/// links (see [`FLAG_IMMUTABLE`], [`FLAG_APPEND`]).
+const FROZEN: u32 = FLAG_IMMUTABLE | FLAG_APPEND;
 
 /// The most one `copy_range_with` copies: the destination's lock (a
 /// stripe, which other inodes and names share) is held while its data is
 /// copied, ~12 ms at this disk's 650 MB/s. A shorter copy than asked is
 /// what `copy_file_range(2)` may return; its callers (`cp`) go on from it.
 pub const COPY_MAX: u64 = 8 << 20;
+
+/// What a change to a file's data reaches (see
+/// `Namespace::change_data`).
+struct Reach {
+    /// It may make the file grow to the range's end.
+    grows: bool,
+    /// It frees space: admitted while the log's disk is full.
+    frees: bool,
+    /// It is allowed on an append-only file: it changes no byte but at
+    /// the end, or (a write, a copy) it comes through a handle, which
+    /// its open checked (Linux checks append-only at the open: a handle
+    /// opened before the flag writes anywhere; an `fallocate` that is
+    /// not a mere reservation is refused whatever the handle).
+    appends: bool,
+}
 
 /// A new inode's owner and mode.
 pub struct NewInode {
@@ -138,7 +157,7 @@ impl Namespace {
             name: name.to_vec(),
             ino,
             kind: new.kind,
-            perm,
+            perm: with_flags(perm, dir.inherited_flags()),
             uid: cred.uid,
             gid,
             rdev: new.rdev,
@@ -179,6 +198,7 @@ impl Namespace {
         dir.check(cred, &owner, WRITE | EXEC)?;
         let (perm, gid) = new_owner(cred, &owner, FileType::Regular, perm);
         let (perm, acls) = inherited(dir, FileType::Regular, perm, umask);
+        let perm = with_flags(perm, dir.inherited_flags());
         let m = Mutation::Tmpfile { parent, ino, perm, uid: cred.uid, gid, linkable, time: now };
         let seq = self.commit(cred, &acls.wrap(m, ino))?;
         let i = self.inode(ino)?;
@@ -203,6 +223,7 @@ impl Namespace {
             return Err(Errno::ENOENT);
         }
         dir.check(cred, &dir.owner(), WRITE | EXEC)?;
+        target.refuse_if(FROZEN)?;
         if target.is_dir() {
             return Err(Errno::EPERM);
         }
@@ -440,6 +461,19 @@ impl Namespace {
         let dirs: &[(&Inode, bool)] = if i.is_dir() { &[(&i, true)] } else { &[] };
         let _held = self.stripes.lock(dirs, &[Self::ino_lock(ino)]);
         let o = i.owner();
+        // Linux's `may_setattr`, first: no mode, owner or time set on an
+        // immutable or append-only inode; a `touch` (both times now)
+        // allowed on an append-only one. A truncate's own times (see
+        // below) are the truncate's, checked with it.
+        let times = [set.atime, set.mtime];
+        let truncates = set.size.is_some() && !times.iter().any(|t| matches!(t, Some(TimeSet::At(_))));
+        let touches = times.iter().any(Option::is_some) && !truncates;
+        let touch = times == [Some(TimeSet::Now); 2];
+        if set.perm.is_some() || set.uid.is_some() || set.gid.is_some() || (touches && !touch) {
+            i.refuse_if(FROZEN)?;
+        } else if touches {
+            i.refuse_if(FLAG_IMMUTABLE)?;
+        }
         let mut perm = None;
         let (mut uid, mut gid) = (None, None);
         let chowns = set.chown || set.uid.is_some() || set.gid.is_some();
@@ -484,6 +518,9 @@ impl Namespace {
             if !set.opened_for_write {
                 i.check(cred, &o, WRITE)?;
             }
+            // Never cut (append-only), nor changed through a handle opened
+            // before the file was made immutable.
+            i.refuse_if(FROZEN)?;
             if size > FILE_SIZE_MAX {
                 return Err(Errno::EFBIG);
             }
@@ -505,10 +542,8 @@ impl Namespace {
         // `touch -a`, `touch -m`) needs ownership, as Linux has it. Times
         // set to now with a new size are the truncate's own (the kernel's
         // FUSE client sends a truncate's mtime as now), checked as it is.
-        let times = [set.atime, set.mtime];
-        let truncates = set.size.is_some() && !times.iter().any(|t| matches!(t, Some(TimeSet::At(_))));
-        if times.iter().any(Option::is_some) && !truncates && !access::owns(cred, &o) {
-            if times != [Some(TimeSet::Now); 2] {
+        if touches && !access::owns(cred, &o) {
+            if !touch {
                 return Err(Errno::EPERM);
             }
             i.check(cred, &o, WRITE)?;
@@ -554,7 +589,8 @@ impl Namespace {
         now: Nanos,
         put: impl FnOnce(u64) -> Result<u64>,
     ) -> Result<(Attr, Seq)> {
-        self.change_data(who, ino, (offset, len), (true, false), now, put)
+        let how = Reach { grows: true, frees: false, appends: offset.is_none() || who.opened };
+        self.change_data(who, ino, (offset, len), how, now, put)
     }
 
     /// `fallocate(2)` of `len` bytes at `offset` of regular file `ino`:
@@ -577,23 +613,33 @@ impl Namespace {
         if len == 0 {
             return Err(Errno::EINVAL);
         }
-        // A punch frees space, so a full disk does not refuse it.
-        let frees = how == Fallocate::PunchHole;
-        self.change_data(who, ino, (Some(offset), len), (how.grows(), frees), now, |_| put())
+        let reach = Reach {
+            grows: how.grows(),
+            // A punch frees space, so a full disk does not refuse it.
+            frees: how == Fallocate::PunchHole,
+            // Space reserved anywhere changes no byte of an append-only
+            // file.
+            appends: matches!(how, Fallocate::Allocate { .. }),
+        };
+        self.change_data(who, ino, (Some(offset), len), reach, now, |_| put())
     }
 
     /// What a write and a `fallocate` share: `put` changes `len` bytes
     /// of the data at `offset` (the end of the file for `None`), which may
-    /// make the file `grow` to the range's end, and returns the blocks
+    /// make the file grow to the range's end (if it `grows`), and returns the blocks
     /// the data then takes. It is admitted ([`Namespace::admit`]: one
     /// that `frees` space even while the log's disk is full) before `put`,
-    /// so that a refusal (`ENOSPC`) leaves the data as it was.
+    /// so that a refusal (`ENOSPC`) leaves the data as it was. No change
+    /// to an immutable file, even through a handle opened before the
+    /// flag (as ext4 and XFS refuse it; tmpfs lets it through), nor one
+    /// to an append-only file but what its caller says `appends`
+    /// (`EPERM`).
     fn change_data(
         &self,
         who: Caller,
         ino: Ino,
         (offset, len): (Option<u64>, u64),
-        (grow, frees): (bool, bool),
+        Reach { grows, frees, appends }: Reach,
         now: Nanos,
         put: impl FnOnce(u64) -> Result<u64>,
     ) -> Result<(Attr, Seq)> {
@@ -601,6 +647,7 @@ impl Namespace {
         let _held = self.stripes.lock(&[], &[Self::ino_lock(ino)]);
         self.inode(ino)?;
         let o = may_use(who, &i, WRITE)?;
+        i.refuse_if(if appends { FLAG_IMMUTABLE } else { FROZEN })?;
         // An append takes the size under the inode's lock: appends from
         // any number of clients never overwrite each other.
         let offset = offset.unwrap_or_else(|| i.size.load(Relaxed));
@@ -609,7 +656,7 @@ impl Namespace {
         self.kill_caps(who.cred, &i, now)?;
         i.note_data();
         i.blocks.store(put(offset)?, Relaxed);
-        let size = (grow && end > i.size.load(Relaxed)).then_some(end);
+        let size = (grows && end > i.size.load(Relaxed)).then_some(end);
         let perm = access::dropped_by_data(who.cred, &o);
         let seq = self.commit_admitted(who.cred, &Mutation::Write { ino, size, perm, time: now }, &[])?;
         Ok((i.attr(), seq))
@@ -657,7 +704,8 @@ impl Namespace {
             may_use(who, &i, WRITE)?;
             return Ok((0, i.attr(), 0));
         }
-        let (a, seq) = self.change_data(who, dst, (Some(dst_off), n), (true, false), now, |_| put(n))?;
+        let reach = Reach { grows: true, frees: false, appends: who.opened };
+        let (a, seq) = self.change_data(who, dst, (Some(dst_off), n), reach, now, |_| put(n))?;
         Ok((n, a, seq))
     }
 
@@ -701,6 +749,8 @@ impl Namespace {
     /// flags are not looked at, as Linux does not. O(entries).
     fn set_acl(&self, cred: &Cred, i: &Inode, name: &[u8], value: &[u8], now: Nanos) -> Result<Seq> {
         acl::check_form(value)?;
+        // Linux's `may_write_xattr`, before anything of the ACL's own.
+        i.refuse_if(FROZEN)?;
         if name == acl::DEFAULT && acl::is_empty(value) && i.kind != FileType::Directory && i.kind != FileType::Symlink
         {
             return Ok(0);
@@ -743,7 +793,9 @@ impl Namespace {
             return self.set_acl(cred, &i, name, acl::NONE, now);
         }
         let changer = |o| access::owns(cred, &o) || i.permits(cred, &o, WRITE);
-        if !(name == CAPS && changer(i.owner())) {
+        if name == CAPS && changer(i.owner()) {
+            i.refuse_if(FROZEN)?;
+        } else {
             xattr_permission(cred, &i, name, true)?;
         }
         if !i.meta.lock().xattrs().iter().any(|(n, _)| &**n == name) {
@@ -753,8 +805,37 @@ impl Namespace {
         self.commit(cred, &m)
     }
 
+    /// `FS_IOC_SETFLAGS` (`chattr`): sets regular file or directory
+    /// `ino`'s attribute flags to `flags`, as Linux's `vfs_fileattr_set`
+    /// and tmpfs do: by its owner or root (`EPERM`); immutable and
+    /// append-only set or cleared by root alone (`CAP_LINUX_IMMUTABLE`,
+    /// `EPERM`); any flag but [`KEPT_FLAGS`] `EOPNOTSUPP`; `ENOTTY` for
+    /// any other kind of inode, as a mount's kernel answers for them. The
+    /// ctime moves, whether or not a flag changes. Under the locks a
+    /// `setattr` takes (a directory's intention lock exclusive), so that
+    /// no change the flags forbid, checked before, is made after them.
+    /// O(1) expected.
+    pub fn set_flags(&self, cred: &Cred, ino: Ino, flags: u32, now: Nanos) -> Result<Seq> {
+        let i = self.inode(ino)?;
+        attributed(&i)?;
+        let dirs: &[(&Inode, bool)] = if i.is_dir() { &[(&i, true)] } else { &[] };
+        let _held = self.stripes.lock(dirs, &[Self::ino_lock(ino)]);
+        self.inode(ino)?;
+        if !access::owns(cred, &i.owner()) {
+            return Err(Errno::EPERM);
+        }
+        if (i.flags() ^ flags) & FROZEN != 0 && !cred.is_root() {
+            return Err(Errno::EPERM);
+        }
+        if flags & !KEPT_FLAGS != 0 {
+            return Err(Errno::EOPNOTSUPP);
+        }
+        self.commit(cred, &Mutation::SetFlags { ino, flags, time: now })
+    }
+
     /// An open handle of `ino` for `want` (`access(2)`'s bits: read,
-    /// write, execute; none for a handle opened again in a new session),
+    /// write, execute; none for a handle opened again in a new session;
+    /// and [`WANT_APPEND`] for an `O_APPEND` open),
     /// checked as Linux checks an open, once: the data calls made through
     /// the handle are not checked again (see [`Caller`]). It lives while
     /// any is open, names or not. Open handles are not journaled (they
@@ -765,8 +846,14 @@ impl Namespace {
         let _held = self.stripes.lock(&[], &[Self::ino_lock(ino)]);
         // Freed between the look-up and the lock.
         self.inode(ino)?;
-        if want != 0 {
-            i.check(cred, &i.owner(), want)?;
+        let access = want & (access::READ | WRITE | EXEC);
+        if access != 0 {
+            i.check(cred, &i.owner(), access)?;
+        }
+        // Linux's `may_open`: an append-only file is written only at
+        // its end.
+        if access & WRITE != 0 && want & WANT_APPEND == 0 {
+            i.refuse_if(FLAG_APPEND)?;
         }
         i.opens.fetch_add(1, Relaxed);
         Ok(i.attr())
@@ -925,6 +1012,15 @@ fn inherited(dir: &Inode, kind: FileType, perm: u32, umask: u32) -> (u32, Inheri
     (perm, Inherited::Acls { access, default: (kind == FileType::Directory).then_some(default) })
 }
 
+/// Attribute flags are a regular file's or a directory's: `ENOTTY` for
+/// any other inode (a mount's kernel sends the ioctl for no other).
+pub(crate) fn attributed(i: &Inode) -> Result<()> {
+    match i.kind {
+        FileType::Regular | FileType::Directory => Ok(()),
+        _ => Err(Errno::ENOTTY),
+    }
+}
+
 /// Data operations work on regular files only.
 fn regular(i: &Inode) -> Result<()> {
     match i.kind {
@@ -947,11 +1043,14 @@ fn gone(victim: &Inode) -> Gone {
 }
 
 /// Linux's `may_delete`: write and search permission on the directory,
-/// the sticky rule, and the type the caller expects.
+/// no name removed from an append-only directory, the sticky rule, no
+/// immutable or append-only victim, and the type the caller expects.
 fn may_delete(cred: &Cred, dir: &Inode, victim: &Inode, dir_wanted: bool) -> Result<()> {
     let d = dir.owner();
     dir.check(cred, &d, WRITE | EXEC)?;
+    dir.refuse_if(FLAG_APPEND)?;
     access::check_sticky(cred, &d, &victim.owner())?;
+    victim.refuse_if(FROZEN)?;
     match (dir_wanted, victim.is_dir()) {
         (true, false) => Err(Errno::ENOTDIR),
         (true, true) if victim.ino == ROOT => Err(Errno::EBUSY),

@@ -185,6 +185,8 @@ pub fn project(bytes: &[u8]) -> Result<Option<Record>, Error> {
             record(RecordType::XATTR, time, ino, 0, name)
         }
         Mutation::SetAcl { ino, time, .. } => record(RecordType::XATTR, time, ino, 0, crate::acl::ACCESS.to_vec()),
+        // As Lustre records a `chattr`: an attribute change.
+        Mutation::SetFlags { ino, time, .. } => record(RecordType::SATTR, time, ino, 0, Vec::new()),
         // Made with no name: the name a link gives it later comes as an
         // `HLINK`.
         Mutation::Tmpfile { parent, ino, time, .. } => record(RecordType::CREAT, time, ino, parent, Vec::new()),

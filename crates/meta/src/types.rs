@@ -35,6 +35,30 @@ pub const FILES_MAX: u64 = 1 << 32;
 /// What tmpfs counts per directory entry in a directory's size.
 pub const DIRENT_SIZE: u64 = 20;
 
+/// File attribute flags (`chattr`, `lsattr`; Linux's `FS_*_FL`, the
+/// values of `FS_IOC_GETFLAGS`). The namespace keeps the four tmpfs
+/// keeps, [`KEPT_FLAGS`], and enforces the first two.
+///
+/// Immutable (`chattr +i`): no change to the inode at all (data, size,
+/// attributes, extended attributes, links, its names) and, for a
+/// directory, none to its entries; only the flags themselves change.
+pub const FLAG_IMMUTABLE: u32 = 0x10;
+/// Append-only (`chattr +a`): data is only added at the end (opened for
+/// writing only with `O_APPEND`), never cut; no attribute or extended
+/// attribute set, no link made to it, no name of it removed; a
+/// directory's entries may be made but not removed.
+pub const FLAG_APPEND: u32 = 0x20;
+/// No dump (`chattr +d`): kept, for backup tools to read.
+pub const FLAG_NODUMP: u32 = 0x40;
+/// No atime updates (`chattr +A`): kept (a mount updates no atime).
+pub const FLAG_NOATIME: u32 = 0x80;
+/// The flags an inode keeps; setting any other is `EOPNOTSUPP`, as on
+/// tmpfs.
+pub const KEPT_FLAGS: u32 = FLAG_IMMUTABLE | FLAG_APPEND | FLAG_NODUMP | FLAG_NOATIME;
+/// In an open's `want`, beside `access(2)`'s bits: the open is
+/// `O_APPEND`, the only way an append-only file opens for writing.
+pub const WANT_APPEND: u32 = 0x100;
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum FileType {
     Regular,

@@ -45,8 +45,14 @@ enum Op {
     /// A link of the `k`th inode held open to a name (a linkable
     /// `O_TMPFILE` is named; any other orphan's link fails).
     LinkOpen(u8, u8, u8),
+    /// `chattr` to `FLAGS[k]`: a directory's no-dump and no-atime are
+    /// taken by what is made in it.
+    Chattr(u8, u8, u8),
     Checkpoint,
 }
+
+/// The flags `Op::Chattr` sets: none, each kept one, and two at once.
+const FLAGS: &[u32] = &[0, 0x10, 0x20, 0x40, 0x80, 0xC0];
 
 fn op() -> impl Strategy<Value = Op> {
     // A name is (directory, name): directory 0 is the root, 1..=3 the
@@ -73,6 +79,7 @@ fn op() -> impl Strategy<Value = Op> {
         (0u8..4).prop_map(Op::Close),
         (d.clone(), any::<bool>()).prop_map(|(d, l)| Op::Tmpfile(d, l)),
         (0u8..4, d.clone(), n.clone()).prop_map(|(k, d, n)| Op::LinkOpen(k, d, n)),
+        (d.clone(), n.clone(), 0..FLAGS.len() as u8).prop_map(|(d, n, k)| Op::Chattr(d, n, k)),
         Just(Op::Checkpoint),
     ]
 }
@@ -199,6 +206,7 @@ fn run(store: &Store, op: &Op, t: i64, open: &mut Vec<Ino>, linkable: &mut HashS
             }
             _ => None,
         },
+        Op::Chattr(d, n, k) => ino(ns, d, n).and_then(|i| ns.set_flags(&root, i, FLAGS[k as usize], t).ok()),
         Op::Checkpoint => {
             store.checkpoint().unwrap();
             None
@@ -246,11 +254,13 @@ proptest! {
         prop_assert_eq!(cached(&again), replies, "the replay cache");
         // Which orphans a link may name came back too: a file held open
         // may be linked if it has a name, or is an `O_TMPFILE` made
-        // linkable and not linked since.
+        // linkable and not linked since, and is neither immutable nor
+        // append-only.
         let root = Cred::root();
         for (k, &i) in open.iter().enumerate() {
             let a = again.ns().getattr(i).unwrap();
-            let may = a.kind != FileType::Directory && (a.nlink > 0 || linkable.contains(&i));
+            let frozen = again.ns().flags(i).unwrap_or(0) & 0x30 != 0;
+            let may = a.kind != FileType::Directory && (a.nlink > 0 || linkable.contains(&i)) && !frozen;
             let linked = again.ns().link(&root, i, ROOT, format!("relinked{k}").as_bytes(), 99_999);
             prop_assert_eq!(linked.is_ok(), may, "link of #{} ({:?})", i, linked.map(drop));
         }

@@ -11,12 +11,14 @@ pub fn cases(default: u32) -> u32 {
     std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(default)
 }
 
-/// One inode as seen through a path: its attributes, sorted xattrs and,
-/// for a symlink, its target.
+/// One inode as seen through a path: its attributes, attribute flags
+/// (`chattr`'s; 0 for an inode that has none), sorted xattrs and, for a
+/// symlink, its target.
 #[derive(Debug, PartialEq, Eq)]
 pub struct Seen {
     pub path: Vec<u8>,
     pub attr: Attr,
+    pub flags: u32,
     pub xattrs: Vec<(Vec<u8>, Vec<u8>)>,
     pub target: Vec<u8>,
 }
@@ -34,7 +36,8 @@ fn seen(ns: &Namespace, path: Vec<u8>, attr: Attr) -> Seen {
         .collect();
     xattrs.sort();
     let target = if attr.kind == FileType::Symlink { ns.readlink(attr.ino).unwrap() } else { Vec::new() };
-    Seen { path, attr, xattrs, target }
+    let flags = ns.flags(attr.ino).unwrap_or(0);
+    Seen { path, attr, flags, xattrs, target }
 }
 
 /// Every inode reachable from the root, by path, in path order; then the
