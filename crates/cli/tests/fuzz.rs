@@ -8,9 +8,9 @@
 //! frame it sends decodes, a normal client is served throughout, and the
 //! namespace it leaves is sound (`fsck`). After a `kill -9`, the server
 //! that replays its journal must come back with the very tree it left
-//! (every path, attribute, symlink target, extended attribute, and each
-//! file's data at both ends and in its first 64 runs of data): each kind of change the run made, however
-//! odd, is replayed as it was made; and with the changelog it had, in
+//! (every path, attribute, symlink target, extended attribute, attribute
+//! flag, and each file's data at both ends and in its first 64 runs of
+//! data): each kind of change the run made, however odd, is replayed as it was made; and with the changelog it had, in
 //! order, each record once. And no two owners ever hold one byte of a
 //! lock resource in conflicting modes (looked at every 5,000 requests).
 //!
@@ -731,7 +731,7 @@ fn changelog_of(addr: &str, seed: u64) -> Vec<ChangelogRecord> {
 /// Every path of the namespace as root sees it, with what it names: its
 /// attributes (times included: a read changes no `atime`, as a mount is
 /// `noatime`), a symlink's target or a regular file's data (a hash of
-/// its ends), the extended attributes.
+/// its ends), the extended attributes, the attribute flags (`chattr`'s).
 type Tree = std::collections::BTreeMap<Vec<u8>, String>;
 
 /// The tree of the server at `addr`, walked through a client.
@@ -767,7 +767,9 @@ fn tree_of(addr: &str) -> Tree {
                     if a.kind == FileType::Directory {
                         dirs.push((at.clone(), a.ino));
                     }
-                    tree.insert(at, format!("{a:?} {:?}{xattrs}", String::from_utf8_lossy(&target)));
+                    // `ENOTTY` for the inodes that have none.
+                    let flags = c.flags(&root, a.ino, None).await.unwrap_or(0);
+                    tree.insert(at, format!("{a:?} {:?}{xattrs} {flags:#x}", String::from_utf8_lossy(&target)));
                 }
                 if end {
                     break;

@@ -18,7 +18,8 @@
 use std::time::Duration;
 
 pub use interlock_meta::{
-    Attr, Caller, Cred, Fallocate, FileType, Ino, ROOT, RenameFlags, SeekTo, SetAttr, StatFs, TimeSet, XattrMode,
+    Attr, Caller, Cred, FLAG_APPEND, FLAG_IMMUTABLE, FLAG_NOATIME, FLAG_NODUMP, Fallocate, FileType, Ino, KEPT_FLAGS,
+    ROOT, RenameFlags, SeekTo, SetAttr, StatFs, TimeSet, WANT_APPEND, XattrMode,
 };
 use interlock_proto::meta::{Asking, ChangelogOp, ChangelogReply, MetaOp, MetaReply, Once};
 pub use interlock_proto::meta::{ChangelogRecord, ConsumerInfo, Entry};
@@ -317,6 +318,17 @@ impl Client {
         let Caller { cred, opened } = who.into();
         match self.meta(cred, MetaOp::Seek { ino, offset, to, opened }).await? {
             MetaReply::Offset(at) => Ok(at),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Regular file or directory `ino`'s attribute flags (`lsattr`),
+    /// after setting them to `set` if given (`chattr`): see
+    /// [`KEPT_FLAGS`] for those kept and what
+    /// they refuse. A set is acknowledged once durable, as any change.
+    pub async fn flags(&self, cred: &Cred, ino: Ino, set: Option<u32>) -> Result<u32, ClientError> {
+        match self.meta(cred, MetaOp::Flags { ino, set }).await? {
+            MetaReply::Flags(flags) => Ok(flags),
             other => Err(unexpected(other)),
         }
     }

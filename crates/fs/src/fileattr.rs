@@ -1,28 +1,29 @@
-//! `FUSE_IOCTL`: the file attribute flags (`lsattr`, `chattr`), which the
-//! namespace does not keep, and `ENOTTY` for every other command. No I/O
-//! here.
+//! `FUSE_IOCTL`: the file attribute flags (`lsattr`, `chattr`, and
+//! `xfs_io`'s `lsattr`/`chattr` through `struct fsxattr`), which the
+//! server keeps and enforces, and `ENOTTY` for every other command. The
+//! requests are read and the answers made here; `Fs::ioctl` asks the
+//! server in between. No I/O here.
 //!
 //! The kernel turns `FS_IOC_GETFLAGS`, `FS_IOC_SETFLAGS`,
 //! `FS_IOC_FSGETXATTR` and `FS_IOC_FSSETXATTR` on a regular file or a
 //! directory into an `OPEN` (or `OPENDIR`) of its own, a `FUSE_IOCTL`
-//! with the kernel's command and a `RELEASE`. The kernel checks the
-//! caller's right to change flags first (the owner or root; root alone
-//! for immutable and append-only), so what reaches us is already allowed.
+//! with the kernel's command and a `RELEASE`. Before a set it reads the
+//! flags (`FSGETXATTR`) and checks the caller's right to change them (the
+//! owner or root; root alone for immutable and append-only); the server
+//! checks again, for clients that are not a kernel.
 //!
-//! No file has a flag: a get answers none, a set of none succeeds (so
-//! `chattr -i` is a no-op, as on any file without it) and a set of any
-//! is `EOPNOTSUPP`, as on file systems that keep no flags. Keeping
-//! immutable and append-only would mean the server refusing every change
-//! they forbid (writes, truncation, links, renames, removals, attribute
-//! changes), for every client; until then a flag that is not enforced is
-//! not pretended. Before session 48 every such call was `ENOTTY`, and
+//! The kernel's inode never learns the flags (FUSE's attributes carry
+//! none), so the kernel enforces nothing of them: the server refuses
+//! each change they forbid, for every mount. Until session 58 no file
+//! had a flag here: a get answered none and a set of any was
+//! `EOPNOTSUPP`; before session 48 every such call was `ENOTTY`, and
 //! `lsattr` failed on every file of a mount.
 //!
-//! Cost: O(1), no request to the server (the kernel's `OPEN` and
-//! `RELEASE` around it go there, and check that the file exists).
+//! Cost: O(1) here; the get or set is one round trip.
+
+use interlock_client::meta::{FLAG_APPEND, FLAG_IMMUTABLE, FLAG_NOATIME, FLAG_NODUMP};
 
 use crate::abi::Args;
-use crate::ops::Answer;
 
 /// `_IOR('f', 1, long)`: the flags as `unsigned int` (4 bytes).
 const GETFLAGS: u32 = 0x8008_6601;
@@ -36,22 +37,70 @@ const FSSETXATTR: u32 = 0x401c_5820;
 /// 8 bytes of padding.
 const FSXATTR: usize = 28;
 
-/// Answers a `fuse_ioctl_in` (then the command's input, `in_size`
-/// bytes) with a `fuse_ioctl_out` (result, flags, in and out iovecs:
-/// 16 bytes) and `out_size` bytes of output, the exact size the kernel
-/// waits for.
-pub fn answer(a: &mut Args<'_>) -> Answer {
+/// Each kept flag (`FS_*_FL`) and its `FS_XFLAG_*` in `struct fsxattr`.
+const XFLAGS: [(u32, u32); 4] =
+    [(FLAG_IMMUTABLE, 0x08), (FLAG_APPEND, 0x10), (FLAG_NOATIME, 0x40), (FLAG_NODUMP, 0x80)];
+
+/// What an ioctl asks of the flags.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Asked {
+    /// Through `struct fsxattr` (the `FSGETXATTR` and `FSSETXATTR`
+    /// commands), not a plain flags word.
+    fsx: bool,
+    /// The flags to set (`FS_*_FL`), or `None` to read them.
+    pub set: Option<u32>,
+    /// The bytes of output the kernel waits for.
+    out_size: usize,
+}
+
+/// Reads a `fuse_ioctl_in` (then the command's input, `in_size` bytes):
+/// what it asks, `ENOTTY` for a command other than the four, and
+/// `EOPNOTSUPP` for an `fsxattr` set of anything but kept flags (an
+/// extent size, a project id), as on tmpfs.
+pub fn asked(a: &mut Args<'_>) -> Result<Asked, i32> {
     let (_fh, _flags, cmd, _arg) = (a.u64()?, a.u32()?, a.u32()?, a.u64()?);
     let (in_size, out_size) = (a.u32()? as usize, a.u32()? as usize);
     let input = a.bytes(in_size)?;
-    let out = match cmd {
-        GETFLAGS | FSGETXATTR => out_size,
-        // Every field of the input must be zero but the padding.
-        SETFLAGS | FSSETXATTR if input.iter().take(FSXATTR - 8).all(|&b| b == 0) => 0,
-        SETFLAGS | FSSETXATTR => return Err(libc::EOPNOTSUPP),
+    let word = |at: usize| {
+        input.get(at..at + 4).map_or(Err(libc::EINVAL), |b| Ok(u32::from_ne_bytes(b.try_into().expect("4 bytes"))))
+    };
+    let (fsx, set) = match cmd {
+        GETFLAGS => (false, None),
+        FSGETXATTR => (true, None),
+        SETFLAGS => (false, Some(word(0)?)),
+        // Every field but the flags and the padding must be zero.
+        FSSETXATTR if input.len() >= FSXATTR && input[4..FSXATTR - 8].iter().all(|&b| b == 0) => {
+            let xflags = word(0)?;
+            let known = XFLAGS.iter().fold(0, |all, &(_, x)| all | x);
+            if xflags & !known != 0 {
+                return Err(libc::EOPNOTSUPP);
+            }
+            let flags = XFLAGS.iter().filter(|&&(_, x)| xflags & x != 0).fold(0, |all, &(f, _)| all | f);
+            (true, Some(flags))
+        }
+        FSSETXATTR => return Err(libc::EOPNOTSUPP),
         _ => return Err(libc::ENOTTY),
     };
-    Ok(vec![0; 16 + out])
+    Ok(Asked { fsx, set, out_size })
+}
+
+/// The answer to `asked`, the inode's flags being `flags` (after a
+/// set): a `fuse_ioctl_out` (result, flags, in and out iovecs: 16 bytes)
+/// and the exact output the kernel waits for (the flags word, a
+/// `struct fsxattr`, or nothing for a set).
+pub fn answer(asked: &Asked, flags: u32) -> Vec<u8> {
+    let mut out = vec![0; 16 + asked.out_size];
+    if asked.set.is_none() {
+        let word = if asked.fsx {
+            XFLAGS.iter().filter(|&&(f, _)| flags & f != 0).fold(0, |all, &(_, x)| all | x)
+        } else {
+            flags
+        };
+        if let Some(at) = out.get_mut(16..20) {
+            at.copy_from_slice(&word.to_ne_bytes());
+        }
+    }
+    out
 }
 
 #[cfg(test)]
@@ -59,7 +108,7 @@ mod tests {
     use super::*;
     use crate::abi::{put32, put64};
 
-    fn ioctl(cmd: u32, input: &[u8], out_size: u32) -> Answer {
+    fn ioctl(cmd: u32, input: &[u8], out_size: u32) -> Result<Asked, i32> {
         let mut buf = Vec::new();
         put64(&mut buf, 3);
         put32(&mut buf, 0);
@@ -68,21 +117,36 @@ mod tests {
         put32(&mut buf, input.len() as u32);
         put32(&mut buf, out_size);
         buf.extend_from_slice(input);
-        answer(&mut Args::new(&buf))
+        asked(&mut Args::new(&buf))
     }
 
+    /// Gets and sets of both forms, the flags mapped to and from
+    /// `fsxattr`'s, and the refusals.
     #[test]
-    fn flags_read_as_none_and_only_none_can_be_set() {
-        assert_eq!(ioctl(GETFLAGS, &[], 4), Ok(vec![0; 20]));
-        assert_eq!(ioctl(FSGETXATTR, &[], FSXATTR as u32), Ok(vec![0; 16 + FSXATTR]));
-        assert_eq!(ioctl(SETFLAGS, &[0; 4], 0), Ok(vec![0; 16]));
-        // Immutable (0x10).
-        assert_eq!(ioctl(SETFLAGS, &0x10u32.to_ne_bytes(), 0), Err(libc::EOPNOTSUPP));
+    fn flags_are_read_and_set_in_both_forms() {
+        let get = ioctl(GETFLAGS, &[], 4).unwrap();
+        assert_eq!(get.set, None);
+        let mut word = vec![0; 16];
+        word.extend_from_slice(&(FLAG_APPEND | FLAG_NODUMP).to_ne_bytes());
+        assert_eq!(answer(&get, FLAG_APPEND | FLAG_NODUMP), word);
+        let fsget = ioctl(FSGETXATTR, &[], FSXATTR as u32).unwrap();
+        let out = answer(&fsget, FLAG_IMMUTABLE | FLAG_NOATIME);
+        assert_eq!(out.len(), 16 + FSXATTR);
+        assert_eq!(out[16..20], (0x08u32 | 0x40).to_ne_bytes(), "FS_XFLAG_IMMUTABLE | FS_XFLAG_NOATIME");
+        assert!(out[20..].iter().all(|&b| b == 0));
+        let set = ioctl(SETFLAGS, &FLAG_IMMUTABLE.to_ne_bytes(), 0).unwrap();
+        assert_eq!(set.set, Some(FLAG_IMMUTABLE));
+        assert_eq!(answer(&set, FLAG_IMMUTABLE), vec![0; 16], "a set answers nothing more");
         let mut x = [0u8; FSXATTR];
+        x[..4].copy_from_slice(&(0x10u32 | 0x80).to_ne_bytes());
         x[FSXATTR - 1] = 0xff; // padding
-        assert_eq!(ioctl(FSSETXATTR, &x, 0), Ok(vec![0; 16]));
+        assert_eq!(ioctl(FSSETXATTR, &x, 0).unwrap().set, Some(FLAG_APPEND | FLAG_NODUMP));
         x[12] = 1; // a project id
         assert_eq!(ioctl(FSSETXATTR, &x, 0), Err(libc::EOPNOTSUPP));
+        x[12] = 0;
+        x[..4].copy_from_slice(&0x1u32.to_ne_bytes()); // FS_XFLAG_REALTIME
+        assert_eq!(ioctl(FSSETXATTR, &x, 0), Err(libc::EOPNOTSUPP));
+        assert_eq!(ioctl(SETFLAGS, &[1], 0), Err(libc::EINVAL), "a flags word too short");
         assert_eq!(ioctl(0x5401, &[], 0), Err(libc::ENOTTY));
         // A request shorter than it says is malformed.
         let mut short = Vec::new();
@@ -91,6 +155,6 @@ mod tests {
         }
         put32(&mut short, 4);
         put32(&mut short, 0);
-        assert_eq!(answer(&mut Args::new(&short)), Err(libc::EIO));
+        assert_eq!(asked(&mut Args::new(&short)), Err(libc::EIO));
     }
 }

@@ -18,7 +18,8 @@
 //! - `locks`: the kernel's lock owners → the client's owners; what
 //!   `FUSE_FLUSH` and `FUSE_RELEASE` release.
 //! - `handles`: open files.
-//! - `fileattr`: `FUSE_IOCTL`, the file attribute flags (none kept).
+//! - `fileattr`: `FUSE_IOCTL`, the file attribute flags (`chattr`), read
+//!   and set at the server.
 //! - `acls`: which inodes have POSIX ACLs, so the kernel's look for a
 //!   file's ACL is answered here for the many that have none.
 //! - `unsynced`: writes not yet synced, so that an `fsync` after the

@@ -12,7 +12,7 @@ use futures::future::try_join_all;
 use std::time::Duration;
 
 use interlock_client::meta::{
-    Attr, Caller, Cred, Fallocate, FileType, Ino, ROOT, RenameFlags, SeekTo, SetAttr, TimeSet, XattrMode,
+    Attr, Caller, Cred, Fallocate, FileType, Ino, ROOT, RenameFlags, SeekTo, SetAttr, TimeSet, WANT_APPEND, XattrMode,
 };
 use interlock_client::{Client, ClientError};
 use interlock_proto::meta::{MAX_DATA, MetaOp};
@@ -100,7 +100,8 @@ fn through<'a>(handles: &Handles, fh: u64, caller: &'a Cred) -> Caller<'a> {
 
 /// What an open with `flags` asks of the file, in `access(2)`'s bits:
 /// execute for `execve`'s open (`__FMODE_EXEC` in the flags, which needs
-/// no read permission), else read, write or both by the access mode.
+/// no read permission), else read, write or both by the access mode;
+/// and [`WANT_APPEND`] for `O_APPEND`.
 fn wanted(flags: u32) -> u32 {
     const FMODE_EXEC: u32 = 0x20;
     let want = if flags & FMODE_EXEC != 0 {
@@ -112,7 +113,9 @@ fn wanted(flags: u32) -> u32 {
             _ => libc::R_OK | libc::W_OK,
         }
     };
-    want as u32
+    // The server opens an append-only file for writing only so.
+    let append = if flags as i32 & libc::O_APPEND != 0 { WANT_APPEND } else { 0 };
+    want as u32 | append
 }
 
 /// Entries asked of the server per listing call: the kernel's buffer holds
@@ -223,7 +226,7 @@ impl Fs {
             op::SETLKW => self.setlk(ino, &mut a, true, cancel).await,
             op::CREATE => self.create(&cred, ino, &mut a).await,
             op::TMPFILE => self.tmpfile(&cred, ino, &mut a).await,
-            op::IOCTL => crate::fileattr::answer(&mut a),
+            op::IOCTL => self.ioctl(&cred, ino, &mut a).await,
             _ => Err(libc::ENOSYS),
         };
         Some(r)
@@ -476,6 +479,21 @@ impl Fs {
         self.again(|| self.client.open(cred, ino, wanted(flags))).await?;
         self.invalidate(ino);
         Ok(abi::open_out(self.handles.insert(ino), abi::fopen(flags)))
+    }
+
+    /// `FUSE_IOCTL`: the attribute flags of a regular file or directory,
+    /// read or set at the server (see `fileattr`). A set drops the
+    /// inode's cached attributes (its ctime moved).
+    async fn ioctl(&self, cred: &Cred, ino: Ino, a: &mut Args<'_>) -> Answer {
+        let asked = crate::fileattr::asked(a)?;
+        if asked.set.is_some() {
+            self.writable()?;
+        }
+        let flags = self.again(|| self.client.flags(cred, ino, asked.set)).await?;
+        if asked.set.is_some() {
+            self.invalidate(ino);
+        }
+        Ok(crate::fileattr::answer(&asked, flags))
     }
 
     /// `FUSE_OPENDIR`. The kernel has checked the caller's read

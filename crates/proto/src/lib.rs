@@ -38,13 +38,17 @@ pub use frame::{DecodeError, FrameTooLarge, ReadError, Reader, decode, encode, r
 pub use unacked::Unacked;
 
 /// The protocol version this build speaks.
-pub const VERSION: u32 = 24;
+pub const VERSION: u32 = 25;
 /// The oldest client version this build's server serves. Every version
-/// from it to [`VERSION`] sends and reads the same messages; what
-/// changed since is only what the server does, and a client of such a
-/// version still gets what it counts on (version 24: the server stops a
-/// client's other connections before the welcome, which a client of
-/// version 23 does not rely on). So a cluster upgrades its server first,
+/// from it to [`VERSION`] sends and reads the same messages, but for
+/// requests added since, which an older client never sends (and so
+/// never reads their answers); what changed since is otherwise only
+/// what the server does, and a client of such a version still gets what
+/// it counts on (version 24: the server stops a client's other
+/// connections before the welcome, which a client of version 23 does
+/// not rely on; version 25: `MetaOp::Flags` and `MetaReply::Flags`, and
+/// an open's `WANT_APPEND`, which an older client leaves out: its
+/// opens of an append-only file for writing are refused). So a cluster upgrades its server first,
 /// then its clients one by one. A client asks for its own version only:
 /// it relies on what its server does. Raised to [`VERSION`] by a version
 /// that changes a message.

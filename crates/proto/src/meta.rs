@@ -110,8 +110,11 @@ pub enum MetaOp {
     /// An open handle of `ino`, held by the session: an inode unlinked
     /// while open lives until its last handle is released (or its session
     /// ends). Checked for `want`, `access(2)`'s bits (read 4, write 2,
-    /// execute 1; version 11), as Linux checks an open: the data calls
-    /// made through the handle (`opened`) are not checked again.
+    /// execute 1; version 11), as Linux checks an open, and
+    /// [`WANT_APPEND`](interlock_meta::WANT_APPEND) for an `O_APPEND`
+    /// open (version 25: an append-only file opens for writing only so):
+    /// the data calls made through the handle (`opened`) are not checked
+    /// again.
     Open {
         ino: Ino,
         want: u32,
@@ -208,6 +211,15 @@ pub enum MetaOp {
         linkable: bool,
         umask: u32,
     },
+    /// The attribute flags of regular file or directory `ino`
+    /// (`lsattr`), and with `set` first sets them to it (`chattr`;
+    /// version 25): [`MetaReply::Flags`]. See `interlock_meta`'s
+    /// [`KEPT_FLAGS`](interlock_meta::KEPT_FLAGS) for the flags kept and
+    /// what immutable and append-only refuse.
+    Flags {
+        ino: Ino,
+        set: Option<u32>,
+    },
 }
 
 impl MetaOp {
@@ -264,7 +276,8 @@ impl MetaOp {
             | Write { ino, .. }
             | Fallocate { ino, .. }
             | Seek { ino, .. }
-            | Fsync { ino } => [Some(ino), None],
+            | Fsync { ino }
+            | Flags { ino, .. } => [Some(ino), None],
             // A listing names a directory: one that is gone is `ENOENT`,
             // as Linux's `getdents` answers on a removed directory (which
             // the C library's `readdir` takes for the end of the listing).
@@ -365,6 +378,9 @@ pub enum MetaReply {
         bytes: u64,
         attr: Attr,
     },
+    /// An inode's attribute flags, as a `Flags` request leaves them
+    /// (version 25).
+    Flags(u32),
 }
 
 /// A changelog consumer.

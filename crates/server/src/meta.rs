@@ -304,6 +304,13 @@ fn perform(inner: &Inner, sid: u64, cred: &Cred, op: MetaOp) -> Result<(MetaRepl
             (MetaReply::Offset(inner.store.seek(caller(inner, sid, cred, opened, &[ino]), ino, offset, to)?), 0)
         }
         MetaOp::Fsync { ino } => done(inner.store.fsync(ino)?),
+        MetaOp::Flags { ino, set } => {
+            let seq = match set {
+                Some(flags) => ns.set_flags(cred, ino, flags, now)?,
+                None => 0,
+            };
+            (MetaReply::Flags(ns.flags(ino)?), seq)
+        }
     })
 }
 

@@ -1,6 +1,5 @@
 # Run as root in DIR: the file attribute ioctls lsattr and chattr use. One
-# line per step, compared between tmpfs and the mount but from the immutable
-# flag on (tmpfs keeps it, the mount keeps none).
+# line per step, compared between tmpfs and the mount.
 import errno, fcntl, os, struct, sys
 
 GETFLAGS, SETFLAGS = 0x80086601, 0x40086602
