@@ -248,4 +248,16 @@ mod tests {
             .collect();
         assert_eq!(seen, [(RecordType::CREAT, 9, 2, vec![], 5), (RecordType::HLINK, 9, 7, b"kept".to_vec(), 6)]);
     }
+
+    /// A `chattr` shows as an `SATTR` of its inode, as Lustre records
+    /// one, and its record reads back whole.
+    #[test]
+    fn a_chattr_is_an_sattr_of_its_inode() {
+        let cred = Cred { uid: 0, gid: 0, groups: vec![] };
+        let m = Mutation::SetFlags { ino: 9, flags: 0x30, time: 5 };
+        let bytes = encoded(&cred, &m, None, <[u8]>::to_vec);
+        assert_eq!(decode(&bytes).unwrap().m, m);
+        let r = project(&bytes).unwrap().unwrap();
+        assert_eq!((r.rtype, r.target, r.parent, r.name, r.time_ns), (RecordType::SATTR, 9, 0, vec![], 5));
+    }
 }
