@@ -474,3 +474,75 @@ fn a_namespace_keeps_its_identity_and_an_older_image_is_given_one() {
     assert_ne!(std::fs::read(&path).unwrap(), old, "checkpointed at the opening");
     assert_eq!(open(one.path()).id(), given, "the identity given is kept");
 }
+
+/// Creates and removals in a directory that another thread makes
+/// immutable and mutable again, over and over, never land in the log
+/// while it is immutable: `set_flags` takes the directory's intention
+/// lock exclusive, and each entry change holds it shared across its
+/// check and its record, so a change checked before the flag is logged
+/// before it. (The changelog shows the order: each `SATTR` of the
+/// directory flips the flag, as its one changer alternates.)
+#[test]
+fn no_entry_changes_in_a_directory_while_the_log_has_it_immutable() {
+    use interlock_journal::changelog::{Mask, RecordType};
+    let tmp = tempfile::tempdir().unwrap();
+    let (store, _) = Store::open(tmp.path(), StoreOptions::default(), 1).unwrap();
+    let root = Cred::root();
+    store.changelog().register(Some("order"), Mask::ALL, 0).unwrap();
+    let (d, _) = store.ns().create(&root, ROOT, b"d", new(FileType::Directory, 0o755), b"", 1).unwrap();
+    let (refused, made) = (std::sync::atomic::AtomicU64::new(0), std::sync::atomic::AtomicU64::new(0));
+    let (start, done) = (std::sync::Barrier::new(3), AtomicBool::new(false));
+    let mut set = 0;
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            start.wait();
+            // Flips until the creators are done, and ends mutable.
+            while !done.load(Ordering::Relaxed) || set % 2 == 1 {
+                store.ns().set_flags(&root, d.ino, if set % 2 == 0 { 0x10 } else { 0 }, 2).unwrap();
+                set += 1;
+            }
+        });
+        let creators: Vec<_> = (0..2)
+            .map(|t| {
+                let (store, refused, made, root, start) = (&store, &refused, &made, &root, &start);
+                s.spawn(move || {
+                    start.wait();
+                    for n in 0..20_000 {
+                        let name = format!("{t}.{n}");
+                        match store.ns().create(root, d.ino, name.as_bytes(), new(FileType::Regular, 0o644), b"", 3) {
+                            Ok(_) => {
+                                made.fetch_add(1, Ordering::Relaxed);
+                                while store.ns().unlink(root, d.ino, name.as_bytes(), 3).is_err() {}
+                            }
+                            Err(e) => {
+                                assert_eq!(e.0, libc::EPERM);
+                                refused.fetch_add(1, Ordering::Relaxed);
+                            }
+                        }
+                    }
+                })
+            })
+            .collect();
+        for c in creators {
+            c.join().unwrap();
+        }
+        done.store(true, Ordering::Relaxed);
+    });
+    let (_, last) = store.ns().create(&root, ROOT, b"end", new(FileType::Regular, 0o644), b"", 4).unwrap();
+    store.wait(last).unwrap();
+    let (mut immutable, mut flips, mut changes) = (false, 0, 0);
+    for e in store.changelog().read("order", None, usize::MAX, None).unwrap() {
+        let r = &e.record;
+        if r.rtype == RecordType::SATTR && r.target == d.ino {
+            immutable = !immutable;
+            flips += 1;
+        } else if matches!(r.rtype, RecordType::CREAT | RecordType::UNLNK) && r.parent == d.ino {
+            assert!(!immutable, "record {} changed an entry of the directory while it was immutable", e.index);
+            changes += 1;
+        }
+    }
+    assert_eq!(flips, set);
+    let (made, refused) = (made.load(Ordering::Relaxed), refused.load(Ordering::Relaxed));
+    assert_eq!(changes, 2 * made);
+    assert!(made > 100 && refused > 100, "creates met the directory both ways: {made} made, {refused} refused");
+}
