@@ -41,6 +41,18 @@ const FSXATTR: usize = 28;
 const XFLAGS: [(u32, u32); 4] =
     [(FLAG_IMMUTABLE, 0x08), (FLAG_APPEND, 0x10), (FLAG_NOATIME, 0x40), (FLAG_NODUMP, 0x80)];
 
+/// `flags` (`FS_*_FL`) as `struct fsxattr`'s `FS_XFLAG_*`.
+fn xflags_of(flags: u32) -> u32 {
+    XFLAGS.iter().filter(|&&(f, _)| flags & f != 0).fold(0, |all, &(_, x)| all | x)
+}
+
+/// `FS_XFLAG_*` as the flags kept (`FS_*_FL`); `None` if any other
+/// `FS_XFLAG_*` is asked for.
+fn flags_of(xflags: u32) -> Option<u32> {
+    let flags = XFLAGS.iter().filter(|&&(_, x)| xflags & x != 0).fold(0, |all, &(f, _)| all | f);
+    (xflags_of(flags) == xflags).then_some(flags)
+}
+
 /// What an ioctl asks of the flags.
 #[derive(Debug, PartialEq, Eq)]
 pub struct Asked {
@@ -70,13 +82,7 @@ pub fn asked(a: &mut Args<'_>) -> Result<Asked, i32> {
         SETFLAGS => (false, Some(word(0)?)),
         // Every field but the flags and the padding must be zero.
         FSSETXATTR if input.len() >= FSXATTR && input[4..FSXATTR - 8].iter().all(|&b| b == 0) => {
-            let xflags = word(0)?;
-            let known = XFLAGS.iter().fold(0, |all, &(_, x)| all | x);
-            if xflags & !known != 0 {
-                return Err(libc::EOPNOTSUPP);
-            }
-            let flags = XFLAGS.iter().filter(|&&(_, x)| xflags & x != 0).fold(0, |all, &(f, _)| all | f);
-            (true, Some(flags))
+            (true, Some(flags_of(word(0)?).ok_or(libc::EOPNOTSUPP)?))
         }
         FSSETXATTR => return Err(libc::EOPNOTSUPP),
         _ => return Err(libc::ENOTTY),
@@ -91,11 +97,7 @@ pub fn asked(a: &mut Args<'_>) -> Result<Asked, i32> {
 pub fn answer(asked: &Asked, flags: u32) -> Vec<u8> {
     let mut out = vec![0; 16 + asked.out_size];
     if asked.set.is_none() {
-        let word = if asked.fsx {
-            XFLAGS.iter().filter(|&&(f, _)| flags & f != 0).fold(0, |all, &(_, x)| all | x)
-        } else {
-            flags
-        };
+        let word = if asked.fsx { xflags_of(flags) } else { flags };
         if let Some(at) = out.get_mut(16..20) {
             at.copy_from_slice(&word.to_ne_bytes());
         }
