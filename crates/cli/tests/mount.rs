@@ -1056,8 +1056,8 @@ fn attr_flags(path: &Path, set: Option<u32>) -> std::io::Result<u32> {
 
 /// `chattr` flags set on one mount are read on another and refuse there
 /// what they forbid (the kernel of neither mount knows them: the server
-/// refuses), a handle opened before a file was made immutable writes no
-/// more, a directory's no-dump is taken by what is made in it, and all
+/// refuses), a handle or a shared mapping opened before a file was made
+/// immutable writes no more, a directory's no-dump is taken by what is made in it, and all
 /// of it survives a `kill -9` of the server.
 #[test]
 fn attribute_flags_set_on_one_mount_hold_on_another_and_across_a_restart() {
@@ -1096,6 +1096,29 @@ fn attribute_flags_set_on_one_mount_hold_on_another_and_across_a_restart() {
     OpenOptions::new().append(true).open(b.join("log")).unwrap().write_all(b"two\n").unwrap();
     std::fs::write(b.join("d/new"), "").unwrap();
     assert_eq!(attr_flags(&b.join("d/new"), None).unwrap(), NODUMP, "inherited from its directory");
+    // A shared mapping made before `+i`: its page reaches the server at
+    // writeback, which refuses it, and `msync` says so (ext4 refuses the
+    // page fault itself). No other mount reads the bytes.
+    let page = vec![b'a'; 4096];
+    std::fs::write(a.join("mapped"), &page).unwrap();
+    let f = OpenOptions::new().read(true).write(true).open(a.join("mapped")).unwrap();
+    let (len, fd) = (page.len(), std::os::fd::AsRawFd::as_raw_fd(&f));
+    let (rw, shared) = (libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED);
+    // SAFETY: a new mapping of an open descriptor, used only below.
+    let map = unsafe { libc::mmap(std::ptr::null_mut(), len, rw, shared, fd, 0) };
+    assert_ne!(map, libc::MAP_FAILED, "{}", std::io::Error::last_os_error());
+    attr_flags(&a.join("mapped"), Some(IMMUTABLE)).unwrap();
+    // SAFETY: the mapping is `len` bytes, readable and writable, and
+    // unmapped once, after its last use.
+    let synced = unsafe {
+        map.cast::<u8>().write_volatile(b'b');
+        let r = libc::msync(map, len, libc::MS_SYNC);
+        let e = std::io::Error::last_os_error().raw_os_error();
+        libc::munmap(map, len);
+        (r, e)
+    };
+    assert_eq!(synced, (-1, Some(libc::EPERM)), "msync of a write to a page of a file made immutable");
+    assert_eq!(std::fs::read(b.join("mapped")).unwrap(), page, "the server kept the file as it was");
     server.kill9();
     let _server = ServerProc::start(data.path(), &addr, &RESTARTED);
     check(&a);
