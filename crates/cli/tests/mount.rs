@@ -563,6 +563,67 @@ fn tar_and_git_work_on_the_mount() {
     git(&["fsck", "--strict"]);
 }
 
+/// The tree `rsync_copies_every_kind_of_file_to_the_mount_and_back_whole`
+/// copies, made by `sh` in the current directory: hard links across
+/// directories, a sparse file of 100 MiB, random data, symlinks (one
+/// dangling), a fifo, a character and a block device, names with a
+/// newline, a space and bytes that are not UTF-8, user xattrs (one of
+/// 3,000 bytes), an access and a default ACL, a time with nanoseconds,
+/// setuid, setgid and sticky bits, and another user's file.
+const RSYNC_TREE: &str = r#"set -e
+mkdir -p a/b/c e
+echo hello > a/f1; ln a/f1 a/b/hard1; ln a/f1 e/hard2
+truncate -s 100M sparse; echo tail >> sparse
+head -c 3000000 /dev/urandom > a/b/rand
+ln -s ../f1 a/b/sym; ln -s /nonexistent dangling
+mkfifo a/fifo; mknod a/cdev c 1 3; mknod a/bdev b 7 0
+printf x > "$(printf 'odd\nname')"; printf y > 'sp ace'; printf z > "$(printf '\377\376')"
+setfattr -n user.color -v blue a/f1
+setfattr -n user.big -v "$(head -c 3000 /dev/zero | tr '\0' x)" a/b/rand
+setfacl -m u:1000:rwx,g:1000:r a/b/rand; setfacl -d -m u:1000:rx a/b
+touch -d '2001-02-03 04:05:06.123456789' a/b/c
+chmod 4755 a/b/rand; chmod 1777 e; chmod 2750 a/b/c; chown 1000:1000 e/hard2
+"#;
+
+/// `rsync -aHAXS` (hard links, ACLs, xattrs, sparse files) copies a tree
+/// of every kind of file to the mount and back from it, and rsync's own
+/// comparison (`--itemize-changes` of a dry run that compares contents)
+/// then finds nothing to change between the tree, the mount's copy and
+/// the copy back: names, kinds, contents, modes, owners, times, links,
+/// devices, xattrs and ACLs. The sparse file stays sparse on the mount.
+#[test]
+fn rsync_copies_every_kind_of_file_to_the_mount_and_back_whole() {
+    let Some(rsync) = tool("rsync", "rsync") else { return };
+    let Some(_) = tool("setfattr", "attr") else { return };
+    let Some((_data, _server, m)) = one_mount("rsync_copies_every_kind_of_file_to_the_mount_and_back_whole") else {
+        return;
+    };
+    let (src, back) = (Tmpfs::nodev(), Tmpfs::nodev());
+    let made = Command::new("sh").arg("-c").arg(RSYNC_TREE).current_dir(src.path()).output().unwrap();
+    assert!(made.status.success(), "making the tree: {}", String::from_utf8_lossy(&made.stderr));
+    let copy = m.join("copy");
+    let rsync = |extra: &[&str], from: &Path, to: &Path| {
+        let (mut from, mut to) = (from.as_os_str().to_owned(), to.as_os_str().to_owned());
+        from.push("/");
+        to.push("/");
+        // `--modify-window=-1`: times to the nanosecond (else rsync
+        // leaves a new fifo's, device's or symlink's time made in the
+        // source's second as it is, on tmpfs too).
+        let base = ["-aHAXS", "--numeric-ids", "--modify-window=-1"];
+        let out = Command::new(&rsync).args(base).args(extra).arg(from).arg(to).output();
+        let out = out.unwrap();
+        assert!(out.status.success(), "rsync {extra:?}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    rsync(&[], src.path(), &copy);
+    rsync(&[], &copy, back.path());
+    let compare = ["--dry-run", "--checksum", "--itemize-changes", "--delete"];
+    assert_eq!(rsync(&compare, src.path(), &copy), "", "what rsync would change on the mount");
+    assert_eq!(rsync(&compare, src.path(), back.path()), "", "what rsync would change in the copy back");
+    let blocks = std::fs::metadata(copy.join("sparse")).unwrap().blocks();
+    assert!(blocks < 64, "a sparse file of 100 MiB takes {blocks} blocks on the mount");
+}
+
 /// A name another mount removed, or removed and made again, while this
 /// mount's kernel still holds the old inode under it (for its entry
 /// timeout, here ten minutes): opening it, with `O_CREAT` or without,
