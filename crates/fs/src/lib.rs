@@ -52,6 +52,7 @@ mod fileattr;
 mod handles;
 mod locks;
 pub mod mountpoint;
+mod names;
 mod ops;
 mod session;
 mod unsynced;

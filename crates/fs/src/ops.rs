@@ -23,6 +23,7 @@ use crate::abi::{self, Args, InHeader, Malformed, Ttl, fattr, op};
 use crate::acls::Acls;
 use crate::handles::{Handles, Listing};
 use crate::locks::{Lost, Owners, errno};
+use crate::names::Names;
 use crate::unsynced::Unsynced;
 
 /// A reply's body, or the errno to fail with.
@@ -45,6 +46,7 @@ pub struct Fs {
     root_squashed: bool,
     pub(crate) handles: Handles,
     acls: Acls,
+    names: Names,
     pub(crate) owners: Owners,
     pub(crate) lost: Lost,
     unsynced: Unsynced,
@@ -149,6 +151,7 @@ impl Fs {
             root_squashed: cfg.root_squashed,
             handles: Handles::default(),
             acls: Acls::default(),
+            names: Names::default(),
             owners: Owners::default(),
             lost: Lost::default(),
             unsynced: Unsynced::default(),
@@ -199,7 +202,7 @@ impl Fs {
             op::RENAME => self.rename(&cred, ino, &mut a, false).await,
             op::RENAME2 => self.rename(&cred, ino, &mut a, true).await,
             op::LINK => self.link(&cred, ino, &mut a).await,
-            op::OPEN => self.open(&cred, ino, &mut a).await,
+            op::OPEN => self.open((&cred, h.pid), ino, &mut a).await,
             op::READ => self.read(&cred, ino, &mut a).await,
             op::WRITE => self.write(&cred, ino, &mut a).await,
             op::STATFS => self.statfs(&cred).await,
@@ -339,7 +342,9 @@ impl Fs {
 
     async fn lookup(&self, cred: &Cred, parent: Ino, a: &mut Args<'_>) -> Answer {
         let name = a.cstr()?;
-        self.again(|| self.client.lookup(cred, parent, name)).await.map(|at| self.entry(&at))
+        let at = self.again(|| self.client.lookup(cred, parent, name)).await?;
+        self.names.seen(parent, name, &at);
+        Ok(self.entry(&at))
     }
 
     async fn setattr(&self, (cred, pid): (&Cred, u32), ino: Ino, a: &mut Args<'_>) -> Answer {
@@ -404,10 +409,13 @@ impl Fs {
         (target, umask): (&[u8], u32),
     ) -> Answer {
         self.writable()?;
-        let (name, target, perm) = (name.to_vec(), target.to_vec(), mode & 0o7777);
-        let op = MetaOp::Create { parent, name, kind, perm, rdev, target, umask };
+        let (named, target, perm) = (name.to_vec(), target.to_vec(), mode & 0o7777);
+        let op = MetaOp::Create { parent, name: named, kind, perm, rdev, target, umask };
         match self.once(|| self.client.meta(cred, op.clone())).await? {
-            interlock_proto::meta::MetaReply::Attr(at) => Ok(self.entry(&at)),
+            interlock_proto::meta::MetaReply::Attr(at) => {
+                self.names.seen(parent, name, &at);
+                Ok(self.entry(&at))
+            }
             _ => Err(libc::EIO),
         }
     }
@@ -439,7 +447,9 @@ impl Fs {
         } else {
             self.once(|| self.client.unlink(cred, parent, name)).await
         };
-        r.map(|()| Vec::new())
+        r?;
+        self.names.removed(parent, name);
+        Ok(Vec::new())
     }
 
     async fn rename(&self, cred: &Cred, parent: Ino, a: &mut Args<'_>, two: bool) -> Answer {
@@ -459,24 +469,51 @@ impl Fs {
             flags.whiteout = f & libc::RENAME_WHITEOUT != 0;
         }
         let (name, new_name) = (a.cstr()?, a.cstr()?);
-        self.once(|| self.client.rename(cred, (parent, name), (new_parent, new_name), flags)).await.map(|()| Vec::new())
+        self.once(|| self.client.rename(cred, (parent, name), (new_parent, new_name), flags)).await?;
+        self.names.renamed((parent, name), (new_parent, new_name), flags.exchange);
+        Ok(Vec::new())
     }
 
     async fn link(&self, cred: &Cred, parent: Ino, a: &mut Args<'_>) -> Answer {
         self.writable()?;
         let ino = a.u64()?;
         let name = a.cstr()?;
-        self.once(|| self.client.link(cred, ino, parent, name)).await.map(|at| self.entry(&at))
+        let at = self.once(|| self.client.link(cred, ino, parent, name)).await?;
+        self.names.seen(parent, name, &at);
+        Ok(self.entry(&at))
     }
 
     /// Holds `ino` open at the server and gives the kernel a handle. Data
     /// bypasses the page cache (`FOPEN_DIRECT_IO`): what another mount
     /// wrote is what the next read sees. The kernel's cached attributes
     /// are dropped, so a size changed elsewhere shows after the open
-    /// (close-to-open).
-    async fn open(&self, cred: &Cred, ino: Ino, a: &mut Args<'_>) -> Answer {
+    /// (close-to-open). The name the kernel had the file under is asked
+    /// for beside the open: if another mount replaced or removed it, the
+    /// open is undone and answered `ESTALE`, and the kernel looks the
+    /// path up again (see `names`).
+    async fn open(&self, (cred, pid): (&Cred, u32), ino: Ino, a: &mut Args<'_>) -> Answer {
         let flags = a.u32()?;
-        self.again(|| self.client.open(cred, ino, wanted(flags))).await?;
+        let opened = self.again(|| self.client.open(cred, ino, wanted(flags)));
+        match self.names.to_check(ino, pid) {
+            None => {
+                opened.await?;
+            }
+            Some((parent, name)) => {
+                let (opened, named) = tokio::join!(opened, self.client.lookup(cred, parent, &name));
+                opened?;
+                let replaced = match named {
+                    Ok(at) => at.ino != ino,
+                    Err(e) => matches!(e, ClientError::Errno(libc::ENOENT | libc::ESTALE)),
+                };
+                if replaced {
+                    self.names.refused(ino, pid);
+                    if let Err(e) = self.client.release(cred, ino).await {
+                        tracing::warn!(ino, error = %e, "undoing the open of a file whose name went");
+                    }
+                    return Err(libc::ESTALE);
+                }
+            }
+        }
         self.invalidate(ino);
         Ok(abi::open_out(self.handles.insert(ino), abi::fopen(flags)))
     }
@@ -519,6 +556,7 @@ impl Fs {
         a.skip(4)?;
         let name = a.cstr()?;
         let attr = self.create_or_open(cred, parent, name, (mode & 0o7777, umask), flags as i32).await?;
+        self.names.seen(parent, name, &attr);
         Ok(self.opened(&attr, flags))
     }
 
@@ -816,7 +854,7 @@ impl Fs {
         let cred = &opener;
         let who = |after: u64| Caller { cred, opened: after != 0 };
         let mut out = Vec::with_capacity(size);
-        let dir = abi::dtype(FileType::Directory);
+        let (dir, listed) = (abi::dtype(FileType::Directory), ino);
         let put = |out: &mut Vec<u8>, entry: Option<&Attr>, ino, cookie, kind, name: &[u8]| {
             if plus {
                 if out.len() + abi::direntplus_len(name) > size {
@@ -825,6 +863,7 @@ impl Fs {
                 match entry {
                     Some(at) => {
                         self.acls.seen(at);
+                        self.names.seen(listed, name, at);
                         abi::put_entry(out, at, self.ttl)
                     }
                     None => out.resize(out.len() + 128, 0),
