@@ -702,6 +702,76 @@ fn a_file_another_mount_replaced_opens_by_its_name_as_the_new_file() {
     assert_eq!(read(&b.join("g")), "three", "renamed on this mount");
 }
 
+/// Git's lock-file protocol on two mounts loses no update: each side
+/// moves a branch `N` times with `git update-ref NEW OLD` (which takes
+/// the ref's lock file, checks that the ref still holds OLD and renames
+/// the lock file over the ref), making a commit on whatever it read and
+/// trying again when the check fails, while a reader on each mount holds
+/// the ref file open now and then. Every update that succeeded is in the
+/// branch's history. Before the mount checked names at open (see
+/// `names` in the mount), the check read a ref file the other mount had
+/// replaced, kept alive by a reader, and 74 of 200 updates that git
+/// reported made were lost.
+#[test]
+fn git_update_ref_on_two_mounts_loses_no_update() {
+    const N: usize = 40;
+    let Some((_data, _server, a, b)) = two_mounts("git_update_ref_on_two_mounts_loses_no_update") else { return };
+    let git = |dir: &Path, args: &[&str]| -> Option<String> {
+        let out = Command::new("git")
+            .arg("-C")
+            .arg(dir)
+            .args(["-c", "user.name=t", "-c", "user.email=t@example.com", "-c", "init.defaultBranch=main"])
+            .args(args)
+            .output()
+            .unwrap();
+        out.status.success().then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
+    };
+    let repo = a.join("repo");
+    std::fs::create_dir(&repo).unwrap();
+    git(&repo, &["init", "-q"]).unwrap();
+    git(&repo, &["commit", "-q", "--allow-empty", "-m", "init"]).unwrap();
+    let tree = git(&repo, &["rev-parse", "HEAD^{tree}"]).unwrap();
+    let done = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        for m in [&a, &b] {
+            let (reff, done) = (m.join("repo/.git/refs/heads/main"), &done);
+            s.spawn(move || {
+                while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                    let held = File::open(&reff);
+                    std::thread::sleep(Duration::from_millis(20));
+                    drop(held);
+                }
+            });
+        }
+        let updaters: Vec<_> = [(&a, "a"), (&b, "b")]
+            .into_iter()
+            .map(|(m, side)| {
+                let (repo, tree, git) = (m.join("repo"), &tree, &git);
+                s.spawn(move || {
+                    for i in 0..N {
+                        let message = format!("{side} {i}");
+                        // A read that fails (a ref replaced twice
+                        // during one open: `ESTALE`, as on NFS) is a
+                        // try that failed.
+                        let made = (0..500).any(|_| {
+                            let Some(old) = git(&repo, &["rev-parse", "refs/heads/main"]) else { return false };
+                            let made = git(&repo, &["commit-tree", "-p", &old, "-m", &message, tree]);
+                            made.is_some_and(|new| git(&repo, &["update-ref", "refs/heads/main", &new, &old]).is_some())
+                        });
+                        assert!(made, "{message} never made");
+                    }
+                })
+            })
+            .collect();
+        for u in updaters {
+            u.join().unwrap();
+        }
+        done.store(true, std::sync::atomic::Ordering::Relaxed);
+    });
+    let count = git(&repo, &["rev-list", "--count", "main"]).unwrap();
+    assert_eq!(count, (2 * N + 1).to_string(), "commits in the branch: each side's {N} and the first");
+}
+
 /// `open(O_CREAT)` of a name that another mount makes between this
 /// kernel's look-up (which found nothing) and its create does what it
 /// does on one machine: opens a regular file (cut to nothing for
