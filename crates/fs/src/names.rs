@@ -28,9 +28,10 @@
 //! per name given, renamed or removed, and per open; one look-up request
 //! more per open of a noted file, sent with it.
 
-use std::collections::HashMap;
+use std::hash::BuildHasher;
 use std::time::{Duration, Instant};
 
+use foldhash::HashMap;
 use interlock_client::meta::{Attr, FileType, Ino};
 use parking_lot::Mutex;
 
@@ -49,42 +50,58 @@ pub(crate) struct Names(Mutex<Inner>);
 struct Inner {
     /// Inode -> the directory and name it was last given under.
     by_ino: HashMap<Ino, (Ino, Box<[u8]>)>,
-    /// (directory, name) -> inode: the same notes, for renames and
-    /// removals made through this mount.
-    by_name: HashMap<(Ino, Box<[u8]>), Ino>,
+    /// (directory, the name's hash) -> inode: the same notes, for
+    /// renames and removals made through this mount. Two names of a
+    /// directory whose hashes meet keep the later here; the earlier's
+    /// note then stays where it was, and an open after its rename is
+    /// refused once and walked again: slower, never wrong.
+    by_name: HashMap<(Ino, u64), Ino>,
     /// (inode, thread) -> when its open was refused.
     refused: HashMap<(Ino, u32), Instant>,
 }
 
-impl Inner {
-    fn forget_name_of(&mut self, ino: Ino) {
-        if let Some(key) = self.by_ino.remove(&ino) {
-            self.by_name.remove(&key);
-        }
-    }
+/// A name's hash for [`Inner::by_name`].
+fn hash(name: &[u8]) -> u64 {
+    foldhash::fast::FixedState::with_seed(0).hash_one(name)
+}
 
+impl Inner {
+    /// Drops the note of the inode `(parent, name)` names, if any.
     fn forget_name(&mut self, parent: Ino, name: &[u8]) -> Option<Ino> {
-        let ino = self.by_name.remove(&(parent, Box::from(name)))?;
+        let key = (parent, hash(name));
+        let ino = *self.by_name.get(&key)?;
+        if self.by_ino.get(&ino).is_none_or(|(p, n)| (*p, &**n) != (parent, name)) {
+            return None;
+        }
+        self.by_name.remove(&key);
         self.by_ino.remove(&ino);
         Some(ino)
     }
 
     fn note(&mut self, parent: Ino, name: &[u8], ino: Ino) {
+        if self.by_ino.get(&ino).is_some_and(|(p, n)| (*p, &**n) == (parent, name)) {
+            return;
+        }
         if self.by_ino.len() >= MOST {
             self.by_ino.clear();
             self.by_name.clear();
         }
         self.forget_name(parent, name);
-        self.forget_name_of(ino);
-        self.by_ino.insert(ino, (parent, Box::from(name)));
-        self.by_name.insert((parent, Box::from(name)), ino);
+        if let Some((p, n)) = self.by_ino.insert(ino, (parent, Box::from(name))) {
+            let old = (p, hash(&n));
+            if self.by_name.get(&old) == Some(&ino) {
+                self.by_name.remove(&old);
+            }
+        }
+        self.by_name.insert((parent, hash(name)), ino);
     }
 }
 
 impl Names {
     /// Notes that the kernel was given `a` under `name` in `parent` (a
     /// look-up, a create, a link, a listing with attributes). Only
-    /// regular files are opened so.
+    /// regular files are opened so. O(1) expected; no allocation for a
+    /// name noted already.
     pub fn seen(&self, parent: Ino, name: &[u8], a: &Attr) {
         if a.kind == FileType::Regular {
             self.0.lock().note(parent, name, a.ino);
@@ -115,7 +132,8 @@ impl Names {
     /// just before (then none, once).
     pub fn to_check(&self, ino: Ino, pid: u32) -> Option<(Ino, Vec<u8>)> {
         let mut inner = self.0.lock();
-        if let Some(at) = inner.refused.remove(&(ino, pid))
+        if !inner.refused.is_empty()
+            && let Some(at) = inner.refused.remove(&(ino, pid))
             && at.elapsed() < RETRY
         {
             return None;
