@@ -674,7 +674,8 @@ fn a_name_another_mount_removed_or_made_again_opens_what_the_server_has_now() {
 /// one open opens by its name as the new file, though this kernel keeps
 /// the name's old inode (for its entry timeout, here ten minutes), as
 /// NFS's close-to-open gives. Before, the open found the old file alive
-/// and read its old contents. An old file held open still opens through
+/// and read its old contents. So for a name the kernel had from a
+/// listing's entries; and a name moved away there is gone here. An old file held open still opens through
 /// `/proc/self/fd`, whose open the kernel retries on the same inode
 /// (see `names` in the mount).
 #[test]
@@ -700,6 +701,20 @@ fn a_file_another_mount_replaced_opens_by_its_name_as_the_new_file() {
     drop((on_a, held_here));
     std::fs::rename(b.join("f"), b.join("g")).unwrap();
     assert_eq!(read(&b.join("g")), "three", "renamed on this mount");
+    // A name the other mount moved away is gone here too, though its
+    // file keeps a name (only the check of the name finds that).
+    std::fs::rename(a.join("g"), a.join("moved")).unwrap();
+    let gone = File::open(b.join("g")).map(drop).map_err(|e| e.raw_os_error());
+    assert_eq!(gone, Err(Some(libc::ENOENT)), "a name moved away on the other mount");
+    // A name that came with a listing's entries (no look-up of its own):
+    // the open's answer says the old file has no name left.
+    std::fs::write(a.join("h"), "old").unwrap();
+    let listed: Vec<_> = std::fs::read_dir(b.path()).unwrap().map(|e| e.unwrap().metadata().unwrap().len()).collect();
+    assert_eq!(listed.len(), 2);
+    let _held = File::open(a.join("h")).unwrap();
+    std::fs::write(a.join("h.tmp"), "new").unwrap();
+    std::fs::rename(a.join("h.tmp"), a.join("h")).unwrap();
+    assert_eq!(read(&b.join("h")), "new", "a name listed, replaced while held");
 }
 
 /// Git's lock-file protocol on two mounts loses no update: each side

@@ -487,32 +487,31 @@ impl Fs {
     /// bypasses the page cache (`FOPEN_DIRECT_IO`): what another mount
     /// wrote is what the next read sees. The kernel's cached attributes
     /// are dropped, so a size changed elsewhere shows after the open
-    /// (close-to-open). The name the kernel had the file under is asked
-    /// for beside the open: if another mount replaced or removed it, the
-    /// open is undone and answered `ESTALE`, and the kernel looks the
-    /// path up again (see `names`).
+    /// (close-to-open). An open that finds the file without a name, or
+    /// (asked beside it) its name naming another file, is undone and
+    /// answered `ESTALE`, and the kernel looks the path up again: another
+    /// mount replaced the file (see `names`).
     async fn open(&self, (cred, pid): (&Cred, u32), ino: Ino, a: &mut Args<'_>) -> Answer {
         let flags = a.u32()?;
         let opened = self.again(|| self.client.open(cred, ino, wanted(flags)));
-        match self.names.to_check(ino, pid) {
-            None => {
-                opened.await?;
-            }
+        let retry = self.names.retrying(ino, pid);
+        let (at, renamed) = match self.names.name_of(ino).filter(|_| !retry) {
+            None => (opened.await?, false),
             Some((parent, name)) => {
                 let (opened, named) = tokio::join!(opened, self.client.lookup(cred, parent, &name));
-                opened?;
-                let replaced = match named {
-                    Ok(at) => at.ino != ino,
+                let renamed = match named {
+                    Ok(found) => found.ino != ino,
                     Err(e) => matches!(e, ClientError::Errno(libc::ENOENT | libc::ESTALE)),
                 };
-                if replaced {
-                    self.names.refused(ino, pid);
-                    if let Err(e) = self.client.release(cred, ino).await {
-                        tracing::warn!(ino, error = %e, "undoing the open of a file whose name went");
-                    }
-                    return Err(libc::ESTALE);
-                }
+                (opened?, renamed)
             }
+        };
+        if !retry && (renamed || at.nlink == 0) {
+            self.names.refused(ino, pid);
+            if let Err(e) = self.client.release(cred, ino).await {
+                tracing::warn!(ino, error = %e, "undoing the open of a file whose name went");
+            }
+            return Err(libc::ESTALE);
         }
         self.invalidate(ino);
         Ok(abi::open_out(self.handles.insert(ino), abi::fopen(flags)))
@@ -854,7 +853,7 @@ impl Fs {
         let cred = &opener;
         let who = |after: u64| Caller { cred, opened: after != 0 };
         let mut out = Vec::with_capacity(size);
-        let (dir, listed) = (abi::dtype(FileType::Directory), ino);
+        let dir = abi::dtype(FileType::Directory);
         let put = |out: &mut Vec<u8>, entry: Option<&Attr>, ino, cookie, kind, name: &[u8]| {
             if plus {
                 if out.len() + abi::direntplus_len(name) > size {
@@ -863,7 +862,6 @@ impl Fs {
                 match entry {
                     Some(at) => {
                         self.acls.seen(at);
-                        self.names.seen(listed, name, at);
                         abi::put_entry(out, at, self.ttl)
                     }
                     None => out.resize(out.len() + 128, 0),
