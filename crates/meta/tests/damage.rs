@@ -1,17 +1,22 @@
 //! A damaged store is refused with an error, or opens as a whole state
 //! its records describe: never a panic, never a namespace with a part
 //! silently missing. The store's files (the checkpoint, the journal's
-//! segments) are damaged at random: a bit flipped, a byte changed, a
-//! sector zeroed, the file cut short. What each damage must give:
+//! segment, the changelog consumers' file) are damaged at random: a bit
+//! flipped, a byte changed, a sector zeroed, the file cut short. What
+//! each damage must give:
 //!
 //! - in the checkpoint: an error, always (it ends in a CRC of every
 //!   byte, checked after the items are decoded and placed, so a damaged
 //!   item must be placed without a panic first);
-//! - in the journal: an error, or a torn tail cut (only the last
-//!   group's records are lost: a damaged record cannot be told from one
-//!   a crash cut mid-write), and what opens passes `fsck`.
-//!
-//! `Store::open` and `fsck::check_dir` read each damaged copy.
+//! - in the journal: an error, or a torn tail cut, and what opens passes
+//!   `fsck`. A changed byte loses at most the last record: each record
+//!   here is a group of its own, and a damaged last group cannot be told
+//!   from one a crash cut mid-write. A zeroed sector or a cut at the end
+//!   looks like such a crash, and loses what it took;
+//! - in the consumers' file (JSON, no checksum): an error, or consumers
+//!   read as the damage left them;
+//! - never a panic, in `fsck::check_dir` (run first: it changes nothing)
+//!   or in `Store::open`.
 
 mod common;
 
@@ -24,10 +29,11 @@ use proptest::prelude::*;
 
 /// A store of every kind of inode and record: files, directories, a
 /// symlink, a device, hard links, xattrs and an ACL, attribute flags, an
-/// orphan held open and a linkable `O_TMPFILE`, renames, removals, and
-/// the replay cache's tagged changes, a changelog consumer; checkpointed
-/// halfway, so that the image and the journal both hold them. Each change is waited on before
-/// the next is made: each record is a group of its own, and the records
+/// orphan held open and a linkable `O_TMPFILE`, renames, removals, the
+/// replay cache's tagged changes, and a changelog consumer; checkpointed
+/// halfway, so that the image and the journal both hold them. Each
+/// change is waited on before the next is made: each record is a group
+/// of its own, and the records
 /// after it prove it durable (see the journal's `segment`).
 fn build(dir: &Path) {
     let root = Cred::root();
