@@ -6,7 +6,7 @@
 //! The client reconnects within its lease and resumes its session; each
 //! test checks that what was swallowed still takes effect exactly once.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

@@ -4,7 +4,7 @@
 //! changes surviving `kill -9`, and `interlock changelog` and `status` as
 //! an operator uses them.
 
-mod common;
+use crate::common;
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};

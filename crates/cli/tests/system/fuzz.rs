@@ -21,7 +21,7 @@
 //! powers of two, the top of each width). The run's seed is printed and
 //! `FUZZ_SEED` repeats it; `FUZZ_REQUESTS` sets the length (100,000).
 
-mod common;
+use crate::common;
 
 use std::collections::VecDeque;
 use std::io::Write;

@@ -30,7 +30,7 @@
 //! its way; the server now stops a client's old connections at its new
 //! hello, and keeps the cache of a client whose session lapsed).
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

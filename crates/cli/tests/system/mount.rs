@@ -13,7 +13,7 @@
 //! they skipped, unless `INTERLOCK_REQUIRE_FUSE` is set (scripts/test sets
 //! it where /dev/fuse exists), when they fail instead.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};

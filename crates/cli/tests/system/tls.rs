@@ -3,7 +3,7 @@
 //! it, or with another CA, is refused with a message that says why; off
 //! loopback the server will not serve in clear unless told.
 
-mod common;
+use crate::common;
 
 use std::process::{Command, Stdio};
 

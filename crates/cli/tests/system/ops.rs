@@ -1,7 +1,7 @@
 //! What an operator does through the binary: `status --resource` lists
 //! who holds and who waits for a resource; `evict` forces a session out.
 
-mod common;
+use crate::common;
 
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};

@@ -4,7 +4,7 @@
 //! finding came from it; every wait is on state (a process, `status`),
 //! bounded, never a sleep that assumes timing.
 
-mod common;
+use crate::common;
 
 use std::io::Write;
 use std::process::{Child, Command, Stdio};

@@ -1,8 +1,5 @@
 //! What the tests of server and client processes share: a server process,
 //! `interlock lock`, a runtime, a client, a lock.
-//!
-//! Each test binary uses a part of it.
-#![allow(dead_code)]
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};

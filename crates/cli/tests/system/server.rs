@@ -1,6 +1,6 @@
 //! The server, client and `interlock lock` on loopback, as processes.
 
-mod common;
+use crate::common;
 
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, Command, Stdio};
