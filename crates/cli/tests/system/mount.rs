@@ -3407,6 +3407,50 @@ fn random_calls_move_the_times_tmpfs_moves() {
     );
 }
 
+/// Random calls made through two mounts of one server in turn give, call
+/// by call, what the same calls give on tmpfs, and leave the tree tmpfs
+/// has, as either mount shows it. Both mounts keep no name or attribute
+/// for any time (`entry_timeout=0,attr_timeout=0`), so their kernels ask
+/// the server at each walk; what a mount still holds of its own (the
+/// names it noted for opens, the inodes its kernel knows, the pages it
+/// cached) must then agree with every change the other mount made. With
+/// the default timeouts a mount's kernel may use a name for a second
+/// after the other mount changed it, as an NFS client does; that is not
+/// what this tests.
+#[test]
+fn random_calls_through_two_mounts_in_turn_give_what_tmpfs_gives() {
+    let test = "random_calls_through_two_mounts_in_turn_give_what_tmpfs_gives";
+    let Some((_data, server, _m)) = one_mount(test) else { return };
+    let options = "rw,attr_timeout=0,entry_timeout=0";
+    let (a, b) = (Mount::with_options(&server.addr, options), Mount::with_options(&server.addr, options));
+    let on_b = |ours: &Path| b.path().join(ours.strip_prefix(a.path()).unwrap());
+    random_calls(
+        a.path(),
+        (300, 40),
+        |i, op, user, ours, kernel| {
+            let (through, name) = if i % 2 == 0 { (ours.to_path_buf(), "a") } else { (on_b(ours), "b") };
+            let (x, y) = as_user(user, || (apply(&through, op), apply(kernel, op)));
+            if !alike(op, &x, &y, kernel) {
+                return Err(Differs::fail(format!(
+                    "op {i} {op:?} by {} through {name}: mount {x:?}, tmpfs {y:?}",
+                    who(user)
+                )));
+            }
+            Ok(())
+        },
+        |ours, kernel| {
+            let want = tree(kernel);
+            for (name, root) in [("a", ours.to_path_buf()), ("b", on_b(ours))] {
+                let got = tree(&root);
+                if got != want {
+                    return Err(Differs::fail(format!("final trees differ:\nmount {name} {got:#?}\ntmpfs {want:#?}")));
+                }
+            }
+            Ok(())
+        },
+    );
+}
+
 /// What `setfacl` and `getfacl` do, and what the ACLs they set let
 /// nobody (65534) do, in a directory `$1`, as the mount test below runs
 /// it on tmpfs and on a mount: a named user's read within the mask, a
