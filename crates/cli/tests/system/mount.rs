@@ -60,10 +60,17 @@ impl Mount {
     /// With mount options, what the mount says at `level` (`INTERLOCK_LOG`)
     /// and above going to `stderr`. The server is named as `mount`'s first
     /// operand, not with `--server`.
-    fn telling(addr: &str, options: &str, (level, stderr): (&str, Stdio)) -> Mount {
+    fn telling(addr: &str, options: &str, said: (&str, Stdio)) -> Mount {
+        Mount::with_flags(addr, &["-o", options], said)
+    }
+
+    /// With `flags` before the operands.
+    fn with_flags(addr: &str, flags: &[&str], (level, stderr): (&str, Stdio)) -> Mount {
         let dir = tempfile::tempdir().unwrap();
         let child = Command::new(BIN)
-            .args(["mount", "-o", options, addr])
+            .arg("mount")
+            .args(flags)
+            .arg(addr)
             .arg(dir.path())
             .env("INTERLOCK_LOG", level)
             .stdout(Stdio::null())
@@ -2710,6 +2717,61 @@ fn a_mount_cut_off_from_its_server_fails_the_locked_file_before_the_lock_moves()
     assert_eq!(std::fs::read(b.join("f")).unwrap(), b"b's!!", "what the lock's holder wrote");
     assert_eq!(made.join().unwrap(), Ok(()), "the unlink on its way");
     assert!(!b.join("g").exists());
+}
+
+/// Mounts of a server that speaks TLS and wants a token, as a server
+/// off loopback must (`--tls-ca`, `--token-file`): two of them share
+/// files and locks; a mount with a wrong token, or without the CA,
+/// fails to mount with the exit status and the message that say why.
+#[test]
+fn mounts_over_tls_with_a_token_share_files_and_locks_and_others_are_refused() {
+    let test = "mounts_over_tls_with_a_token_share_files_and_locks_and_others_are_refused";
+    if !fuse_ready(test) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let at = |f: &str| dir.path().join(f).to_str().unwrap().to_string();
+    common::tls_init(&dir.path().join("tls"));
+    std::fs::write(at("token"), "a shared secret\n").unwrap();
+    std::fs::write(at("wrong"), "another secret\n").unwrap();
+    let (cert, key, ca) = (at("tls/server.pem"), at("tls/server.key"), at("tls/ca.pem"));
+    let server = ServerProc::start(
+        &dir.path().join("data"),
+        "127.0.0.1:0",
+        &["--tls-cert", &cert, "--tls-key", &key, "--token-file", &at("token")],
+    );
+    let token = at("token");
+    let trusted = ["--tls-ca", ca.as_str(), "--token-file", token.as_str()];
+    let mount = || Mount::with_flags(&server.addr, &trusted, ("warn", Stdio::inherit()));
+    let (a, b) = (mount(), mount());
+    std::fs::write(a.join("f"), "from a").unwrap();
+    assert_eq!(std::fs::read_to_string(b.join("f")).unwrap(), "from a");
+    let held = File::open(a.join("f")).unwrap();
+    flock(&held, FlockArg::LockExclusiveNonblock).unwrap();
+    let other = File::open(b.join("f")).unwrap();
+    assert_eq!(flock(&other, FlockArg::LockExclusiveNonblock), Err(Errno::EWOULDBLOCK));
+    flock(&held, FlockArg::Unlock).unwrap();
+    flock(&other, FlockArg::LockExclusiveNonblock).unwrap();
+    let refused = |flags: &[&str]| {
+        let point = tempfile::tempdir().unwrap();
+        let out = Command::new(BIN)
+            .args(["mount", "--background"])
+            .args(flags)
+            .arg(&server.addr)
+            .arg(point.path())
+            .output()
+            .unwrap();
+        if out.status.success() {
+            let _ = interlock_fs::unmount(point.path());
+        }
+        (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let (code, said) = refused(&["--tls-ca", &ca, "--token-file", &at("wrong")]);
+    assert_eq!(code, Some(77), "{said}");
+    assert!(said.contains("token"), "{said}");
+    let (code, said) = refused(&["--token-file", &token]);
+    assert_eq!(code, Some(69), "{said}");
+    assert!(said.contains("--tls-ca"), "{said}");
 }
 
 /// A user other than root mounts through `fusermount3`: the mount is

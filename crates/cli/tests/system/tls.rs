@@ -9,12 +9,6 @@ use std::process::{Command, Stdio};
 
 use common::*;
 
-/// `interlock tls-init DIR`, which must succeed.
-fn tls_init(dir: &std::path::Path) {
-    let out = Command::new(BIN).arg("tls-init").arg(dir).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-}
-
 /// `interlock lock` with `args`: exit status and stderr.
 fn lock(addr: &str, args: &[&str]) -> (Option<i32>, String) {
     let mut c = lock_cmd(addr, args);

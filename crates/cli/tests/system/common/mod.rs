@@ -385,3 +385,9 @@ pub fn wait_opening_fifo(pid: u32) {
         std::thread::yield_now();
     }
 }
+
+/// `interlock tls-init DIR`, which must succeed.
+pub fn tls_init(dir: &std::path::Path) {
+    let out = Command::new(BIN).arg("tls-init").arg(dir).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}
