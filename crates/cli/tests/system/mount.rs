@@ -519,6 +519,56 @@ fn sqlite_on_two_mounts_commits_every_transaction() {
     assert_eq!(check.trim(), format!("{0}|{0}\nok", 3 * ROWS));
 }
 
+/// Cargo builds a crate on a mount while its build directory is locked
+/// through another mount: cargo's `flock` of `target/debug/.cargo-lock`
+/// on the mount waits for the holder on the other node ("Blocking
+/// waiting for file lock on artifact directory"), goes on once the lock
+/// is let go, and the program it built runs. The Cargo that runs the
+/// tests is the one used (`$CARGO`), offline: the crate has no
+/// dependencies.
+#[test]
+fn cargo_on_a_mount_waits_for_its_build_directory_locked_through_another() {
+    let Some((_data, _server, a, b)) =
+        two_mounts("cargo_on_a_mount_waits_for_its_build_directory_locked_through_another")
+    else {
+        return;
+    };
+    let Some(cargo_bin) = std::env::var_os("CARGO") else {
+        eprintln!("SKIPPED the cargo test: $CARGO is not set (not run by cargo test)");
+        return;
+    };
+    let cargo = |mount: &Mount, args: &[&str]| {
+        let mut c = Command::new(&cargo_bin);
+        c.args(args).arg("--offline").current_dir(mount.join("hello"));
+        c.env_remove("CARGO_TARGET_DIR").env_remove("CARGO_BUILD_TARGET_DIR");
+        c
+    };
+    let made = Command::new(&cargo_bin)
+        .args(["new", "--quiet", "--vcs", "none", "hello"])
+        .current_dir(a.path())
+        .output()
+        .unwrap();
+    assert!(made.status.success(), "{}", String::from_utf8_lossy(&made.stderr));
+    let built = cargo(&a, &["build"]).output().unwrap();
+    assert!(built.status.success(), "{}", String::from_utf8_lossy(&built.stderr));
+    std::fs::write(a.join("hello/src/main.rs"), "fn main() {\n    println!(\"built on b\");\n}\n").unwrap();
+    let lock = rw(&a.join("hello/target/debug/.cargo-lock"));
+    flock(&lock, FlockArg::LockExclusive).unwrap();
+    let said = a.join("said");
+    let mut child = cargo(&b, &["build"]).stderr(File::create(&said).unwrap()).spawn().unwrap();
+    let blocked =
+        || std::fs::read_to_string(&said).unwrap().contains("Blocking waiting for file lock on artifact directory");
+    wait_for("cargo on b to wait for the build directory's lock", || {
+        assert!(child.try_wait().unwrap().is_none(), "cargo on b ended: {}", std::fs::read_to_string(&said).unwrap());
+        blocked()
+    });
+    flock(&lock, FlockArg::Unlock).unwrap();
+    assert!(child.wait().unwrap().success(), "{}", std::fs::read_to_string(&said).unwrap());
+    assert!(std::fs::read_to_string(&said).unwrap().contains("Compiling hello"));
+    let ran = Command::new(b.join("hello/target/debug/hello")).output().unwrap();
+    assert_eq!(String::from_utf8_lossy(&ran.stdout), "built on b\n");
+}
+
 #[test]
 fn tar_and_git_work_on_the_mount() {
     let Some((_data, _server, m)) = one_mount("tar_and_git_work_on_the_mount") else { return };
