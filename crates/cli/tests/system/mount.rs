@@ -910,6 +910,52 @@ fn an_open_with_o_creat_racing_another_mount_acts_on_what_is_there() {
     assert!(seen.keys().all(|r| matches!(r, Ok(0) | Err(Some(libc::ESTALE)))), "sizes after O_TRUNC opens: {seen:?}");
 }
 
+/// The lock-file protocol of mail spools, `lockfile(1)` and editors'
+/// swap files: whoever makes `LOCK` with `O_CREAT|O_EXCL` holds it until
+/// it removes it. Two threads on each of two mounts add one to a counter
+/// file under it, 100 times each, retrying the create every
+/// millisecond: every addition lands, so each time one creator alone
+/// won, and it read what the last holder, on either mount, wrote. The
+/// mount's kernel sends the create when its look-up (made anew for
+/// `O_EXCL`) found no name; a name another creator made meanwhile must
+/// then fail it with `EEXIST`, never open the file as an `O_CREAT`
+/// alone does (`create_or_open`).
+#[test]
+fn an_o_excl_lock_file_admits_one_holder_across_mounts() {
+    let Some((_data, _server, a, b)) = two_mounts("an_o_excl_lock_file_admits_one_holder_across_mounts") else {
+        return;
+    };
+    const EACH: u32 = 100;
+    std::fs::write(a.join("counter"), "0").unwrap();
+    let worker = |dir: PathBuf| {
+        std::thread::spawn(move || {
+            for _ in 0..EACH {
+                loop {
+                    match OpenOptions::new().write(true).create_new(true).open(dir.join("LOCK")) {
+                        Ok(_) => break,
+                        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                            std::thread::sleep(Duration::from_millis(1))
+                        }
+                        Err(e) => panic!("O_EXCL create of LOCK: {e}"),
+                    }
+                }
+                let text = std::fs::read_to_string(dir.join("counter")).unwrap();
+                let n: u32 =
+                    text.parse().unwrap_or_else(|_| panic!("the counter read {text:?}: another holder wrote it"));
+                std::fs::write(dir.join("counter"), (n + 1).to_string()).unwrap();
+                if let Err(e) = std::fs::remove_file(dir.join("LOCK")) {
+                    panic!("removing LOCK: {e}: another holder removed it, so two held it at once");
+                }
+            }
+        })
+    };
+    let workers: Vec<_> = [&a, &b, &a, &b].iter().map(|m| worker(m.path().to_path_buf())).collect();
+    for w in workers {
+        w.join().unwrap();
+    }
+    assert_eq!(std::fs::read_to_string(b.join("counter")).unwrap(), (4 * EACH).to_string());
+}
+
 /// Four threads, two on each of two mounts, race random calls on a few
 /// names (files, directories, symlinks, one directory deep): every
 /// failure is one Linux gives for that call in such a race, or `ESTALE`
