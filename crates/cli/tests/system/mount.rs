@@ -681,6 +681,24 @@ fn rsync_copies_every_kind_of_file_to_the_mount_and_back_whole() {
     assert!(blocks < 64, "a sparse file of 100 MiB takes {blocks} blocks on the mount");
 }
 
+/// Close-to-open for attributes: a file another mount wrote shows its
+/// new size once it is opened here, although this mount's kernel still
+/// holds the old attributes (for a minute here). `wc -c` of a regular
+/// file reports the size `fstat` gives, as do `tail -c` and programs that
+/// size a buffer by it. The open drops the kernel's cached attributes;
+/// the next `fstat` asks the server.
+#[test]
+fn an_open_shows_the_size_another_mount_gave_the_file() {
+    let Some((_data, server, a)) = one_mount("an_open_shows_the_size_another_mount_gave_the_file") else { return };
+    let b = Mount::with_options(&server.addr, "rw,attr_timeout=60,entry_timeout=60");
+    std::fs::write(a.join("f"), "12345").unwrap();
+    assert_eq!(std::fs::metadata(b.join("f")).unwrap().len(), 5);
+    std::fs::write(a.join("f"), "1234567890").unwrap();
+    assert_eq!(File::open(b.join("f")).unwrap().metadata().unwrap().len(), 10, "fstat after an open");
+    let wc = Command::new("sh").arg("-c").arg("wc -c < f").current_dir(b.path()).output().unwrap();
+    assert_eq!(String::from_utf8_lossy(&wc.stdout).trim(), "10", "wc -c");
+}
+
 /// A name another mount removed, or removed and made again, while this
 /// mount's kernel still holds the old inode under it (for its entry
 /// timeout, here ten minutes): opening it, with `O_CREAT` or without,
