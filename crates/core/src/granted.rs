@@ -241,6 +241,13 @@ impl Granted {
         locks.neighbours(range, |id| self.range(id).touches(range))
     }
 
+    /// The owner's lock of lowest start that overlaps `range`: what
+    /// Linux's `F_OFD_GETLK` with `F_UNLCK` reports (since 6.3), the first
+    /// of the owner's locks there in its list. O(log n + k).
+    pub fn owner_first_overlap(&self, owner: Owner, range: Range) -> Option<NodeId> {
+        self.owner_neighbours(owner, range).into_iter().find(|&id| self.range(id).overlaps(range))
+    }
+
     /// Sets the owner's lock on `range` to `mode`, or removes it there when
     /// `mode` is `None`, with the merge and split rules of Linux
     /// `posix_lock_inode`: same-mode locks that overlap or touch the range

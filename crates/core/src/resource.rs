@@ -137,6 +137,11 @@ impl Resource {
         self.granted.owner_holds(owner)
     }
 
+    /// The mode of the owner's flock lock here, if any. O(1).
+    pub fn owner_whole_mode(&self, owner: Owner) -> Option<Mode> {
+        self.granted.owner_whole_mode(owner)
+    }
+
     pub fn lock_count(&self) -> usize {
         self.granted.len()
     }
@@ -165,10 +170,14 @@ impl Resource {
     /// `F_GETLK`: the held lock that a `mode` lock on `range` by `owner`
     /// would conflict with and that Linux reports (the first in its list:
     /// see `Granted::kernel_first_conflict`): O(log n + k) for the k
-    /// conflicts. DLM: any one, O(log n).
+    /// conflicts. DLM: any one, O(log n). `NL` (`F_UNLCK`) on a POSIX or
+    /// OFD resource asks for the owner's own first lock on `range`
+    /// instead: O(log n + k) for the owner's k locks there.
     pub fn test(&self, owner: Owner, kind: LockKind, mode: Mode, range: Range) -> Option<Conflict> {
         let ask = Ask { owner, kind, mode, range, convert: None };
-        let found = if kind.owner_merges() {
+        let found = if mode == Mode::NL && kind.owner_merges() {
+            self.granted.owner_first_overlap(owner, range)
+        } else if kind.owner_merges() {
             self.granted.kernel_first_conflict(mode, range, ask.exempt())
         } else {
             self.granted.first_conflict(mode, range, ask.exempt())
@@ -182,7 +191,7 @@ impl Resource {
         let mut effects = Vec::new();
         let ask = Ask { owner: req.owner, kind: req.kind, mode: req.mode, range: req.range, convert: None };
         if req.kind == LockKind::Flock {
-            match self.granted.owner_whole_mode(req.owner) {
+            match self.owner_whole_mode(req.owner) {
                 Some(m) if m == req.mode => return Response::new(Outcome::Granted(self.grant_info(None))),
                 // Linux drops the old flock lock before it tries the new
                 // one (flock(2): conversion is not atomic), and a waiter

@@ -194,6 +194,12 @@ impl LockSpace {
         Ok(Response { outcome: crate::Outcome::Done, effects: out.unwrap_or_default() })
     }
 
+    /// The mode of `owner`'s flock lock on `resource`, if it holds one.
+    /// O(1) expected.
+    pub fn flock_mode(&self, resource: &[u8], owner: Owner) -> Result<Option<Mode>, LockError> {
+        Ok(self.with(LockKind::Flock.namespace(), resource, false, |r, _| r.owner_whole_mode(owner))?.flatten())
+    }
+
     /// Whether `owner` holds any POSIX, OFD or flock lock on `resource`.
     /// O(1) expected.
     pub fn holds(&self, resource: &[u8], owner: Owner, kind: LockKind) -> Result<bool, LockError> {
@@ -206,6 +212,11 @@ impl LockSpace {
     /// conflicts, the one Linux reports: the earliest owner to have taken a
     /// lock here (and kept one since), its lowest start; O(log n + k) for
     /// k conflicts. DLM: any one, O(log n).
+    ///
+    /// `NL` on a POSIX or OFD resource is Linux's `F_OFD_GETLK` with
+    /// `F_UNLCK` (since 6.3): the owner's own lock of lowest start on
+    /// `range`, so a program can read back what one open file holds.
+    /// O(log n + k) for the owner's k locks on `range`.
     pub fn test(
         &self,
         resource: &[u8],
@@ -214,7 +225,10 @@ impl LockSpace {
         mode: Mode,
         range: Range,
     ) -> Result<Option<Conflict>, LockError> {
-        check_request(kind, mode, range)?;
+        let own = mode == Mode::NL && matches!(kind, LockKind::Posix | LockKind::Ofd);
+        if !own {
+            check_request(kind, mode, range)?;
+        }
         Ok(self.with(kind.namespace(), resource, false, |r, _| r.test(owner, kind, mode, range))?.flatten())
     }
 

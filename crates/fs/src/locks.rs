@@ -251,7 +251,9 @@ pub fn errno(e: &ClientError) -> i32 {
 impl Fs {
     /// `F_GETLK`/`F_OFD_GETLK`: the first conflicting lock at the server,
     /// with the pid that took it if it is this mount's, else 0 (a holder
-    /// on another mount is in no pid namespace here).
+    /// on another mount is in no pid namespace here). With `F_UNLCK`
+    /// (`F_OFD_GETLK` only, Linux 6.3), the open file's own first lock
+    /// on the range.
     pub(crate) async fn getlk(&self, ino: Ino, a: &mut Args<'_>) -> Answer {
         let lk = LkIn::parse(a)?;
         let owner = self.owners.number(lk.owner);
