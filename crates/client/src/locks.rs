@@ -53,6 +53,21 @@ impl Client {
         spec.check()?;
         let local = spec.local() && self.local_table();
         if local {
+            // A flock conversion drops the old lock first, as Linux does
+            // (flock(2): conversion is not atomic), whatever becomes of
+            // the new request: at the server too, before the local table
+            // may refuse the request or hold it back, so that the two never
+            // disagree on what the owner holds (the server's engine would
+            // drop it only once the request reached it).
+            if spec.kind == Kind::Flock
+                && self
+                    .inner
+                    .local
+                    .flock_mode(&spec.resource, spec.local_owner())
+                    .is_ok_and(|held| held.is_some_and(|m| m != spec.mode))
+            {
+                self.unlock(spec).await?;
+            }
             let range = spec.range;
             let conflict = self
                 .inner

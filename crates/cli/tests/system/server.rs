@@ -936,3 +936,28 @@ fn a_change_asked_for_again_after_a_crash_is_answered_as_it_was_made() {
     wait_for("the recovery window to end", || status(&server.addr).recovering_ms == 0);
     assert_eq!(status(&server.addr).replay_clients, 0, "none came back");
 }
+
+/// A flock conversion drops the old lock first, as Linux does (flock(2):
+/// conversion is not atomic), also when another owner of the same client
+/// makes it fail before it reaches the server: the client's table and the
+/// server then agree that the owner holds nothing. Until session 61 the
+/// client refused such a conversion from its own table and kept the old
+/// shared lock, there and at the server: the other owner could not take
+/// the file alone, nor could another client after that owner let go (both
+/// of which Linux allows), and a reclaim after a restart would have taken
+/// the old lock back.
+#[test]
+fn a_flock_conversion_refused_by_an_owner_of_the_same_client_drops_the_old_lock() {
+    let (_data, server) = long_lease_server();
+    rt().block_on(async {
+        let (a, b) = (client(&server.addr).await, client(&server.addr).await);
+        let flock =
+            |owner, mode| LockSpec { resource: b"f".to_vec(), kind: Kind::Flock, owner, mode, range: Range::WHOLE };
+        a.lock(&flock(1, Mode::PR)).await.unwrap();
+        a.lock(&flock(2, Mode::PR)).await.unwrap();
+        assert_eq!(a.try_lock(&flock(1, Mode::EX)).await.unwrap(), None, "owner 2 shares the file");
+        assert!(a.try_lock(&flock(2, Mode::EX)).await.unwrap().is_some(), "owner 1's shared lock went");
+        a.unlock(&flock(2, Mode::EX)).await.unwrap();
+        assert!(b.try_lock(&flock(9, Mode::EX)).await.unwrap().is_some(), "the server holds nothing of a's");
+    });
+}
