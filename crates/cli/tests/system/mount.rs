@@ -3,7 +3,8 @@
 //! seen through the other; data written under a lock is read under it;
 //! a blocked lock wait yields to a signal; a killed mount gives its locks
 //! back; a restarted server keeps the mount's files and locks. And the
-//! mount against the kernel: random sequences of file-system calls
+//! mount against the kernel: random sequences of lock calls through two
+//! mounts give what they give on tmpfs, and random sequences of file-system calls
 //! (`fallocate`, `copy_file_range` and `chattr` among them), by root and by an
 //! unprivileged user, give what tmpfs gives, and move the mtimes and
 //! ctimes tmpfs moves. And fsx, the file-system exerciser, reads back
@@ -224,6 +225,166 @@ fn flock_posix_and_ofd_locks_exclude_across_mounts() {
     assert_eq!((i32::from(probe.l_type), probe.l_start, probe.l_len, probe.l_pid), (libc::F_WRLCK, 0, 0, 0));
     drop(File::open(a.join("f")).unwrap());
     fcntl(fb.as_fd(), FcntlArg::F_SETLK(&posix(libc::F_WRLCK, 100, 1))).unwrap();
+}
+
+/// One call of [`random_lock_calls_through_two_mounts_give_what_tmpfs_gives`],
+/// on open file `fd` of a side's four (0 and 1 opened through mount a, 2
+/// and 3 through mount b).
+#[derive(Debug, Clone, Copy)]
+enum LockCall {
+    /// `F_OFD_SETLK`, or `F_SETLK` (this process's lock) if `process`.
+    Set { fd: usize, process: bool, lock: LockArg },
+    /// `F_OFD_GETLK`, or `F_GETLK` if `process`.
+    Get { fd: usize, process: bool, lock: LockArg },
+    /// `flock(2)`, never waiting.
+    Flock { fd: usize, op: FlockArg },
+    /// `lseek` to `pos`, where a `SEEK_CUR` range starts.
+    Seek { fd: usize, pos: u64 },
+}
+
+/// A `struct flock` as a call gives it.
+#[derive(Debug, Clone, Copy)]
+struct LockArg {
+    typ: i32,
+    whence: i32,
+    start: i64,
+    len: i64,
+}
+
+impl LockArg {
+    fn flock(self) -> libc::flock {
+        libc::flock {
+            l_type: self.typ as i16,
+            l_whence: self.whence as i16,
+            l_start: self.start,
+            l_len: self.len,
+            l_pid: 0,
+        }
+    }
+}
+
+/// Random lock calls. This process's POSIX locks go through mount a's
+/// files only: a process is on one node, and its locks through two mounts
+/// are two nodes' locks, which conflict where tmpfs's do not.
+fn lock_call() -> impl proptest::strategy::Strategy<Value = LockCall> {
+    use proptest::prelude::*;
+    let typ = prop_oneof![Just(libc::F_RDLCK), Just(libc::F_WRLCK), Just(libc::F_UNLCK)];
+    // 7 is no whence: EINVAL from both.
+    let whence =
+        prop_oneof![8 => Just(libc::SEEK_SET), 1 => Just(libc::SEEK_CUR), 1 => Just(libc::SEEK_END), 1 => Just(7)];
+    // Negative starts, and ranges at and past the largest offset
+    // (EINVAL, EOVERFLOW, or a lock to the end).
+    let start = prop_oneof![8 => 0i64..40, 1 => (i64::MAX - 3)..=i64::MAX, 1 => -3i64..0];
+    let len = prop_oneof![2 => Just(0i64), 6 => 1i64..20, 1 => -10i64..0, 1 => Just(i64::MAX)];
+    let lock = (typ, whence, start, len).prop_map(|(typ, whence, start, len)| LockArg { typ, whence, start, len });
+    let flock =
+        prop_oneof![Just(FlockArg::LockSharedNonblock), Just(FlockArg::LockExclusiveNonblock), Just(FlockArg::Unlock)];
+    prop_oneof![
+        4 => (0..4usize, lock.clone()).prop_map(|(fd, lock)| LockCall::Set { fd, process: false, lock }),
+        2 => (0..2usize, lock.clone()).prop_map(|(fd, lock)| LockCall::Set { fd, process: true, lock }),
+        2 => (0..4usize, lock.clone()).prop_map(|(fd, lock)| LockCall::Get { fd, process: false, lock }),
+        1 => (0..2usize, lock).prop_map(|(fd, lock)| LockCall::Get { fd, process: true, lock }),
+        2 => (0..4usize, flock).prop_map(|(fd, op)| LockCall::Flock { fd, op }),
+        1 => (0..4usize, 0u64..120).prop_map(|(fd, pos)| LockCall::Seek { fd, pos }),
+    ]
+}
+
+/// What a lock call gave: an errno, or for a query the lock it found
+/// (type, whence, start, length) with its `l_pid` apart.
+type LockGot = nix::Result<Option<((i16, i16, i64, i64), i32)>>;
+
+/// Makes `call` on one side's four open files.
+fn apply_lock(files: &[File], call: LockCall) -> LockGot {
+    match call {
+        LockCall::Set { fd, process, lock } => {
+            let l = lock.flock();
+            let arg = if process { FcntlArg::F_SETLK(&l) } else { FcntlArg::F_OFD_SETLK(&l) };
+            fcntl(files[fd].as_fd(), arg).map(|_| None)
+        }
+        LockCall::Get { fd, process, lock } => {
+            let mut l = lock.flock();
+            let arg = if process { FcntlArg::F_GETLK(&mut l) } else { FcntlArg::F_OFD_GETLK(&mut l) };
+            fcntl(files[fd].as_fd(), arg)?;
+            Ok(Some(((l.l_type, l.l_whence, l.l_start, l.l_len), l.l_pid)))
+        }
+        LockCall::Flock { fd, op } => flock(&files[fd], op).map(|()| None),
+        LockCall::Seek { fd, pos } => {
+            (&files[fd]).seek(SeekFrom::Start(pos)).unwrap();
+            Ok(None)
+        }
+    }
+}
+
+/// Whether a lock call gave on a mount what it gave on tmpfs: the same
+/// errno, the same lock found, and the pid it may carry here. The FUSE
+/// kernel gives an OFD query's holder pid -1 whoever holds it (tmpfs
+/// gives a POSIX holder's pid). A process's query can only find an OFD
+/// lock (its own POSIX locks never conflict), which tmpfs gives pid -1;
+/// the mount, which is sent POSIX and OFD requests alike, gives the pid
+/// that took it through the same mount, and 0 for another mount's.
+fn lock_alike(call: LockCall, mount: &LockGot, tmpfs: &LockGot) -> bool {
+    match (mount, tmpfs) {
+        (Ok(Some((m, m_pid))), Ok(Some((t, t_pid)))) if m == t && i32::from(m.0) != libc::F_UNLCK => match call {
+            LockCall::Get { process: false, .. } => *m_pid == -1,
+            _ => *t_pid == -1 && [0, std::process::id() as i32].contains(m_pid),
+        },
+        _ => mount == tmpfs,
+    }
+}
+
+/// Random sequences of lock calls on four open files of one file, two
+/// opened through mount a and two through mount b, give what the same
+/// calls give on four open files of one file on tmpfs (the kernel's own
+/// locks: the oracle). OFD locks, this process's POSIX locks and flocks,
+/// taken, split, merged, converted and dropped, with ranges from
+/// `SEEK_SET`, `SEEK_CUR` and `SEEK_END`, to the end, near `i64::MAX` and
+/// invalid: every errno must be tmpfs's, and every lock a query finds
+/// (type, start, length) the one tmpfs finds. After each sequence each
+/// open file asks for every byte of the first 60 and the last few before
+/// `i64::MAX`, and tries an exclusive flock, on both sides alike.
+#[test]
+fn random_lock_calls_through_two_mounts_give_what_tmpfs_gives() {
+    use proptest::test_runner::{Config, TestRunner};
+    let Some((_data, _server, a, b)) = two_mounts("random_lock_calls_through_two_mounts_give_what_tmpfs_gives") else {
+        return;
+    };
+    let shm = Tmpfs::nodev();
+    let case = std::cell::Cell::new(0);
+    let mut runner =
+        TestRunner::new(Config { cases: proptest_cases(200), failure_persistence: None, ..Config::default() });
+    let probes: Vec<LockCall> = (0..4)
+        .flat_map(|fd| {
+            let bytes = (0..60).chain(i64::MAX - 3..i64::MAX).map(move |start| LockCall::Get {
+                fd,
+                process: false,
+                lock: LockArg { typ: libc::F_WRLCK, whence: libc::SEEK_SET, start, len: 1 },
+            });
+            bytes.chain([LockCall::Flock { fd, op: FlockArg::LockExclusiveNonblock }])
+        })
+        .collect();
+    runner
+        .run(&proptest::collection::vec(lock_call(), 1..40), |calls| {
+            case.set(case.get() + 1);
+            let name = format!("f{}", case.get());
+            let open = |dir: &Path| {
+                let f = rw(&dir.join(&name));
+                f.set_len(100).unwrap();
+                f
+            };
+            let kernel: [File; 4] = std::array::from_fn(|_| open(shm.path()));
+            let ours = [open(a.path()), rw(&a.join(&name)), rw(&b.join(&name)), rw(&b.join(&name))];
+            let steps = calls.iter().map(|c| ("call", c)).chain(probes.iter().map(|p| ("probe", p)));
+            for (i, (what, &call)) in steps.enumerate() {
+                let (got, want) = (apply_lock(&ours, call), apply_lock(&kernel, call));
+                if !lock_alike(call, &got, &want) {
+                    return Err(Differs::fail(format!(
+                        "{what} {i} {call:?}: mount {got:?}, tmpfs {want:?} (after {calls:?})"
+                    )));
+                }
+            }
+            Ok(())
+        })
+        .unwrap();
 }
 
 /// Programs reading one file hard at once keep their mount's session:
