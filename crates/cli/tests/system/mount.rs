@@ -240,6 +240,10 @@ enum LockCall {
     Flock { fd: usize, op: FlockArg },
     /// `lseek` to `pos`, where a `SEEK_CUR` range starts.
     Seek { fd: usize, pos: u64 },
+    /// A `dup` of the open file closed: this process's POSIX locks on the
+    /// file go, its OFD and flock locks stay (the open file is still
+    /// open).
+    CloseDup { fd: usize },
 }
 
 /// A `struct flock` as a call gives it.
@@ -264,8 +268,9 @@ impl LockArg {
 }
 
 /// Random lock calls. This process's POSIX locks go through mount a's
-/// files only: a process is on one node, and its locks through two mounts
-/// are two nodes' locks, which conflict where tmpfs's do not.
+/// files only, and only a close there drops them: a process is on one
+/// node, and its locks through two mounts are two nodes' locks, which
+/// conflict where tmpfs's do not.
 fn lock_call() -> impl proptest::strategy::Strategy<Value = LockCall> {
     use proptest::prelude::*;
     let typ = prop_oneof![Just(libc::F_RDLCK), Just(libc::F_WRLCK), Just(libc::F_UNLCK)];
@@ -286,6 +291,7 @@ fn lock_call() -> impl proptest::strategy::Strategy<Value = LockCall> {
         1 => (0..2usize, lock).prop_map(|(fd, lock)| LockCall::Get { fd, process: true, lock }),
         2 => (0..4usize, flock).prop_map(|(fd, op)| LockCall::Flock { fd, op }),
         1 => (0..4usize, 0u64..120).prop_map(|(fd, pos)| LockCall::Seek { fd, pos }),
+        1 => (0..2usize).prop_map(|fd| LockCall::CloseDup { fd }),
     ]
 }
 
@@ -312,6 +318,10 @@ fn apply_lock(files: &[File], call: LockCall) -> LockGot {
             (&files[fd]).seek(SeekFrom::Start(pos)).unwrap();
             Ok(None)
         }
+        LockCall::CloseDup { fd } => {
+            drop(files[fd].try_clone().unwrap());
+            Ok(None)
+        }
     }
 }
 
@@ -336,7 +346,8 @@ fn lock_alike(call: LockCall, mount: &LockGot, tmpfs: &LockGot) -> bool {
 /// opened through mount a and two through mount b, give what the same
 /// calls give on four open files of one file on tmpfs (the kernel's own
 /// locks: the oracle). OFD locks, this process's POSIX locks and flocks,
-/// taken, split, merged, converted and dropped, with ranges from
+/// taken, split, merged, converted and dropped (POSIX ones by closing a
+/// `dup` too), with `F_OFD_GETLK`'s `F_UNLCK` query, with ranges from
 /// `SEEK_SET`, `SEEK_CUR` and `SEEK_END`, to the end, near `i64::MAX` and
 /// invalid: every errno must be tmpfs's, and every lock a query finds
 /// (type, start, length) the one tmpfs finds. After each sequence each
