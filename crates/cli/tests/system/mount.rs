@@ -870,6 +870,27 @@ fn an_open_shows_the_size_another_mount_gave_the_file() {
     assert_eq!(String::from_utf8_lossy(&wc.stdout).trim(), "10", "wc -c");
 }
 
+/// `attr_timeout=0`: a `stat` by a name this mount's kernel holds (for a
+/// minute here) shows at once the size and mode another mount gave the
+/// file. (With the default, 1 s, it may show the old ones for up to a
+/// second, as NFS's attribute cache does.) The two-mount differential
+/// does not catch a mount that ignores the option: with `entry_timeout=0`
+/// too, each of its calls looks the name up afresh, which brings fresh
+/// attributes.
+#[test]
+fn a_mount_with_attr_timeout_0_stats_another_mounts_change_at_once() {
+    let Some((_data, server, a)) = one_mount("a_mount_with_attr_timeout_0_stats_another_mounts_change_at_once") else {
+        return;
+    };
+    let b = Mount::with_options(&server.addr, "rw,attr_timeout=0,entry_timeout=60");
+    std::fs::write(a.join("f"), "12345").unwrap();
+    assert_eq!(std::fs::metadata(b.join("f")).unwrap().len(), 5);
+    std::fs::write(a.join("f"), "1234567890").unwrap();
+    std::fs::set_permissions(a.join("f"), std::fs::Permissions::from_mode(0o640)).unwrap();
+    let m = std::fs::metadata(b.join("f")).unwrap();
+    assert_eq!((m.len(), m.mode() & 0o7777), (10, 0o640), "b's stat after a's write and chmod");
+}
+
 /// A name another mount removed, or removed and made again, while this
 /// mount's kernel still holds the old inode under it (for its entry
 /// timeout, here ten minutes): opening it, with `O_CREAT` or without,
