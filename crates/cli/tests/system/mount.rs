@@ -232,12 +232,15 @@ fn flock_posix_and_ofd_locks_exclude_across_mounts() {
 /// and 3 through mount b).
 #[derive(Debug, Clone, Copy)]
 enum LockCall {
-    /// `F_OFD_SETLK`, or `F_SETLK` (this process's lock) if `process`.
-    Set { fd: usize, process: bool, lock: LockArg },
+    /// `F_OFD_SETLK`, or `F_SETLK` (this process's lock) if `process`;
+    /// `wait`: `F_OFD_SETLKW` or `F_SETLKW` on the mount wherever tmpfs
+    /// granted it at once.
+    Set { fd: usize, process: bool, wait: bool, lock: LockArg },
     /// `F_OFD_GETLK`, or `F_GETLK` if `process`.
     Get { fd: usize, process: bool, lock: LockArg },
-    /// `flock(2)`, never waiting.
-    Flock { fd: usize, op: FlockArg },
+    /// `flock(2)`, without `LOCK_NB` on the mount if `wait` and tmpfs
+    /// granted it at once.
+    Flock { fd: usize, op: FlockArg, wait: bool },
     /// `lseek` to `pos`, where a `SEEK_CUR` range starts.
     Seek { fd: usize, pos: u64 },
     /// A `dup` of the open file closed: this process's POSIX locks on the
@@ -282,14 +285,15 @@ fn lock_call() -> impl proptest::strategy::Strategy<Value = LockCall> {
     let start = prop_oneof![8 => 0i64..40, 1 => (i64::MAX - 3)..=i64::MAX, 1 => -3i64..0];
     let len = prop_oneof![2 => Just(0i64), 6 => 1i64..20, 1 => -10i64..0, 1 => Just(i64::MAX)];
     let lock = (typ, whence, start, len).prop_map(|(typ, whence, start, len)| LockArg { typ, whence, start, len });
+    let wait = || proptest::bool::weighted(0.3);
     let flock =
         prop_oneof![Just(FlockArg::LockSharedNonblock), Just(FlockArg::LockExclusiveNonblock), Just(FlockArg::Unlock)];
     prop_oneof![
-        4 => (0..4usize, lock.clone()).prop_map(|(fd, lock)| LockCall::Set { fd, process: false, lock }),
-        2 => (0..2usize, lock.clone()).prop_map(|(fd, lock)| LockCall::Set { fd, process: true, lock }),
+        4 => (0..4usize, wait(), lock.clone()).prop_map(|(fd, wait, lock)| LockCall::Set { fd, process: false, wait, lock }),
+        2 => (0..2usize, wait(), lock.clone()).prop_map(|(fd, wait, lock)| LockCall::Set { fd, process: true, wait, lock }),
         2 => (0..4usize, lock.clone()).prop_map(|(fd, lock)| LockCall::Get { fd, process: false, lock }),
         1 => (0..2usize, lock).prop_map(|(fd, lock)| LockCall::Get { fd, process: true, lock }),
-        2 => (0..4usize, flock).prop_map(|(fd, op)| LockCall::Flock { fd, op }),
+        2 => (0..4usize, flock, wait()).prop_map(|(fd, op, wait)| LockCall::Flock { fd, op, wait }),
         1 => (0..4usize, 0u64..120).prop_map(|(fd, pos)| LockCall::Seek { fd, pos }),
         1 => (0..2usize).prop_map(|fd| LockCall::CloseDup { fd }),
     ]
@@ -299,12 +303,25 @@ fn lock_call() -> impl proptest::strategy::Strategy<Value = LockCall> {
 /// (type, whence, start, length) with its `l_pid` apart.
 type LockGot = nix::Result<Option<((i16, i16, i64, i64), i32)>>;
 
-/// Makes `call` on one side's four open files.
-fn apply_lock(files: &[File], call: LockCall) -> LockGot {
+impl LockCall {
+    /// Whether the call is to wait, where it can be granted.
+    fn waits(self) -> bool {
+        matches!(self, LockCall::Set { wait: true, .. } | LockCall::Flock { wait: true, .. })
+    }
+}
+
+/// Makes `call` on one side's four open files, in its waiting form if
+/// `wait`.
+fn apply_lock(files: &[File], call: LockCall, wait: bool) -> LockGot {
     match call {
-        LockCall::Set { fd, process, lock } => {
+        LockCall::Set { fd, process, lock, .. } => {
             let l = lock.flock();
-            let arg = if process { FcntlArg::F_SETLK(&l) } else { FcntlArg::F_OFD_SETLK(&l) };
+            let arg = match (process, wait) {
+                (true, false) => FcntlArg::F_SETLK(&l),
+                (true, true) => FcntlArg::F_SETLKW(&l),
+                (false, false) => FcntlArg::F_OFD_SETLK(&l),
+                (false, true) => FcntlArg::F_OFD_SETLKW(&l),
+            };
             fcntl(files[fd].as_fd(), arg).map(|_| None)
         }
         LockCall::Get { fd, process, lock } => {
@@ -313,7 +330,14 @@ fn apply_lock(files: &[File], call: LockCall) -> LockGot {
             fcntl(files[fd].as_fd(), arg)?;
             Ok(Some(((l.l_type, l.l_whence, l.l_start, l.l_len), l.l_pid)))
         }
-        LockCall::Flock { fd, op } => flock(&files[fd], op).map(|()| None),
+        LockCall::Flock { fd, op, .. } => {
+            let op = match op {
+                FlockArg::LockSharedNonblock if wait => FlockArg::LockShared,
+                FlockArg::LockExclusiveNonblock if wait => FlockArg::LockExclusive,
+                op => op,
+            };
+            flock(&files[fd], op).map(|()| None)
+        }
         LockCall::Seek { fd, pos } => {
             (&files[fd]).seek(SeekFrom::Start(pos)).unwrap();
             Ok(None)
@@ -323,6 +347,21 @@ fn apply_lock(files: &[File], call: LockCall) -> LockGot {
             Ok(None)
         }
     }
+}
+
+/// `call()`, a lock call on the mount that tmpfs granted at once, made
+/// in its waiting form on a thread of its own. Still waiting after a
+/// minute, it fails the whole test binary at once, saying which: a
+/// thread blocked in the kernel cannot be taken back.
+fn at_once(what: &str, call: impl FnOnce() -> LockGot + Send) -> LockGot {
+    std::thread::scope(|s| {
+        let (tx, rx) = std::sync::mpsc::channel();
+        s.spawn(move || tx.send(call()));
+        rx.recv_timeout(Duration::from_secs(60)).unwrap_or_else(|_| {
+            eprintln!("{what}: still waiting on the mount after 60 s where tmpfs granted it at once");
+            std::process::abort()
+        })
+    })
 }
 
 /// Whether a lock call gave on a mount what it gave on tmpfs: the same
@@ -350,7 +389,10 @@ fn lock_alike(call: LockCall, mount: &LockGot, tmpfs: &LockGot) -> bool {
 /// `dup` too), with `F_OFD_GETLK`'s `F_UNLCK` query, with ranges from
 /// `SEEK_SET`, `SEEK_CUR` and `SEEK_END`, to the end, near `i64::MAX` and
 /// invalid: every errno must be tmpfs's, and every lock a query finds
-/// (type, start, length) the one tmpfs finds. After each sequence each
+/// (type, start, length) the one tmpfs finds. A call drawn to wait is
+/// made in its waiting form on the mount (`F_SETLKW`, `F_OFD_SETLKW`,
+/// `flock` without `LOCK_NB`) wherever tmpfs granted it at once, and must
+/// be granted at once there too. After each sequence each
 /// open file asks for every byte of the first 60 and the last few before
 /// `i64::MAX`, and tries an exclusive flock, on both sides alike.
 #[test]
@@ -370,7 +412,7 @@ fn random_lock_calls_through_two_mounts_give_what_tmpfs_gives() {
                 process: false,
                 lock: LockArg { typ: libc::F_WRLCK, whence: libc::SEEK_SET, start, len: 1 },
             });
-            bytes.chain([LockCall::Flock { fd, op: FlockArg::LockExclusiveNonblock }])
+            bytes.chain([LockCall::Flock { fd, op: FlockArg::LockExclusiveNonblock, wait: false }])
         })
         .collect();
     runner
@@ -386,7 +428,12 @@ fn random_lock_calls_through_two_mounts_give_what_tmpfs_gives() {
             let ours = [open(a.path()), rw(&a.join(&name)), rw(&b.join(&name)), rw(&b.join(&name))];
             let steps = calls.iter().map(|c| ("call", c)).chain(probes.iter().map(|p| ("probe", p)));
             for (i, (what, &call)) in steps.enumerate() {
-                let (got, want) = (apply_lock(&ours, call), apply_lock(&kernel, call));
+                let want = apply_lock(&kernel, call, false);
+                let got = if call.waits() && want.is_ok() {
+                    at_once(&format!("{what} {i} {call:?} after {calls:?}"), || apply_lock(&ours, call, true))
+                } else {
+                    apply_lock(&ours, call, false)
+                };
                 if !lock_alike(call, &got, &want) {
                     return Err(Differs::fail(format!(
                         "{what} {i} {call:?}: mount {got:?}, tmpfs {want:?} (after {calls:?})"
