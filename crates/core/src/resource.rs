@@ -175,12 +175,11 @@ impl Resource {
     /// instead: O(log n + k) for the owner's k locks there.
     pub fn test(&self, owner: Owner, kind: LockKind, mode: Mode, range: Range) -> Option<Conflict> {
         let ask = Ask { owner, kind, mode, range, convert: None };
-        let found = if mode == Mode::NL && kind.owner_merges() {
-            self.granted.owner_first_overlap(owner, range)
-        } else if kind.owner_merges() {
-            self.granted.kernel_first_conflict(mode, range, ask.exempt())
-        } else {
-            self.granted.first_conflict(mode, range, ask.exempt())
+        // (`LockSpace::test` lets `NL` through for POSIX and OFD only.)
+        let found = match (kind.owner_merges(), mode) {
+            (true, Mode::NL) => self.granted.owner_first_overlap(owner, range),
+            (true, _) => self.granted.kernel_first_conflict(mode, range, ask.exempt()),
+            (false, _) => self.granted.first_conflict(mode, range, ask.exempt()),
         };
         found.map(|id| self.granted.conflict(id))
     }
