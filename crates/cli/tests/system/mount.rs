@@ -3124,6 +3124,67 @@ fn a_lock_cycle_across_two_mounts_is_refused_with_edeadlk() {
     drop(fa);
 }
 
+/// A process that holds a POSIX lock on its first argument, says
+/// "holds", and at a line on its input waits for a lock on its second,
+/// then says what came of it ("got", or the errno) and exits.
+const LOCK_THEN_WAIT: &str = r#"
+import fcntl, sys
+held = open(sys.argv[1], "r+"); fcntl.lockf(held, fcntl.LOCK_EX); print("holds", flush=True)
+sys.stdin.readline()
+try:
+    fcntl.lockf(open(sys.argv[2], "r+"), fcntl.LOCK_EX); print("got", flush=True)
+except OSError as e:
+    print(e.errno, flush=True)
+"#;
+
+/// Three processes in a lock cycle, two of them on one mount: p2 (on a)
+/// waits for x, which p1 (on a) holds; p3 (on b) waits for y, which p2
+/// holds; then p1 asks for z, which p3 holds, and gets `EDEADLK`, as on
+/// one machine, after which the others are granted in turn. Until
+/// session 61 p2's wait was held in mount a's own lock table, out of the
+/// server's waits-for graph, and all three waited for ever.
+#[test]
+fn a_lock_cycle_of_three_processes_on_two_mounts_is_refused_with_edeadlk() {
+    let Some(python) = tool("python3", "python3") else { return };
+    let Some((_data, server, a, b)) = two_mounts("a_lock_cycle_of_three_processes_on_two_mounts") else { return };
+    for f in ["x", "y", "z"] {
+        File::create(a.join(f)).unwrap();
+    }
+    let start = |m: &Mount, hold: &str, want: &str| {
+        let mut p = Command::new(&python)
+            .args(["-c", LOCK_THEN_WAIT])
+            .arg(m.join(hold))
+            .arg(m.join(want))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut out = std::io::BufReader::new(p.stdout.take().unwrap());
+        let mut said = move || {
+            let mut line = String::new();
+            std::io::BufRead::read_line(&mut out, &mut line).unwrap();
+            line.trim().to_owned()
+        };
+        assert_eq!(said(), "holds");
+        (p, said)
+    };
+    let go = |p: &mut Child| p.stdin.as_mut().unwrap().write_all(b"go\n").unwrap();
+    let (mut p1, mut said1) = start(&a, "x", "z");
+    let (mut p2, mut said2) = start(&a, "y", "x");
+    let (mut p3, mut said3) = start(&b, "z", "y");
+    go(&mut p2);
+    wait_for("p2 to wait at the server", || waiters(&server.addr) == 1);
+    go(&mut p3);
+    wait_for("p3 to wait at the server", || waiters(&server.addr) == 2);
+    go(&mut p1);
+    assert_eq!(said1(), libc::EDEADLK.to_string(), "p1 closes the cycle");
+    assert!(p1.wait().unwrap().success());
+    assert_eq!(said2(), "got", "p2, once p1 is gone");
+    assert!(p2.wait().unwrap().success());
+    assert_eq!(said3(), "got", "p3, once p2 is gone");
+    assert!(p3.wait().unwrap().success());
+}
+
 #[test]
 fn fusermount3_unmount_ends_the_mount_process_cleanly() {
     let Some((_data, _server, mut a)) = one_mount("fusermount3_unmount_ends_the_mount_process_cleanly") else { return };

@@ -961,3 +961,55 @@ fn a_flock_conversion_refused_by_an_owner_of_the_same_client_drops_the_old_lock(
         assert!(b.try_lock(&flock(9, Mode::EX)).await.unwrap().is_some(), "the server holds nothing of a's");
     });
 }
+
+/// A waits-for cycle through a wait behind another owner of the same
+/// client is refused with `EDEADLK`, as Linux refuses it on one machine:
+/// a's owner 2 waits for x behind a's owner 1, b's owner 3 waits for y
+/// behind a's owner 2, and a's owner 1 then asks for z, which b's owner 3
+/// holds. Until session 61 the client held a POSIX wait behind one of
+/// its own owners in its own table, where the server's waits-for graph
+/// never saw it: the cycle was not found and all three waited for ever
+/// (through a mount: three processes, two of them on one mount).
+#[test]
+fn a_lock_cycle_through_a_wait_behind_an_owner_of_the_same_client_is_refused_with_edeadlk() {
+    let (_data, server) = long_lease_server();
+    rt().block_on(async {
+        let (a, b, watch) = (client(&server.addr).await, client(&server.addr).await, client(&server.addr).await);
+        let posix = |name: &str, owner| LockSpec {
+            resource: name.as_bytes().to_vec(),
+            kind: Kind::Posix,
+            owner,
+            mode: Mode::EX,
+            range: Range::WHOLE,
+        };
+        let waiting = |n: u64, what: &'static str| {
+            let watch = watch.clone();
+            async move {
+                let t = Instant::now();
+                while watch.status().await.unwrap().waiters != n {
+                    assert!(t.elapsed() < Duration::from_secs(30), "{what} never waited at the server");
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            }
+        };
+        a.lock(&posix("x", 1)).await.unwrap();
+        a.lock(&posix("y", 2)).await.unwrap();
+        b.lock(&posix("z", 3)).await.unwrap();
+        let a2 = tokio::spawn({
+            let (a, spec) = (a.clone(), posix("x", 2));
+            async move { a.lock(&spec).await }
+        });
+        waiting(1, "a's owner 2").await;
+        let b3 = tokio::spawn({
+            let (b, spec) = (b.clone(), posix("y", 3));
+            async move { b.lock(&spec).await }
+        });
+        waiting(2, "b's owner 3").await;
+        assert!(matches!(a.lock(&posix("z", 1)).await, Err(ClientError::Deadlock)), "the cycle closes");
+        // Each lets go in turn, and each wait is granted.
+        a.unlock(&posix("x", 1)).await.unwrap();
+        a2.await.unwrap().unwrap();
+        a.unlock(&posix("y", 2)).await.unwrap();
+        b3.await.unwrap().unwrap();
+    });
+}
