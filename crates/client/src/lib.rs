@@ -41,11 +41,16 @@
 //!   a converted lock converts back to the mode its caller knows).
 //! - Local first (seed 002): for POSIX, OFD and flock locks the client
 //!   keeps its own lock table (the `interlock-core` engine, mirroring what
-//!   its owners hold). A request that conflicts with a lock another owner
-//!   of this client holds waits locally, in FIFO order, without a round
-//!   trip, until that lock is unlocked; then it joins the server's queue.
-//!   A non-blocking one fails at once. Unlocks are sent at once and never
-//!   wait behind lock requests.
+//!   its owners hold). A non-blocking request that conflicts with a lock
+//!   another owner of this client holds fails at once, without a round
+//!   trip. A blocking OFD or flock one waits locally, in FIFO order,
+//!   until that lock is unlocked; then it joins the server's queue. A
+//!   blocking POSIX one joins the server's queue at once, so that the
+//!   server's waits-for graph sees every POSIX wait and answers a cycle
+//!   through it with `EDEADLK`. A flock conversion unlocks the old lock
+//!   first, at the server too, as Linux drops it whatever becomes of the
+//!   new one. Unlocks are sent at once and never wait behind lock
+//!   requests.
 //! - Dropping the last clone of a [`Client`] ends its session at once:
 //!   everything it holds is released, as when a process exits.
 //!
